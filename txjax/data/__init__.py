@@ -1,0 +1,32 @@
+"""txjax data: tokenizers, datasets and batching (numpy only).
+
+Tokenizers (`tokenizers.py`; saved as a directory with `tokenizer.json`, restored by `load_tokenizer(dir)`):
+  ByteTokenizer()                                   UTF-8 bytes 0..255, pad/bos/eos 256/257/258
+  CharTokenizer(chars, specials=False)              sorted chars; CharTokenizer.from_text(text, specials=False)
+  SentencePieceTokenizer.train(sentences, vocab_size, ...) / .train_from_files(paths, vocab_size, ...)
+                                                    unigram by default; pad/unk/bos/eos = 0/1/2/3
+Datasets: every one has `.batch(seed, k, batch_size)` (a pure function of (seed, k)) and a finite
+`.eval_batches(batch_size)` that visits its eval set exactly once (padding carries weight 0):
+  TextLMDataset(path, tokenizer, seq_len, split='train'|'val', val_fraction=0.1)     LM batches
+  ParallelDataset(path, src_tokenizer, tgt_tokenizer=None, max_src_len=128, max_tgt_len=128, pack=False)
+                                                    seq2seq batches; .raw_pairs() for BLEU
+  SyntheticTask(name in TASKS, form='lm'|'seq2seq', min_len=1, max_len=8, eval_size=512, eval_seed=...)
+                                                    .eval_examples(n, seed) for exact match; .tokenizer
+Helpers: prefetch(iterator, size=2), first_fit (packing), resolve_path (one-line FileNotFoundError).
+Batch layouts: INTERFACES.md.
+"""
+
+from txjax.data.batching import Batch, prefetch
+from txjax.data.files import read_text, read_tsv, resolve_path
+from txjax.data.packing import first_fit
+from txjax.data.parallel import ParallelDataset
+from txjax.data.synthetic import TASKS, SyntheticTask, task_tokenizer
+from txjax.data.text import TextLMDataset
+from txjax.data.tokenizers import (TOKENIZER_FILE, ByteTokenizer, CharTokenizer, SentencePieceTokenizer, Tokenizer,
+                                   load_tokenizer)
+
+__all__ = [
+    "Batch", "prefetch", "read_text", "read_tsv", "resolve_path", "first_fit", "ParallelDataset", "TASKS",
+    "SyntheticTask", "task_tokenizer", "TextLMDataset", "TOKENIZER_FILE", "ByteTokenizer", "CharTokenizer",
+    "SentencePieceTokenizer", "Tokenizer", "load_tokenizer",
+]
