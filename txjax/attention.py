@@ -1,0 +1,247 @@
+"""Attention: the equation, its masks, and the multi-head module.
+
+    Attention(Q, K, V) = softmax(mask(Q K^T * scale)) V,     scale = 1/sqrt(d_k)   (Vaswani et al. 2017, eq. 1)
+    MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+`scaled_dot_product_attention` is one head; `MultiHeadAttention` projects with per-head weights written as einsums
+and `vmap`s that one-head function over the heads. The same module serves self-attention (kv = x), masked
+self-attention (a causal mask) and cross-attention (kv = encoder output, padding mask only). Masks are boolean with
+True meaning "may attend".
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from txjax import positional
+
+NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The equation
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None):
+    """softmax(mask(q k^T * scale + bias)) v for one head.
+
+    q: [..., n_q, d_k], k: [..., n_k, d_k], v: [..., n_k, d_v]; mask: bool broadcastable to [..., n_q, n_k]
+    (True = may attend); bias: float broadcastable to [..., n_q, n_k] (ALiBi). scale defaults to 1/sqrt(d_k).
+    The softmax runs in float32 whatever the input dtype; a row whose keys are all masked returns zeros.
+    Returns [..., n_q, d_v].
+    """
+    return attention_output(attention_weights(q, k, mask, bias=bias, scale=scale), v)
+
+
+def attention_weights(q, k, mask=None, *, bias=None, scale=None):
+    """The probabilities softmax(mask(q k^T * scale + bias)) over keys: [..., n_q, n_k], float32."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        scores = scores + bias
+    if mask is None:
+        return jax.nn.softmax(scores, axis=-1)
+    scores = jnp.where(mask, scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.where(mask.any(axis=-1, keepdims=True), probs, 0.0)  # fully masked row -> zeros, not uniform
+
+
+def attention_output(probs, v):
+    """probs @ v: [..., n_q, n_k] x [..., n_k, d_v] -> [..., n_q, d_v] in v's dtype."""
+    return jnp.einsum("...qk,...kd->...qd", probs.astype(v.dtype), v)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Masks: boolean [batch, 1, n_q, n_k] (the 1 broadcasts over heads); True = may attend.
+
+
+def causal_mask(q_pos, k_pos):
+    """j <= i on explicit positions: q_pos [B, Lq], k_pos [B, Lk] -> [B, 1, Lq, Lk]."""
+    return (k_pos[:, None, None, :] <= q_pos[:, None, :, None])
+
+
+def padding_mask(q_valid, k_valid):
+    """Both query and key are real tokens: q_valid [B, Lq], k_valid [B, Lk] bool -> [B, 1, Lq, Lk]."""
+    return q_valid[:, None, :, None] & k_valid[:, None, None, :]
+
+
+def segment_mask(q_seg, k_seg):
+    """Packed rows: attend only inside your own segment, never to padding (segment 0).
+
+    q_seg [B, Lq], k_seg [B, Lk] int -> [B, 1, Lq, Lk].
+    """
+    same = q_seg[:, None, :, None] == k_seg[:, None, None, :]
+    return same & padding_mask(q_seg > 0, k_seg > 0)
+
+
+def valid_from_lengths(lengths, length):
+    """Padding from a lengths vector: [B] -> [B, length] bool, True on the first lengths[b] slots."""
+    return jnp.arange(length)[None, :] < lengths[:, None]
+
+
+def valid_from_pad_id(tokens, pad_id):
+    """Padding from a pad id: [B, L] -> [B, L] bool."""
+    return tokens != pad_id
+
+
+def combine_masks(*masks):
+    """Logical AND of the masks that are not None (None if all are)."""
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = out & m
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multi-head attention
+
+
+def _per_head(fn: Callable) -> Callable:
+    """vmap a one-head function over the heads: q [B, L, H, K], k/v [B, S, KV, K] -> out [B, L, H, K].
+
+    With grouped-query attention (H = KV * G) it vmaps twice, over the KV heads and then over the G query heads that
+    share one K/V head (k and v broadcast), so K/V are never copied. fn(q [B,L,K], k [B,S,K], v [B,S,K],
+    bias [B|1,L,S] | None, keep [B,L,S] | None) -> (out [B,L,K], probs [B,L,S]); per-head extras (bias, keep) come
+    as [B|1, H, L, S].
+    """
+    over_g = jax.vmap(fn, in_axes=(-2, None, None, 1, 1), out_axes=(-2, 1))
+    over_kv = jax.vmap(over_g, in_axes=(-3, -2, -2, 1, 1), out_axes=(-3, 1))
+
+    def run(q, k, v, bias, keep):
+        b, lq, h, dk = q.shape
+        g = k.shape[-2]
+        split = lambda t: None if t is None else t.reshape(t.shape[0], g, h // g, *t.shape[2:])
+        out, probs = over_kv(q.reshape(b, lq, g, h // g, dk), k, v, split(bias), split(keep))
+        return out.reshape(b, lq, h, -1), probs.reshape(probs.shape[0], h, lq, -1)
+
+    return run
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
+
+    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
+    sequence axis. `kv=None` means self-attention. In decode mode the keys/values of the new tokens are written
+    into a preallocated cache at `cache_index` and the queries attend over the whole cache.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: jnp.dtype = jnp.float32
+    use_bias: bool = False
+    dropout: float = 0.0
+    scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
+    impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' (jax.nn.dot_product_attention)
+    rope_base: float | None = None  # rotate q and k (RoPE) when set
+    alibi: bool = False
+    sow_weights: bool = False
+    cross: bool = False  # keys/values from another sequence (the encoder output)
+    init_std: float = 0.02  # W^Q, W^K, W^V ~ N(0, init_std^2)
+    out_init_std: float = 0.02  # W^O (GPT-2 scales it by 1/sqrt(2 * layers))
+
+    @nn.compact
+    def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, deterministic=True, decode=False):
+        """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
+        mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk] or None;
+        q_pos [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi). Returns [B, Lq, D]."""
+        d_model = x_BxLxD.shape[-1]
+        kv = kv if self.cross else x_BxLxD
+        k_pos = q_pos if k_pos is None else k_pos
+        init = nn.initializers.normal(stddev=self.init_std)
+
+        def proj(name, heads, inp, spec):
+            w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
+            out = jnp.einsum("bld,dhk->blhk", inp.astype(self.dtype), w.astype(self.dtype))
+            if self.use_bias:
+                out = out + self.param(f"{name}_bias", nn.with_logical_partitioning(
+                    nn.initializers.zeros, spec[1:]), (heads, self.head_dim)).astype(self.dtype)
+            return out
+
+        q_BxLxHxK = proj("query", self.num_heads, x_BxLxD, ("embed", "heads", "kv"))
+        if kv is None:  # cross-attention decode step: K/V of the encoder output, computed once at prefill
+            k_BxSxGxK, v_BxSxGxK = self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        else:
+            k_BxSxGxK = proj("key", self.num_kv_heads, kv, ("embed", "kv_heads", "kv"))
+            v_BxSxGxK = proj("value", self.num_kv_heads, kv, ("embed", "kv_heads", "kv"))
+            if decode and self.cross:
+                self.put_variable("cache", "cross_key", k_BxSxGxK)
+                self.put_variable("cache", "cross_value", v_BxSxGxK)
+        if self.rope_base is not None:
+            q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
+            k_BxSxGxK = positional.apply_rope(k_BxSxGxK, k_pos, self.rope_base)
+        if decode and not self.cross:
+            k_BxSxGxK, v_BxSxGxK, k_pos, mask = self._update_cache(k_BxSxGxK, v_BxSxGxK, q_pos, mask)
+
+        bias_BxHxLxS = None
+        if self.alibi:
+            bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
+        scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
+        out_BxLxHxK = self._attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, bias_BxHxLxS, scale, deterministic)
+
+        w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std),
+                                                               ("heads", "kv", "embed")),
+                           (self.num_heads, self.head_dim, d_model))
+        y_BxLxD = jnp.einsum("blhk,hkd->bld", out_BxLxHxK, w_out.astype(self.dtype))
+        if self.use_bias:
+            y_BxLxD = y_BxLxD + self.param("out_bias", nn.with_logical_partitioning(
+                nn.initializers.zeros, ("embed",)), (d_model,)).astype(self.dtype)
+        return y_BxLxD
+
+    def _attend(self, q, k, v, mask, bias, scale, deterministic):
+        """Per-head softmax(mask(qk^T*scale+bias))v: q [B,L,H,K], k/v [B,S,KV,K] -> [B,L,H,K]."""
+        use_dropout = self.dropout > 0 and not deterministic
+        if self.impl == "fused" and not (self.sow_weights or use_dropout):
+            if mask is not None:
+                mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
+            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+            # like the reference: a query with no key to attend to gets zeros
+            return out if mask is None else out * mask.any(-1)[:, 0, :, None, None].astype(out.dtype)
+        keep = None
+        if use_dropout:  # dropout on the attention weights, one mask per head
+            shape = (q.shape[0], self.num_heads, q.shape[1], k.shape[1])
+            keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, shape) / (1.0 - self.dropout)
+        m = None if mask is None else mask[:, 0]  # [B|1, Lq, Lk], shared by all heads
+
+        def one_head(q_, k_, v_, bias_, keep_):
+            probs = attention_weights(q_, k_, m, bias=bias_, scale=scale)
+            dropped = probs if keep_ is None else probs * keep_
+            return attention_output(dropped, v_), probs
+
+        out_BxLxHxK, probs_BxHxLxS = _per_head(one_head)(q, k, v, bias, keep)
+        if self.sow_weights:
+            self.sow("intermediates", "attention_weights", probs_BxHxLxS)
+        return out_BxLxHxK
+
+    def _update_cache(self, k_new, v_new, q_pos, mask):
+        """Write this call's keys/values at cache_index; return the whole cache and its mask.
+
+        The cache is [B, max_len, kv_heads, d_k]; `cached_pos` stores each slot's position (-1 = empty). A query
+        attends to a filled slot whose position is <= its own and that `mask` (the new tokens' mask, [B,1,L,L],
+        for left padding) does not exclude.
+        """
+        b, l = k_new.shape[:2]
+        is_init = not self.has_variable("cache", "cached_key")
+        ck = self.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
+        cv = self.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
+        cpos = self.variable("cache", "cached_pos", lambda: jnp.full((b, k_new.shape[1]), -1, jnp.int32))
+        cidx = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
+            return k_new, v_new, q_pos, mask
+        i = cidx.value
+        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, i, 0, 0))
+        cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, i, 0, 0))
+        # a new token excluded by the caller's mask from its own slot (left padding) is stored as empty (-1)
+        own = jnp.ones((b, l), bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)
+        cpos.value = jax.lax.dynamic_update_slice(cpos.value, jnp.where(own, q_pos, -1).astype(jnp.int32), (0, i))
+        cidx.value = i + l
+        k_pos = cpos.value
+        full_mask = (k_pos[:, None, None, :] >= 0) & causal_mask(q_pos, k_pos)
+        return ck.value, cv.value, k_pos, full_mask

@@ -1,0 +1,102 @@
+"""Norms, the position-wise feed-forward network and the transformer block.
+
+Block, pre-LN (Xiong et al. 2020; GPT-2):     t1 = LN(x);  t3 = x + MHA(t1);  h = t3 + FFN(LN(t3))
+Block, post-LN (Vaswani et al. 2017):         t3 = LN(x + MHA(x));  h = LN(t3 + FFN(t3))
+A decoder block of an encoder-decoder adds cross-attention over the encoder output between the two:
+                                              t5 = t3 + CrossMHA(LN(t3), enc)   (pre-LN)
+FFN(x) = act(x W1 + b1) W2 + b2 (ReLU in the 2017 paper, GELU in GPT-2); SwiGLU(x) = (silu(x W1) * x W3) W2.
+Dropout is applied to each residual branch before the addition and is off when deterministic.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import flax.linen as nn
+
+from txjax.attention import MultiHeadAttention
+
+ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # GPT-2's
+    "swiglu": nn.silu,  # gated: silu(x W1) * (x W3)
+}
+NORMS = ("layernorm", "rmsnorm")
+
+
+def dense(features, axes, use_bias, dtype, name, std):
+    """A Linear layer, kernel ~ N(0, std^2), whose parameters carry logical axis names (for the sharding rules)."""
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype, name=name,
+                    kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
+
+
+def make_norm(cfg, name=None):
+    """LayerNorm: g * (x - mean) / sqrt(var + eps) + b;  RMSNorm: g * x / sqrt(mean(x^2) + eps). Computed in float32."""
+    scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("embed",))
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=jnp.float32, scale_init=scale_init, name=name)
+    return nn.LayerNorm(epsilon=cfg.norm_eps, dtype=jnp.float32, scale_init=scale_init, name=name,
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+class FeedForward(nn.Module):
+    """act(x W1 + b1) W2 + b2, or SwiGLU; W1 [d_model, d_ff], W2 [d_ff, d_model]."""
+
+    cfg: "ModelConfig"
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        cfg, dtype = self.cfg, self.cfg.compute_dtype
+        w_in = lambda name: dense(cfg.d_ff, ("embed", "mlp"), cfg.use_bias, dtype, name, cfg.init_std)(x_BxLxD)
+        h_BxLxF = ACTIVATIONS[cfg.activation](w_in("wi"))
+        if cfg.activation == "swiglu":
+            h_BxLxF = h_BxLxF * w_in("wi_gate")
+        return dense(x_BxLxD.shape[-1], ("mlp", "embed"), cfg.use_bias, dtype, "wo", cfg.out_init_std)(h_BxLxF)
+
+
+def make_attention(cfg, cross: bool, name: str, sow_weights=False):
+    """The one attention module, configured for self- (rope/alibi apply) or cross-attention (they do not)."""
+    return MultiHeadAttention(
+        num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, dtype=cfg.compute_dtype,
+        use_bias=cfg.use_bias, dropout=cfg.attention_dropout, scale=cfg.attention_scale, impl=cfg.attention_impl,
+        rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
+        alibi=not cross and cfg.positional == "alibi", sow_weights=sow_weights, cross=cross,
+        init_std=cfg.init_std, out_init_std=cfg.out_init_std, name=name)
+
+
+class Block(nn.Module):
+    """One transformer layer: self-attention, optional cross-attention, FFN, each a residual branch.
+
+    Signature fits nn.scan: (x, ctx) -> (x, None) with ctx (masks, positions, encoder output) broadcast.
+    """
+
+    cfg: "ModelConfig"
+    cross: bool = False  # decoder block of an encoder-decoder
+    sow_weights: bool = False
+    deterministic: bool = True  # no dropout (eval, decode)
+    decode: bool = False  # write keys/values into the KV cache
+
+    @nn.compact
+    def __call__(self, x_BxLxD, ctx):
+        """ctx: dict with 'mask' [B,1,L,L], 'pos' [B,L], and for cross blocks 'enc' [B,S,D] (None on cached decode
+        steps) and 'enc_mask' [B,1,L,S]."""
+        cfg, deterministic, decode = self.cfg, self.deterministic, self.decode
+        drop = nn.Dropout(cfg.dropout)
+
+        def residual(x, branch, name):
+            if cfg.norm_placement == "pre":  # x + f(LN(x))
+                return x + drop(branch(make_norm(cfg, f"{name}_norm")(x)), deterministic=deterministic)
+            return make_norm(cfg, f"{name}_norm")(x + drop(branch(x), deterministic=deterministic))  # LN(x + f(x))
+
+        self_attn = make_attention(cfg, False, "self_attention", self.sow_weights)
+        x = residual(x_BxLxD, lambda t: self_attn(t, ctx["mask"], q_pos=ctx["pos"], deterministic=deterministic,
+                                                  decode=decode), "self_attention")
+        if self.cross:
+            cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)
+            x = residual(x, lambda t: cross_attn(t, ctx["enc_mask"], q_pos=ctx["pos"], kv=ctx["enc"],
+                                                 deterministic=deterministic, decode=decode),
+                         "cross_attention")
+        ffn = FeedForward(cfg, name="ffn")
+        x = residual(x, ffn, "ffn")
+        return x.astype(x_BxLxD.dtype), None

@@ -1,0 +1,259 @@
+"""The two model families: a decoder-only LM and an encoder-decoder, with their frozen config.
+
+DecoderLM:       logits = Head(LN(Blocks(Embed(tokens) + PE(positions))))            (GPT-2 / nanoGPT)
+EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(DecoderBlocks(Embed(tgt) + PE, enc)))
+                 (Vaswani et al. 2017, fig. 1; the decoder blocks add cross-attention over `enc`)
+The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix.
+Layers are stacked with nn.scan (one compiled body, compile time flat in depth) or a Python loop (`scan_layers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from txjax import positional
+from txjax.attention import causal_mask, segment_mask
+from txjax.layers import ACTIVATIONS, NORMS, Block, make_norm
+
+_CHOICES = {
+    "positional": positional.KINDS,
+    "norm": NORMS,
+    "norm_placement": ("pre", "post"),
+    "activation": tuple(ACTIVATIONS),
+    "dtype": ("float32", "bfloat16"),
+    "attention_impl": ("reference", "fused"),
+    "attention_scale": ("sqrt", "none", "linear"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
+
+    vocab_size: int
+    d_model: int = 128
+    num_heads: int = 4
+    num_kv_heads: int | None = None  # None: = num_heads; fewer gives grouped-query attention (smaller KV cache)
+    d_ff: int = 512
+    num_layers: int = 4  # decoder layers (and encoder layers unless num_encoder_layers is set)
+    num_encoder_layers: int | None = None
+    max_len: int = 256  # context length; the size of the learned position table
+    positional: str = "learned"
+    norm: str = "layernorm"
+    norm_placement: str = "pre"
+    activation: str = "gelu"
+    tie_embeddings: bool = True
+    share_embeddings: bool = True  # encoder-decoder: one table for source and target tokens
+    use_bias: bool = False
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    dtype: str = "float32"  # computation dtype; parameters are always float32
+    attention_impl: str = "reference"
+    attention_scale: str = "sqrt"
+    scan_layers: bool = True
+    remat: bool = False
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, sec. 3.4)
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"model.num_heads={self.num_heads} must be a multiple of model.num_kv_heads={self.kv_heads}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"model.positional='rope' needs an even head dim, got d_model/num_heads={self.head_dim}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
+
+    @classmethod
+    def from_dict(cls, d) -> "ModelConfig":
+        """Build from a mapping; an unknown key is an error that names the close matches."""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        for key in d:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(fields)}"
+                raise ValueError(f"unknown field model.{key}{hint}")
+        return cls(**d)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def out_init_std(self) -> float:
+        """GPT-2: residual-branch output projections scaled by 1/sqrt(2 * layers)."""
+        return self.init_std / (2 * self.num_layers) ** 0.5
+
+
+class Embedder(nn.Module):
+    """Token embedding (+ absolute positional encoding): [B, L] ids -> [B, L, D]; and the LM head."""
+
+    cfg: ModelConfig
+
+    def setup(self):
+        cfg = self.cfg
+        self.tokens = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.with_logical_partitioning(
+            nn.initializers.normal(cfg.init_std), ("vocab", "embed")))
+        if cfg.positional == "learned":
+            self.positions = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(cfg.init_std), ("position", "embed")))
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.DenseGeneral(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+                                           kernel_init=nn.with_logical_partitioning(
+                                               nn.initializers.normal(cfg.init_std), ("embed", "vocab")))
+
+    def __call__(self, tokens_BxL, positions_BxL):
+        cfg = self.cfg
+        x_BxLxD = self.tokens(tokens_BxL) * (cfg.d_model**0.5 if cfg.embed_scale else 1.0)
+        if cfg.positional == "learned":
+            x_BxLxD = x_BxLxD + self.positions(positions_BxL)
+        elif cfg.positional == "sinusoidal":
+            x_BxLxD = x_BxLxD + positional.sinusoidal(positions_BxL, cfg.d_model)
+        return x_BxLxD.astype(cfg.compute_dtype)
+
+    def logits(self, x_BxLxD):
+        """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head."""
+        if not self.cfg.tie_embeddings:
+            return self.lm_head(x_BxLxD).astype(jnp.float32)
+        return jnp.einsum("bld,vd->blv", x_BxLxD, self.tokens.embedding.astype(x_BxLxD.dtype),
+                          preferred_element_type=jnp.float32)
+
+
+class Stack(nn.Module):
+    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...)."""
+
+    cfg: ModelConfig
+    num_layers: int
+    cross: bool = False
+    sow_weights: bool = False
+
+    @nn.compact
+    def __call__(self, x_BxLxD, ctx, deterministic=True, decode=False):
+        cfg = self.cfg
+        block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
+        kwargs = dict(cfg=cfg, cross=self.cross, sow_weights=self.sow_weights, deterministic=deterministic,
+                      decode=decode)
+        if cfg.scan_layers:
+            scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                              split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                              length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx)
+        else:
+            for i in range(self.num_layers):
+                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx)
+        return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement == "pre" else x_BxLxD
+
+
+def _defaults(tokens_BxL, positions, segment_ids):
+    """Positions 0..L-1 and one segment per row unless given."""
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1], dtype=jnp.int32), tokens_BxL.shape)
+    if segment_ids is None:
+        segment_ids = jnp.ones(tokens_BxL.shape, jnp.int32)
+    return positions, segment_ids
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only LM: tokens [B, L] -> logits [B, L, vocab] (float32), causal within each segment."""
+
+    cfg: ModelConfig
+    sow_weights: bool = False  # sow attention weights into 'intermediates'
+
+    @nn.compact
+    def __call__(self, tokens_BxL, positions=None, segment_ids=None, *, deterministic=True, decode=False):
+        cfg = self.cfg
+        pos_BxL, seg_BxL = _defaults(tokens_BxL, positions, segment_ids)
+        embedder = Embedder(cfg, name="embed")
+        x_BxLxD = nn.Dropout(cfg.dropout)(embedder(tokens_BxL, pos_BxL), deterministic=deterministic)
+        ctx = {"mask": causal_mask(pos_BxL, pos_BxL) & segment_mask(seg_BxL, seg_BxL), "pos": pos_BxL}
+        x_BxLxD = Stack(cfg, cfg.num_layers, sow_weights=self.sow_weights, name="decoder")(
+            x_BxLxD, ctx, deterministic, decode)
+        return embedder.logits(x_BxLxD)
+
+
+class EncoderDecoder(nn.Module):
+    """Encoder-decoder: encode(src) once, then decode(tgt, encoded) -> logits [B, T, vocab] (float32)."""
+
+    cfg: ModelConfig
+    sow_weights: bool = False
+
+    def setup(self):
+        cfg = self.cfg
+        self.src_embed = Embedder(cfg)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else Embedder(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = Stack(cfg, cfg.encoder_layers, sow_weights=self.sow_weights)
+        self.decoder = Stack(cfg, cfg.num_layers, cross=True, sow_weights=self.sow_weights)
+
+    def encode(self, src_BxS, src_positions=None, src_segment_ids=None, *, deterministic=True):
+        """Bidirectional self-attention with the source padding (segment) mask: -> [B, S, D]."""
+        pos_BxS, seg_BxS = _defaults(src_BxS, src_positions, src_segment_ids)
+        x_BxSxD = self.dropout(self.src_embed(src_BxS, pos_BxS), deterministic=deterministic)
+        ctx = {"mask": segment_mask(seg_BxS, seg_BxS), "pos": pos_BxS}
+        return self.encoder(x_BxSxD, ctx, deterministic)
+
+    def decode(self, tgt_BxT, encoded_BxSxD, src_segment_ids, tgt_positions=None, tgt_segment_ids=None, *,
+               deterministic=True, decode=False):
+        """Masked self-attention over tgt, cross-attention over `encoded` (padding mask only) -> logits [B,T,V].
+
+        src_segment_ids [B, S]: the source's segments (0 = padding), for the cross-attention mask. In decode mode, `encoded_BxSxD=None` reuses the
+        cross-attention keys/values cached by the prefill call.
+        """
+        pos_BxT, seg_BxT = _defaults(tgt_BxT, tgt_positions, tgt_segment_ids)
+        x_BxTxD = self.dropout(self.tgt_embed(tgt_BxT, pos_BxT), deterministic=deterministic)
+        ctx = {"mask": causal_mask(pos_BxT, pos_BxT) & segment_mask(seg_BxT, seg_BxT), "pos": pos_BxT,
+               "enc": encoded_BxSxD, "enc_mask": segment_mask(seg_BxT, src_segment_ids)}
+        x_BxTxD = self.decoder(x_BxTxD, ctx, deterministic, decode)
+        return self.tgt_embed.logits(x_BxTxD)
+
+    def __call__(self, src_BxS, tgt_BxT, src_positions=None, src_segment_ids=None, tgt_positions=None,
+                 tgt_segment_ids=None, *, deterministic=True):
+        encoded = self.encode(src_BxS, src_positions, src_segment_ids, deterministic=deterministic)
+        if src_segment_ids is None:
+            src_segment_ids = jnp.ones(src_BxS.shape, jnp.int32)
+        return self.decode(tgt_BxT, encoded, src_segment_ids, tgt_positions, tgt_segment_ids,
+                           deterministic=deterministic)
+
+
+def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
+    """An empty KV cache for `max_len` target tokens (encoder-decoder: and `src_len` source tokens).
+
+    Built from shapes alone (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
+    """
+    tokens = jnp.zeros((batch_size, max_len), jnp.int32)
+    if isinstance(model, EncoderDecoder):
+        enc = jnp.zeros((batch_size, src_len, model.cfg.d_model), model.cfg.compute_dtype)
+        src_seg = jnp.ones((batch_size, src_len), jnp.int32)
+        init = lambda: model.init(jax.random.key(0), tokens, enc, src_seg, decode=True, method=EncoderDecoder.decode)
+    else:
+        init = lambda: model.init(jax.random.key(0), tokens, decode=True)
+    shapes = jax.eval_shape(init)["cache"]
+    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
+    return jax.tree_util.tree_map_with_path(empty, shapes)
