@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -257,3 +259,29 @@ def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None)
     shapes = jax.eval_shape(init)["cache"]
     empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
     return jax.tree_util.tree_map_with_path(empty, shapes)
+
+
+def unstack_layers(tree):
+    """Scanned -> looped parameter layout: each {'layers': tree with a leading [num_layers] axis} becomes
+    {'layers_0': ..., 'layers_{N-1}': ...} (what scan_layers=False expects). Works on unboxed params or a cache."""
+    if not isinstance(tree, Mapping):
+        return tree
+    out = {}
+    for key, sub in tree.items():
+        if key == "layers":
+            n = jax.tree_util.tree_leaves(sub)[0].shape[0]
+            out.update({f"layers_{i}": jax.tree_util.tree_map(lambda a, i=i: a[i], sub) for i in range(n)})
+        else:
+            out[key] = unstack_layers(sub)
+    return out
+
+
+def stack_layers(tree):
+    """Looped -> scanned parameter layout, the inverse of `unstack_layers`."""
+    if not isinstance(tree, Mapping):
+        return tree
+    looped = sorted((k for k in tree if re.fullmatch(r"layers_\d+", k)), key=lambda k: int(k.split("_")[1]))
+    out = {key: stack_layers(sub) for key, sub in tree.items() if key not in looped}
+    if looped:
+        out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *(tree[k] for k in looped))
+    return out
