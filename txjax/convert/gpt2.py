@@ -1,0 +1,269 @@
+"""GPT-2 checkpoints (a Hugging Face `save_pretrained` folder) <-> txjax DecoderLM parameters.
+
+GPT-2 (Radford et al. 2019) is a DecoderLM with learned positions, pre-LN blocks and a final LayerNorm, a GELU(tanh)
+FFN with biases and the LM head tied to the token embedding. Hugging Face stores its linear layers as Conv1D,
+y = x W + b with W [in, out], so they become txjax kernels without a transpose:
+
+    h.i.ln_1, h.i.ln_2, ln_f          -> self_attention_norm, ffn_norm, final_norm   (weight -> scale)
+    h.i.attn.c_attn.weight [d, 3d]     =  [W^Q | W^K | W^V]; each [d, d] -> query/key/value [d, heads, d_k]
+                                          (the columns are head-major: column h*d_k + j is head h, channel j)
+    h.i.attn.c_proj.weight [d, d]     -> out [heads, d_k, d]
+    h.i.mlp.c_fc / c_proj             -> ffn.wi [d, d_ff] / ffn.wo [d_ff, d]
+    wte [vocab, d], wpe [n_positions, d] -> embed.tokens, embed.positions
+
+The folder holds `config.json` and `model.safetensors` (or shards listed in `model.safetensors.index.json`),
+read and written with the `safetensors` package. Anything txjax cannot represent is a one-line ValueError that
+names the field; writing goes to a temporary folder renamed into place, so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import flax.linen as nn
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from txjax.models import DecoderLM, ModelConfig
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# Hugging Face activation_function -> txjax activation (gelu_new is GPT-2's tanh approximation)
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+# ModelConfig fields that GPT-2 fixes; anything else cannot be exported
+_GPT2_FIELDS = {"positional": "learned", "norm": "layernorm", "norm_placement": "pre", "use_bias": True,
+                "tie_embeddings": True, "embed_scale": False}
+# HF keys that are buffers, not parameters (the causal mask of old checkpoints)
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config.json <-> ModelConfig
+
+
+def config_from_hf(hf: Mapping) -> ModelConfig:
+    """A GPT-2 config.json (as a dict) -> ModelConfig; a field txjax cannot represent is a ValueError naming it."""
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, not a GPT-2 checkpoint (expected 'gpt2')")
+    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        if not isinstance(hf.get(name), int):
+            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"config.json: activation_function={act!r} is not supported (txjax has {', '.join(_ACTIVATIONS)})")
+    unsupported = {"tie_word_embeddings": (True, "txjax's GPT-2 head is tied to wte"),
+                   "add_cross_attention": (False, "no cross-attention in a DecoderLM"),
+                   "scale_attn_by_inverse_layer_idx": (False, "txjax scales every layer alike")}
+    for name, (want, why) in unsupported.items():
+        if hf.get(name, want) != want:
+            raise ValueError(f"config.json: {name}={hf[name]!r} is not supported ({why})")
+    d = hf["n_embd"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], d_model=d, num_heads=hf["n_head"], d_ff=hf.get("n_inner") or 4 * d,
+        num_layers=hf["n_layer"], max_len=hf["n_positions"], activation=_ACTIVATIONS[act],
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), init_std=hf.get("initializer_range", 0.02),
+        attention_scale="sqrt" if hf.get("scale_attn_weights", True) else "none",
+        dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
+        **_GPT2_FIELDS)
+
+
+def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    """ModelConfig -> a GPT-2 config.json dict that transformers' GPT2Config loads; ValueError if not GPT-2-shaped."""
+    for name, want in _GPT2_FIELDS.items():
+        if getattr(cfg, name) != want:
+            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to GPT-2 (needs {want!r})")
+    if cfg.activation not in _ACTIVATION_NAMES:
+        raise ValueError(f"model.activation={cfg.activation!r} cannot be exported to GPT-2 "
+                         f"(needs one of {', '.join(_ACTIVATION_NAMES)})")
+    if cfg.kv_heads != cfg.num_heads:
+        raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads} cannot be exported to GPT-2 (needs num_heads)")
+    if cfg.attention_scale not in ("sqrt", "none"):
+        raise ValueError(f"model.attention_scale={cfg.attention_scale!r} cannot be exported to GPT-2")
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_len, "n_embd": cfg.d_model, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
+        "n_inner": cfg.d_ff, "activation_function": _ACTIVATION_NAMES[cfg.activation],
+        "layer_norm_epsilon": cfg.norm_eps, "initializer_range": cfg.init_std,
+        "scale_attn_weights": cfg.attention_scale == "sqrt", "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.attention_dropout, "tie_word_embeddings": True, "bos_token_id": bos_id,
+        "eos_token_id": eos_id, "dtype": "float32", "use_cache": True,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tensors <-> params
+
+
+def _layer_from_hf(get: Callable, cfg: ModelConfig) -> dict:
+    """One block's params from `get(name, shape)`, which returns HF tensor `h.i.<name>` as float32 of that shape."""
+    d, h, k, f = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff
+    norm = lambda name: {"scale": get(f"{name}.weight", (d,)), "bias": get(f"{name}.bias", (d,))}
+    w_qkv_Dx3D, b_qkv_3D = get("attn.c_attn.weight", (d, 3 * d)), get("attn.c_attn.bias", (3 * d,))
+    attn = {}
+    for j, name in enumerate(("query", "key", "value")):
+        attn[name] = w_qkv_Dx3D[:, j * d:(j + 1) * d].reshape(d, h, k)
+        attn[f"{name}_bias"] = b_qkv_3D[j * d:(j + 1) * d].reshape(h, k)
+    attn["out"] = get("attn.c_proj.weight", (d, d)).reshape(h, k, d)
+    attn["out_bias"] = get("attn.c_proj.bias", (d,))
+    dense = lambda name, shape: {"kernel": get(f"{name}.weight", shape), "bias": get(f"{name}.bias", shape[1:])}
+    return {"self_attention_norm": norm("ln_1"), "self_attention": attn, "ffn_norm": norm("ln_2"),
+            "ffn": {"wi": dense("mlp.c_fc", (d, f)), "wo": dense("mlp.c_proj", (f, d))}}
+
+
+def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
+    """Inverse of _layer_from_hf: one block's params -> {name: array} without the `h.i.` prefix."""
+    d = cfg.d_model
+    a = p["self_attention"]
+    out = {"attn.c_attn.weight": np.concatenate([a[n].reshape(d, d) for n in ("query", "key", "value")], axis=1),
+           "attn.c_attn.bias": np.concatenate([a[f"{n}_bias"].reshape(d) for n in ("query", "key", "value")]),
+           "attn.c_proj.weight": a["out"].reshape(d, d), "attn.c_proj.bias": a["out_bias"]}
+    for hf_name, name in (("ln_1", "self_attention_norm"), ("ln_2", "ffn_norm")):
+        out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = p[name]["scale"], p[name]["bias"]
+    for hf_name, name in (("mlp.c_fc", "wi"), ("mlp.c_proj", "wo")):
+        out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = p["ffn"][name]["kernel"], p["ffn"][name]["bias"]
+    return out
+
+
+def expected_shapes(cfg: ModelConfig):
+    """The param tree of DecoderLM(cfg), as ShapeDtypeStructs (nothing is computed)."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    variables = jax.eval_shape(lambda: DecoderLM(cfg).init(jax.random.key(0), tokens))
+    return nn.meta.unbox(variables["params"])
+
+
+def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
+    """HF GPT-2 tensors (keys with or without the `transformer.` prefix) -> DecoderLM params (float32 numpy).
+
+    Layers come out stacked on a leading axis when cfg.scan_layers, else as layers_0, layers_1, ...
+    A missing, extra or misshapen tensor is a ValueError naming it.
+    """
+    named = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    used = set()
+
+    def get(name, shape):
+        if name not in named:
+            raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing (not a GPT-2 checkpoint?)")
+        if tuple(named[name].shape) != shape:
+            raise ValueError(f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, config.json implies {shape}")
+        used.add(name)
+        return np.asarray(named[name], np.float32)
+
+    layers = [_layer_from_hf(lambda n, s, i=i: get(f"h.{i}.{n}", s), cfg) for i in range(cfg.num_layers)]
+    wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
+    if "lm_head.weight" in named:
+        if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
+            raise ValueError(f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)")
+    params = {"embed": {"tokens": {"embedding": wte_VxD},
+                        "positions": {"embedding": get("wpe.weight", (cfg.max_len, cfg.d_model))}},
+              "decoder": {"final_norm": {"scale": get("ln_f.weight", (cfg.d_model,)),
+                                         "bias": get("ln_f.bias", (cfg.d_model,))}}}
+    if cfg.scan_layers:
+        params["decoder"]["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *layers)
+    else:
+        params["decoder"].update({f"layers_{i}": layer for i, layer in enumerate(layers)})
+    extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFER_SUFFIXES))
+    if extra:
+        raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused; not plain GPT-2)")
+    _check_tree(params, cfg)
+    return params
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
+    _check_tree(params, cfg)
+    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
+    dec = params["decoder"]
+    if cfg.scan_layers:
+        layers = [jax.tree.map(lambda a, i=i: a[i], dec["layers"]) for i in range(cfg.num_layers)]
+    else:
+        layers = [dec[f"layers_{i}"] for i in range(cfg.num_layers)]
+    out = {"wte.weight": params["embed"]["tokens"]["embedding"], "wpe.weight": params["embed"]["positions"]["embedding"],
+           "ln_f.weight": dec["final_norm"]["scale"], "ln_f.bias": dec["final_norm"]["bias"]}
+    for i, layer in enumerate(layers):
+        out.update({f"h.{i}.{k}": v for k, v in _layer_to_hf(layer, cfg).items()})
+    return {f"transformer.{k}": np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _check_tree(params: Mapping, cfg: ModelConfig) -> None:
+    """The params have exactly DecoderLM(cfg)'s tree and shapes, else a ValueError naming the first difference."""
+    want = {jax.tree_util.keystr(p): s.shape for p, s in jax.tree_util.tree_leaves_with_path(expected_shapes(cfg))}
+    got = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))}
+    for path in sorted(want.keys() | got.keys()):
+        if want.get(path) != got.get(path):
+            raise ValueError(f"params{path}: shape {got.get(path)}, DecoderLM(cfg) expects {want.get(path)}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# folders
+
+
+def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
+    """All tensors of model.safetensors, or of the shards model.safetensors.index.json lists."""
+    if (folder / WEIGHTS_FILE).is_file():
+        files = [folder / WEIGHTS_FILE]
+    elif (folder / INDEX_FILE).is_file():
+        files = sorted({folder / f for f in json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()})
+    else:
+        raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
+    tensors = {}
+    for path in files:
+        with safe_open(path, framework="np") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys()})
+    return tensors
+
+
+def load_gpt2(folder) -> tuple[ModelConfig, dict]:
+    """A save_pretrained GPT-2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
+    folder = Path(folder).expanduser()
+    if not (folder / CONFIG_FILE).is_file():
+        raise ValueError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face checkpoint folder)")
+    cfg = config_from_hf(json.loads((folder / CONFIG_FILE).read_text()))
+    return cfg, params_from_hf(_read_tensors(folder), cfg)
+
+
+def write_atomically(target, write: Callable[[Path], None]) -> Path:
+    """Runs write(tmp_dir) and renames tmp_dir to `target`; on any error nothing is left at `target`.
+
+    `target` must not exist or be an empty folder.
+    """
+    target = Path(target).expanduser().absolute()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ValueError(f"{target} exists and is not an empty folder; choose a new one")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        if target.exists():
+            target.rmdir()
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def save_gpt2(folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None,
+              eos_id: int | None = None) -> Path:
+    """Writes config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads.
+
+    Everything is checked (config fields, param shapes) before the folder appears.
+    """
+    hf_config = config_to_hf(cfg, bos_id, eos_id)
+    tensors = params_to_hf(params, cfg)
+
+    def write(tmp: Path):
+        (tmp / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+
+    return write_atomically(folder, write)
