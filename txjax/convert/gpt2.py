@@ -32,7 +32,7 @@ import flax.linen as nn
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from txjax.models import DecoderLM, ModelConfig
+from txjax.models import DecoderLM, ModelConfig, stack_layers, unstack_layers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -143,9 +143,9 @@ def expected_shapes(cfg: ModelConfig):
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
-    """HF GPT-2 tensors (keys with or without the `transformer.` prefix) -> DecoderLM params (float32 numpy).
+    """HF GPT-2 tensors (keys with or without the `transformer.` prefix) -> DecoderLM params.
 
-    Layers come out stacked on a leading axis when cfg.scan_layers, else as layers_0, layers_1, ...
+    Layers come out stacked on a leading axis when cfg.scan_layers, else as layers_0, layers_1, ...; float32.
     A missing, extra or misshapen tensor is a ValueError naming it.
     """
     named = {k.removeprefix("transformer."): v for k, v in tensors.items()}
@@ -159,7 +159,6 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
         used.add(name)
         return np.asarray(named[name], np.float32)
 
-    layers = [_layer_from_hf(lambda n, s, i=i: get(f"h.{i}.{n}", s), cfg) for i in range(cfg.num_layers)]
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
     if "lm_head.weight" in named:
         if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
@@ -167,11 +166,11 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     params = {"embed": {"tokens": {"embedding": wte_VxD},
                         "positions": {"embedding": get("wpe.weight", (cfg.max_len, cfg.d_model))}},
               "decoder": {"final_norm": {"scale": get("ln_f.weight", (cfg.d_model,)),
-                                         "bias": get("ln_f.bias", (cfg.d_model,))}}}
+                                         "bias": get("ln_f.bias", (cfg.d_model,))},
+                          **{f"layers_{i}": _layer_from_hf(lambda n, s, i=i: get(f"h.{i}.{n}", s), cfg)
+                             for i in range(cfg.num_layers)}}}
     if cfg.scan_layers:
-        params["decoder"]["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *layers)
-    else:
-        params["decoder"].update({f"layers_{i}": layer for i, layer in enumerate(layers)})
+        params = stack_layers(params)
     extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFER_SUFFIXES))
     if extra:
         raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused; not plain GPT-2)")
@@ -183,15 +182,11 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
     _check_tree(params, cfg)
     params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
-    dec = params["decoder"]
-    if cfg.scan_layers:
-        layers = [jax.tree.map(lambda a, i=i: a[i], dec["layers"]) for i in range(cfg.num_layers)]
-    else:
-        layers = [dec[f"layers_{i}"] for i in range(cfg.num_layers)]
+    dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
     out = {"wte.weight": params["embed"]["tokens"]["embedding"], "wpe.weight": params["embed"]["positions"]["embedding"],
            "ln_f.weight": dec["final_norm"]["scale"], "ln_f.bias": dec["final_norm"]["bias"]}
-    for i, layer in enumerate(layers):
-        out.update({f"h.{i}.{k}": v for k, v in _layer_to_hf(layer, cfg).items()})
+    for i in range(cfg.num_layers):
+        out.update({f"h.{i}.{k}": v for k, v in _layer_to_hf(dec[f"layers_{i}"], cfg).items()})
     return {f"transformer.{k}": np.ascontiguousarray(v) for k, v in out.items()}
 
 
