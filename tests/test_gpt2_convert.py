@@ -10,7 +10,7 @@ import pytest
 import flax.linen as nn
 from safetensors.numpy import load_file, save_file
 
-from txjax.convert import load_gpt2, save_gpt2
+from txjax.convert import load_gpt2, load_gpt2_tokenizer, save_gpt2
 from txjax.models import DecoderLM, ModelConfig
 
 CFG = ModelConfig(vocab_size=50, d_model=16, num_heads=2, d_ff=64, num_layers=2, max_len=12, positional="learned",
@@ -117,3 +117,11 @@ def test_mismatched_params_write_nothing(tmp_path):
 def test_export_refuses_nonempty_folder(folder):
     with pytest.raises(ValueError, match="not an empty folder"):
         save_gpt2(folder, CFG, random_params(CFG))
+
+
+def test_folder_without_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match="no GPT-2 tokenizer files"):
+        load_gpt2_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}, "pre_tokenizer": None}))
+    with pytest.raises(ValueError, match="model.type='Unigram'"):
+        load_gpt2_tokenizer(tmp_path)

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from txjax.convert import load_gpt2, save_gpt2  # noqa: E402
+from txjax.convert import load_gpt2, load_gpt2_tokenizer, save_gpt2  # noqa: E402
+from txjax.data import load_tokenizer  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.models import DecoderLM  # noqa: E402
 
@@ -82,3 +83,31 @@ def test_export_loads_in_transformers(hf_model, hf_folder, tmp_path):
     tokens = random_tokens((2, 16), seed=2)
     np.testing.assert_allclose(torch_logits(reloaded, tokens), torch_logits(hf_model, tokens), atol=1e-5, rtol=0)
     np.testing.assert_allclose(torch_logits(reloaded, tokens), txjax_logits(cfg, params, tokens), atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def bpe_folder(tmp_path_factory):
+    """A tiny GPT-2-style byte-level BPE (vocab.json + merges.txt), trained here: no download."""
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path_factory.mktemp("bpe")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 5, vocab_size=290,
+                            special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("saved_by", ["gpt2_files", "transformers"])
+def test_tokenizer_matches_transformers(bpe_folder, tmp_path, saved_by):
+    hf = transformers.GPT2Tokenizer.from_pretrained(bpe_folder)
+    if saved_by == "transformers":  # transformers 5 writes only tokenizer.json
+        hf.save_pretrained(tmp_path)
+        bpe_folder = tmp_path
+    tok = load_gpt2_tokenizer(bpe_folder)
+    text = "the lazy fox<|endoftext|> jumps ünïcode 日本 \U0001F600\n  over"
+    assert tok.encode(text) == hf(text)["input_ids"]
+    assert tok.eos_id == hf.eos_token_id
+    tok.save(tmp_path / "txjax_tok")
+    restored = load_tokenizer(tmp_path / "txjax_tok")
+    assert restored.encode(text) == tok.encode(text)
+    assert restored.decode(restored.encode(text)) == text.replace("<|endoftext|>", "")

@@ -12,7 +12,8 @@ y = x W + b with W [in, out], so they become txjax kernels without a transpose:
     wte [vocab, d], wpe [n_positions, d] -> embed.tokens, embed.positions
 
 The folder holds `config.json` and `model.safetensors` (or shards listed in `model.safetensors.index.json`),
-read and written with the `safetensors` package. Anything txjax cannot represent is a one-line ValueError that
+read and written with the `safetensors` package; its tokenizer (vocab.json + merges.txt or tokenizer.json) becomes
+a txjax `byte_bpe` tokenizer. Anything txjax cannot represent is a one-line ValueError that
 names the field; writing goes to a temporary folder renamed into place, so a failure leaves nothing behind.
 """
 
@@ -32,6 +33,7 @@ import flax.linen as nn
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.models import DecoderLM, ModelConfig, stack_layers, unstack_layers
 
 CONFIG_FILE = "config.json"
@@ -225,6 +227,22 @@ def load_gpt2(folder) -> tuple[ModelConfig, dict]:
         raise ValueError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face checkpoint folder)")
     cfg = config_from_hf(json.loads((folder / CONFIG_FILE).read_text()))
     return cfg, params_from_hf(_read_tensors(folder), cfg)
+
+
+def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
+    """GPT-2's BPE from a Hugging Face folder: vocab.json + merges.txt, or the fast tokenizer's tokenizer.json."""
+    folder = Path(folder).expanduser()
+    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        return ByteLevelBPETokenizer.from_files(folder / "vocab.json", folder / "merges.txt")
+    if not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{folder}: no GPT-2 tokenizer files (vocab.json + merges.txt, or tokenizer.json)")
+    hf = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    model, pre = hf.get("model") or {}, hf.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
+        raise ValueError(f"{folder / 'tokenizer.json'}: model.type={model.get('type')!r}, pre_tokenizer.type="
+                         f"{pre.get('type')!r}; GPT-2's is a 'BPE' with a 'ByteLevel' pre-tokenizer")
+    merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
+    return ByteLevelBPETokenizer(model["vocab"], merges)
 
 
 def write_atomically(target, write: Callable[[Path], None]) -> Path:

@@ -1,11 +1,12 @@
-"""Tokenizers: byte-level, character-level and SentencePiece subword, all saved as a directory.
+"""Tokenizers: byte-level, character-level, SentencePiece subword and GPT-2 BPE, all saved as a directory.
 
 Protocol (see INTERFACES.md): `.vocab_size`, `.encode(str) -> list[int]`, `.decode(ids) -> str`, `.pad_id`,
 `.bos_id`, `.eos_id` (int or None), `.save(dir)`; `load_tokenizer(dir)` restores any of them. Fast paths used by
 the datasets: `.encode_array(str) -> int32[N]` (a whole file at once) and `.encode_batch(list[str])`.
 
-On disk a tokenizer is a directory holding `tokenizer.json` (`{"kind": "byte"|"char"|"sentencepiece", ...}`) plus
-the kind's own files (`spm.model` for SentencePiece). `decode` drops pad/bos/eos ids wherever they appear.
+On disk a tokenizer is a directory holding `tokenizer.json` (`{"kind": "byte"|"char"|"sentencepiece"|"byte_bpe", ...}`)
+plus the kind's own files (`spm.model` for SentencePiece, `vocab.json` + `merges.txt` for byte_bpe). `decode` drops
+pad/bos/eos ids wherever they appear.
 """
 
 from __future__ import annotations
@@ -197,6 +198,56 @@ class SentencePieceTokenizer(Tokenizer):
     return {"model_file": self.MODEL_FILE}
 
 
+class ByteLevelBPETokenizer(Tokenizer):
+  """GPT-2's byte-level BPE (Radford et al. 2019) run by Hugging Face `tokenizers` (the `interop` extra).
+
+  Text is split by GPT-2's regex, each piece's UTF-8 bytes are mapped to printable characters and merged by
+  `merges` (ordered pairs) into ids from `vocab`. `<|endoftext|>` (GPT-2: 50256), when in the vocab, is both bos and
+  eos and encodes as one id; there is no pad. Saved as GPT-2's own vocab.json + merges.txt.
+  """
+
+  kind = "byte_bpe"
+  VOCAB_FILE, MERGES_FILE = "vocab.json", "merges.txt"
+  EOS_TOKEN = "<|endoftext|>"
+
+  def __init__(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]):
+    try:
+      import tokenizers
+    except ImportError:
+      raise ImportError("the byte_bpe tokenizer needs Hugging Face tokenizers: pip install -e '.[interop]'") from None
+    self.vocab, self.merges = dict(vocab), [tuple(m) for m in merges]
+    self.tok = tokenizers.Tokenizer(tokenizers.models.BPE(self.vocab, self.merges))
+    self.tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    self.tok.decoder = tokenizers.decoders.ByteLevel()
+    if self.EOS_TOKEN in self.vocab:
+      self.tok.add_special_tokens([tokenizers.AddedToken(self.EOS_TOKEN, special=True)])
+      self.bos_id = self.eos_id = self.vocab[self.EOS_TOKEN]
+    self.vocab_size = max(self.vocab.values()) + 1
+
+  @classmethod
+  def from_files(cls, vocab_path: PathLike, merges_path: PathLike) -> "ByteLevelBPETokenizer":
+    """GPT-2's vocab.json and merges.txt (a '#version' first line is skipped)."""
+    lines = Path(merges_path).read_text(encoding="utf-8").splitlines()
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    return cls(json.loads(Path(vocab_path).read_text(encoding="utf-8")), merges)
+
+  def encode_array(self, text: str) -> np.ndarray:
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise _unencodable(text[e.start], "byte_bpe", "remove unpaired surrogates from the text") from None
+    return np.asarray(self.tok.encode(text).ids, dtype=np.int32)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.tok.decode(self._check_ids(ids).tolist(), skip_special_tokens=True)
+
+  def _config(self, directory: Path) -> dict:
+    (directory / self.VOCAB_FILE).write_text(json.dumps(self.vocab, ensure_ascii=False), encoding="utf-8")
+    merges = "".join(f"{a} {b}\n" for a, b in self.merges)
+    (directory / self.MERGES_FILE).write_text("#version: 0.2\n" + merges, encoding="utf-8")
+    return {"vocab_file": self.VOCAB_FILE, "merges_file": self.MERGES_FILE}
+
+
 def load_tokenizer(directory: PathLike) -> Tokenizer:
   """Restores a tokenizer saved with `.save(directory)`."""
   d = Path(directory).expanduser().resolve()
@@ -211,4 +262,6 @@ def load_tokenizer(directory: PathLike) -> Tokenizer:
     return CharTokenizer(config["chars"], specials=config["specials"])
   if kind == "sentencepiece":
     return SentencePieceTokenizer((d / config["model_file"]).read_bytes())
-  raise ValueError(f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char' or 'sentencepiece')")
+  if kind == "byte_bpe":
+    return ByteLevelBPETokenizer.from_files(d / config["vocab_file"], d / config["merges_file"])
+  raise ValueError(f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char', 'sentencepiece' or 'byte_bpe')")
