@@ -71,6 +71,9 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("num_kv_heads", "num_encoder_layers"):  # optional: None or a positive integer
+            if getattr(self, name) is not None and (not isinstance(getattr(self, name), int) or getattr(self, name) <= 0):
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be None or a positive integer")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.kv_heads:
