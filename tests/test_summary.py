@@ -1,0 +1,45 @@
+"""run.py inspect's numbers: parameter counts, FLOPs and memory from shapes alone."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+from txjax.summary import summarize
+
+GPT2_SMALL = ModelConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12, max_len=1024,
+                         activation="gelu_tanh", use_bias=True)
+TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32, num_layers=2, max_len=12)
+
+
+def test_gpt2_small_counts():
+    s = summarize(GPT2_SMALL, batch_size=8)
+    assert s.total_params == 124_439_808  # GPT-2 small as published by Hugging Face
+    assert s.flop_params == 124_439_808 - 1024 * 768  # minus the position table
+    assert s.train_flops_per_token == 6 * s.flop_params + 12 * 12 * 768 * 1024
+    assert s.kv_cache_bytes >= 2 * 12 * 8 * 1024 * 768 * 4  # keys and values, float32
+    assert "decoder/layers/self_attention" in s.table()
+
+
+def test_counts_and_cache_match_real_init():
+    for family, model_cls, cfg in [("decoder_lm", DecoderLM, TINY),
+                                   ("encoder_decoder", EncoderDecoder, dataclasses.replace(TINY, scan_layers=False))]:
+        model = model_cls(cfg)
+        s = summarize(cfg, family, batch_size=3, context=10)
+        tokens = jnp.zeros((1, 4), jnp.int32)
+        args = (tokens, tokens) if family == "encoder_decoder" else (tokens,)
+        params = nn.meta.unbox(model.init(jax.random.key(0), *args)["params"])
+        assert s.total_params == sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+        cache = init_cache(model, 3, 10, 10 if family == "encoder_decoder" else None)
+        assert s.kv_cache_bytes == sum(a.nbytes for a in jax.tree.leaves(cache))
+        assert s.param_bytes == 4 * s.total_params and s.optimizer_bytes == 2 * s.param_bytes
+
+
+def test_untied_head_counts_in_flops_but_lookups_do_not():
+    tied, untied = summarize(TINY), summarize(dataclasses.replace(TINY, tie_embeddings=False))
+    head = TINY.vocab_size * TINY.d_model
+    assert untied.total_params == tied.total_params + head
+    assert untied.flop_params == tied.flop_params  # the head replaces the tied table as the matmul

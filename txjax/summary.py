@@ -1,0 +1,135 @@
+"""What a model config costs, from shapes alone (jax.eval_shape: nothing is allocated or compiled).
+
+- parameters: one row per tensor, grouped by module; scanned layers carry a leading [num_layers] axis.
+- FLOPs per token (Kaplan et al. 2020, table 1; nanoGPT's estimate_mfu): a matmul with a weight of N entries costs
+  2N FLOPs per token forward and 4N backward, and attention's q k^T and probs v cost 2·T·d each per layer, so
+      train  = 6N + 12·L·d·T          decode = 2N + 4·L·d·T   (one new token attending over a full context T)
+  N counts the weights used as matmuls: all parameters but the position tables and the token tables that are only
+  looked up (an untied head, a separate source table). L is the number of attention layers. Encoder-decoder: a
+  training token is one source plus one target token, L counts encoder self-attention and decoder self- and
+  cross-attention; decoding a target token skips the encoder (its N and its L) and attends over T source tokens.
+- memory: parameters and gradients (float32), AdamW's two moments (2x the parameters), and the KV cache
+  (keys, values and slot positions of every layer) at the given batch and context, in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Parameter rows (path, shape, count) and the cost figures; `.table()` formats them."""
+
+    rows: list[tuple[str, tuple[int, ...], int]]
+    total_params: int
+    flop_params: int  # N in the FLOP formulas
+    train_flops_per_token: int
+    decode_flops_per_token: int
+    param_bytes: int
+    optimizer_bytes: int
+    kv_cache_bytes: int
+    batch_size: int
+    context: int
+    scanned: bool
+
+    def table(self) -> str:
+        """The parameter table by module, then totals, FLOPs and memory."""
+        lines = [f"{'module / parameter':<52} {'shape':>22} {'params':>14}"]
+        if self.scanned:
+            lines.append("(scanned: the leading axis of a */layers/* shape is the layer)")
+        for module, rows in _by_module(self.rows):
+            lines.append(f"{module:<52} {'':>22} {sum(r[2] for r in rows):>14,}")
+            lines += [f"  {name:<50} {'x'.join(map(str, shape)):>22} {count:>14,}" for name, shape, count in rows]
+        lines += [
+            "",
+            f"total parameters                 {self.total_params:>16,}  ({_si(self.total_params)})",
+            f"N (matmul weights)               {self.flop_params:>16,}  ({_si(self.flop_params)})",
+            f"train FLOPs / token              {self.train_flops_per_token:>16,}  ({_si(self.train_flops_per_token)})"
+            f"   6N + 12*L*d*T, T={self.context}",
+            f"decode FLOPs / token             {self.decode_flops_per_token:>16,}  ({_si(self.decode_flops_per_token)})"
+            f"   2N + 4*L*d*T at a full context",
+            f"memory: parameters (f32)         {_bytes(self.param_bytes):>16}",
+            f"memory: gradients (f32)          {_bytes(self.param_bytes):>16}",
+            f"memory: AdamW moments (2x)       {_bytes(self.optimizer_bytes):>16}",
+            f"memory: KV cache                 {_bytes(self.kv_cache_bytes):>16}   batch {self.batch_size} x "
+            f"context {self.context}",
+        ]
+        return "\n".join(lines)
+
+
+def _by_module(rows):
+    """[(module, [(param name, shape, count)])] in order of first appearance."""
+    groups: dict[str, list] = {}
+    for path, shape, count in rows:
+        module, _, name = path.rpartition("/")
+        groups.setdefault(module, []).append((name, shape, count))
+    return list(groups.items())
+
+
+def _si(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:g}"
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def build_model(cfg: ModelConfig, family: str = "decoder_lm", sow_weights: bool = False):
+    """DecoderLM or EncoderDecoder for a config's family."""
+    families = {"decoder_lm": DecoderLM, "encoder_decoder": EncoderDecoder}
+    if family not in families:
+        raise ValueError(f"family={family!r} is not one of {', '.join(families)}")
+    return families[family](cfg, sow_weights=sow_weights)
+
+
+def param_shapes(model) -> dict:
+    """The unboxed parameter tree of `model` as ShapeDtypeStructs."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    args = (tokens, tokens) if isinstance(model, EncoderDecoder) else (tokens,)
+    return nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *args))["params"])
+
+
+def _lookup_only(path: str, cfg: ModelConfig, family: str) -> bool:
+    """A table only indexed, never multiplied: position tables, and token tables that are not the tied LM head."""
+    if path.endswith("positions/embedding"):
+        return True
+    if path.endswith("tokens/embedding"):
+        head = "embed" if family == "decoder_lm" else ("src_embed" if cfg.share_embeddings else "tgt_embed")
+        return not (cfg.tie_embeddings and path.split("/")[0] == head)
+    return False
+
+
+def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1, context: int | None = None) -> Summary:
+    """Parameters, FLOPs per token and memory of a config; `context` (default max_len) is T and the cache length."""
+    model = build_model(cfg, family)
+    context = context or cfg.max_len
+    leaves = jax.tree_util.tree_leaves_with_path(param_shapes(model))
+    rows = [("/".join(k.key for k in path), tuple(s.shape), math.prod(s.shape)) for path, s in leaves]
+    total = sum(r[2] for r in rows)
+    n = sum(c for p, _, c in rows if not _lookup_only(p, cfg, family))
+    n_decode = n - sum(c for p, _, c in rows if p.startswith("encoder/"))  # the encoder runs once per source
+    attn_layers = cfg.num_layers if family == "decoder_lm" else cfg.encoder_layers + 2 * cfg.num_layers
+    decode_attn_layers = cfg.num_layers if family == "decoder_lm" else 2 * cfg.num_layers
+    src_len = context if family == "encoder_decoder" else None
+    cache = jax.eval_shape(lambda: init_cache(model, batch_size, context, src_len))
+    return Summary(
+        rows=rows, total_params=total, flop_params=n,
+        train_flops_per_token=6 * n + 12 * attn_layers * cfg.d_model * context,
+        decode_flops_per_token=2 * n_decode + 4 * decode_attn_layers * cfg.d_model * context,
+        param_bytes=4 * total, optimizer_bytes=8 * total,
+        kv_cache_bytes=sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(cache)),
+        batch_size=batch_size, context=context, scanned=cfg.scan_layers)
