@@ -1,0 +1,62 @@
+"""Attention maps: weights captured from the model's own attention, panels, PNG files."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txjax.data import CharTokenizer
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, unstack_layers
+from txjax.viz import attention_maps, capture_attention, select_panels, token_labels
+
+TOK = CharTokenizer.from_text("abc de\n$", specials=True)
+CFG = ModelConfig(vocab_size=TOK.vocab_size, d_model=16, num_heads=2, d_ff=32, num_layers=2, max_len=16)
+IDS = TOK.encode("abc de\nab")
+
+
+@pytest.fixture(scope="module")
+def lm_params():
+    return DecoderLM(CFG).init(jax.random.key(0), jnp.asarray([IDS]))["params"]
+
+
+def test_lm_weights_are_causal_distributions_in_both_layouts(lm_params):
+    params = lm_params
+    weights = capture_attention(DecoderLM(CFG, sow_weights=True), params, jnp.asarray([IDS]))
+    w = weights["decoder/self_attention"]
+    assert list(weights) == ["decoder/self_attention"] and w.shape == (2, 2, len(IDS), len(IDS))
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+    assert np.all(np.triu(w, k=1) == 0)  # no query sees a later key
+    looped = capture_attention(DecoderLM(dataclasses.replace(CFG, scan_layers=False), sow_weights=True),
+                               unstack_layers(params), jnp.asarray([IDS]))
+    np.testing.assert_allclose(looped["decoder/self_attention"], w, atol=1e-6)
+
+
+def test_capture_needs_sow_weights(lm_params):
+    with pytest.raises(ValueError, match="sow_weights"):
+        capture_attention(DecoderLM(CFG), lm_params, jnp.asarray([IDS]))
+
+
+def test_panels():
+    w = np.random.default_rng(0).random((3, 4, 5, 5))
+    assert [t for t, _ in select_panels(w, 1, None)] == [f"layer 1 head {h}" for h in range(4)]
+    assert len(select_panels(w, None, 2)) == 3
+    title, panel = select_panels(w, None, None)[0]
+    assert "mean" in title and np.allclose(panel, w[0].mean(0))
+    with pytest.raises(ValueError, match="--layer=3"):
+        select_panels(w, 3, None)
+
+
+def test_labels_show_whitespace_and_specials():
+    assert token_labels(TOK, [TOK.bos_id, *TOK.encode(" \n$")]) == ["<bos>", "\u2423", "\\n", r"\$"]
+
+
+def test_pngs_for_lm_and_encoder_decoder(lm_params, tmp_path):
+    files = attention_maps(DecoderLM(CFG), lm_params, TOK, IDS, tmp_path / "lm.png", layer=0)
+    cfg = dataclasses.replace(CFG, scan_layers=False)
+    tgt = [TOK.bos_id, *TOK.encode("ed")]
+    params = EncoderDecoder(cfg).init(jax.random.key(0), jnp.asarray([IDS]), jnp.asarray([tgt]))["params"]
+    files += attention_maps(EncoderDecoder(cfg), params, TOK, IDS, tmp_path / "ed.png", target_ids=tgt)
+    assert [f.name for f in files] == ["lm.png", "ed-encoder.png", "ed-decoder.png", "ed-cross.png"]
+    assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)

@@ -1,0 +1,113 @@
+"""Attention maps: the probabilities softmax(mask(q k^T * scale)) that the model's own attention computed.
+
+A model built with sow_weights=True sows each layer's weights [B, H, Lq, Lk] into the 'intermediates' collection
+(`MultiHeadAttention._attend`); `capture_attention` collects them per attention kind as [layers, H, Lq, Lk] for one
+example, and `plot_attention` draws a grid of heatmaps (rows = queries, columns = keys, token labels on the axes):
+one panel per head of one layer, or one per layer with its heads averaged.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from txjax.models import EncoderDecoder, stack_layers  # noqa: E402
+
+
+def capture_attention(model, params, *inputs, method=None) -> dict[str, np.ndarray]:
+    """Runs `model` (sow_weights=True) on one example; {'<stack>/<kind>': float32 [layers, H, Lq, Lk]}.
+
+    Keys: 'decoder/self_attention' (DecoderLM); 'encoder/self_attention', 'decoder/self_attention' and
+    'decoder/cross_attention' (EncoderDecoder). inputs: the model's positional arguments, each with batch 1.
+    """
+    if not getattr(model, "sow_weights", False):
+        raise ValueError("capture_attention needs a model built with sow_weights=True")
+    _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"], method=method)
+    stacks = stack_layers(state["intermediates"])  # looped layers_i -> one leading layer axis
+    return {f"{stack}/{kind}": np.asarray(leaf["attention_weights"][0], np.float32)[:, 0]
+            for stack, tree in stacks.items() for kind, leaf in tree["layers"].items()}
+
+
+def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
+    """One printable label per id: its text with whitespace made visible; special ids by name."""
+    names = {tokenizer.pad_id: "<pad>", tokenizer.bos_id: "<bos>", tokenizer.eos_id: "<eos>"}
+    labels = []
+    for i in ids:
+        text = names.get(i) or tokenizer.decode([i])
+        text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423").replace("$", r"\$")
+        labels.append(text or repr(i))
+    return labels
+
+
+def select_panels(weights_LxHxQxK: np.ndarray, layer: int | None, head: int | None):
+    """[(title, [Lq, Lk])]: every head of `layer`, one head of it, or per layer `head` or the mean over heads."""
+    num_layers, num_heads = weights_LxHxQxK.shape[:2]
+    for name, value, limit in (("layer", layer, num_layers), ("head", head, num_heads)):
+        if value is not None and not 0 <= value < limit:
+            raise ValueError(f"--{name}={value} is out of range: the model has {limit} {name}s (0..{limit - 1})")
+    if layer is not None:
+        heads = range(num_heads) if head is None else [head]
+        return [(f"layer {layer} head {h}", weights_LxHxQxK[layer, h]) for h in heads]
+    if head is not None:
+        return [(f"layer {l} head {head}", weights_LxHxQxK[l, head]) for l in range(num_layers)]
+    return [(f"layer {l} (mean of {num_heads} heads)", weights_LxHxQxK[l].mean(0)) for l in range(num_layers)]
+
+
+def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str], path, title: str = "") -> Path:
+    """Heatmap grid of [(title, [Lq, Lk])] (rows = queries, columns = keys) written to `path` as a PNG."""
+    n = len(panels)
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    lq, lk = len(query_labels), len(key_labels)
+    cell = min(0.3, 8.0 / max(lq, lk))  # inches per token: labels readable, figures bounded
+    fontsize = max(4.0, min(9.0, 26.0 * cell))
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)),
+                             squeeze=False, constrained_layout=True)
+    for ax, (name, w_QxK) in zip(axes.flat, panels):
+        im = ax.imshow(w_QxK, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+        ax.set_title(name, fontsize=fontsize + 1)
+        ax.set_xticks(range(lk), key_labels, rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(lq), query_labels, fontsize=fontsize)
+        ax.set_xlabel("keys", fontsize=fontsize)
+        ax.set_ylabel("queries", fontsize=fontsize)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight")
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def attention_maps(model, params, tokenizer, ids: Sequence[int], out, *, target_ids: Sequence[int] | None = None,
+                   layer: int | None = None, head: int | None = None) -> list[Path]:
+    """PNGs of every attention kind for one example: DecoderLM over `ids` -> `out`; EncoderDecoder over source `ids`
+    and decoder inputs `target_ids` -> out with -encoder, -decoder and -cross before the suffix."""
+    model = model.clone(sow_weights=True)
+    src = np.asarray([ids], np.int32)
+    if isinstance(model, EncoderDecoder):
+        if not target_ids:
+            raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
+        weights = capture_attention(model, params, src, np.asarray([target_ids], np.int32))
+    else:
+        weights = capture_attention(model, params, src)
+    src_labels = token_labels(tokenizer, ids)
+    tgt_labels = token_labels(tokenizer, target_ids) if target_ids else src_labels
+    out = Path(out)
+    files = {"decoder/self_attention": (out, tgt_labels, tgt_labels)}
+    if isinstance(model, EncoderDecoder):
+        files = {"encoder/self_attention": (out.with_stem(out.stem + "-encoder"), src_labels, src_labels),
+                 "decoder/self_attention": (out.with_stem(out.stem + "-decoder"), tgt_labels, tgt_labels),
+                 "decoder/cross_attention": (out.with_stem(out.stem + "-cross"), tgt_labels, src_labels)}
+    return [plot_attention(select_panels(weights[key], layer, head), q, k, path, title=key.replace("/", " ").replace("_", "-"))
+            for key, (path, q, k) in files.items()]
