@@ -238,6 +238,18 @@ def test_tasks_in_both_forms(name):
   assert (eval_batches[-1]["weights"][lm.eval_size % 100:] == 0).all()
 
 
+def test_batch_rows_are_slices_of_the_whole_batch(text_file, tsv_file):
+  """A process that builds only its rows of batch k gets exactly those rows of the whole batch."""
+  tok = CharTokenizer("0123456789abst", specials=True)
+  datasets = [TextLMDataset(text_file, ByteTokenizer(), seq_len=16), SyntheticTask("add", "lm"),
+              SyntheticTask("sort", "seq2seq"), ParallelDataset(tsv_file[0], tok, max_src_len=6, max_tgt_len=12),
+              ParallelDataset(tsv_file[0], tok, max_src_len=12, max_tgt_len=24, pack=True)]
+  for ds in datasets:
+    whole = ds.batch(1, 4, 8)
+    for rows in (slice(0, 4), slice(4, 8), slice(2, 4)):
+      assert_batches_equal(ds.batch(1, 4, 8, rows), {key: x[rows] for key, x in whole.items()})
+
+
 def test_prefetch():
   assert list(prefetch(iter(range(10)), size=2)) == list(range(10))
 

@@ -5,8 +5,9 @@ Tokenizers (`tokenizers.py`; saved as a directory with `tokenizer.json`, restore
   CharTokenizer(chars, specials=False)              sorted chars; CharTokenizer.from_text(text, specials=False)
   SentencePieceTokenizer.train(sentences, vocab_size, ...) / .train_from_files(paths, vocab_size, ...)
                                                     unigram by default; pad/unk/bos/eos = 0/1/2/3
-Datasets: every one has `.batch(seed, k, batch_size)` (a pure function of (seed, k)) and a finite
-`.eval_batches(batch_size)` that visits its eval set exactly once (padding carries weight 0):
+Datasets: every one has `.batch(seed, k, batch_size, rows=slice(None))` (a pure function of (seed, k); `rows`
+builds only those rows, one process's share) and a finite `.eval_batches(batch_size)` that visits its eval set
+exactly once (padding carries weight 0):
   TextLMDataset(path, tokenizer, seq_len, split='train'|'val', val_fraction=0.1)     LM batches
   ParallelDataset(path, src_tokenizer, tgt_tokenizer=None, max_src_len=128, max_tgt_len=128, pack=False)
                                                     seq2seq batches; .raw_pairs() for BLEU

@@ -77,15 +77,15 @@ class ParallelDataset:
     return seq2seq_batch(rows, self.sources, self.targets, self.max_src_len, self.max_tgt_len, self.pad_id,
                          self.bos_id)
 
-  def batch(self, seed: int, k: int, batch_size: int) -> Batch:
-    """Training batch k: a pure function of (seed, k)."""
+  def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
+    """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
     if not self.pack:
-      return self._batch_of_rows([[i] for i in self._stream(seed, k * batch_size, batch_size)])
+      return self._batch_of_rows([[i] for i in self._stream(seed, k * batch_size, batch_size)[rows]])
     count = math.ceil(batch_size * self.pairs_per_row)
     candidates = self._stream(seed, k * count, count)
-    rows = first_fit(self.lengths_Nx2[candidates], (self.max_src_len, self.max_tgt_len), max_rows=batch_size)
-    rows = [[candidates[j] for j in row] for row in rows]
-    return self._batch_of_rows(rows + [()] * (batch_size - len(rows)))
+    packed = first_fit(self.lengths_Nx2[candidates], (self.max_src_len, self.max_tgt_len), max_rows=batch_size)
+    packed = [[candidates[j] for j in row] for row in packed]
+    return self._batch_of_rows((packed + [()] * (batch_size - len(packed)))[rows])
 
   def eval_batches(self, batch_size: int, packed: bool | None = None) -> Iterator[Batch]:
     """Every pair exactly once in file order (row-major; packed if `packed`, default self.pack); the last batch

@@ -82,9 +82,10 @@ class SyntheticTask:
     rows = next(chunk_rows([[i] for i in range(len(examples))], batch_size))
     return seq2seq_batch(rows, sources, targets, self.src_len, self.tgt_len, self.pad_id, self.bos_id)
 
-  def batch(self, seed: int, k: int, batch_size: int) -> Batch:
-    """Training batch k: a pure function of (seed, k)."""
-    return self._make_batch(self._encoded(batch_rng(seed, k), batch_size), batch_size)
+  def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
+    """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
+    examples = self._encoded(batch_rng(seed, k), batch_size)[rows]
+    return self._make_batch(examples, len(examples))
 
   def eval_batches(self, batch_size: int) -> Iterator[Batch]:
     """The eval set (eval_size examples from eval_seed) once, teacher-forced; last batch padded with weight 0."""

@@ -36,18 +36,19 @@ class TextLMDataset:
       raise ValueError(f"{self.path}: the {split} split has {len(self.tokens)} tokens, fewer than "
                        f"seq_len + 1 = {seq_len + 1}; lower --config.data.seq_len or change val_fraction")
 
-  def batch(self, seed: int, k: int, batch_size: int) -> Batch:
-    """Training batch k: a pure function of (seed, k)."""
+  def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
+    """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
     L = self.seq_len
-    starts_B = batch_rng(seed, k).integers(0, len(self.tokens) - L, size=batch_size)
-    idx_BxL = starts_B[:, None] + np.arange(L)[None, :]
-    ones_BxL = np.ones((batch_size, L), np.int32)
+    starts_R = batch_rng(seed, k).integers(0, len(self.tokens) - L, size=batch_size)[rows]
+    R = len(starts_R)
+    idx_RxL = starts_R[:, None] + np.arange(L)[None, :]
+    ones_RxL = np.ones((R, L), np.int32)
     return {
-        "inputs": self.tokens[idx_BxL],
-        "targets": self.tokens[idx_BxL + 1],
-        "weights": ones_BxL.astype(np.float32),
-        "positions": np.broadcast_to(np.arange(L, dtype=np.int32), (batch_size, L)).copy(),
-        "segment_ids": ones_BxL,
+        "inputs": self.tokens[idx_RxL],
+        "targets": self.tokens[idx_RxL + 1],
+        "weights": ones_RxL.astype(np.float32),
+        "positions": np.broadcast_to(np.arange(L, dtype=np.int32), (R, L)).copy(),
+        "segment_ids": ones_RxL,
     }
 
   def num_eval_batches(self, batch_size: int) -> int:
