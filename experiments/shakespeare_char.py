@@ -1,0 +1,21 @@
+"""nanoGPT's shakespeare_char CPU recipe: a character-level GPT on tinyshakespeare.
+
+Shape as nanoGPT's README runs it on a CPU: 4 layers, 4 heads, d_model 128, context 64, batch 12, 2000 steps,
+lr 1e-3 (warmup 100, cosine to 1e-4), AdamW b2 0.99, weight decay 0.1, clip 1.0, no dropout. Vocabulary: the 65
+characters of the file; split: the first 90% trains, the last 10% is the valid split.
+"""
+
+from txjax.config import base_config
+
+
+def get_config():
+    config = base_config()
+    config.family = "decoder_lm"
+    config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", tokenizer="char", seq_len=64,
+                       val_fraction=0.1)
+    config.model.update(num_layers=4, num_heads=4, d_model=128, d_ff=512, dropout=0.0, positional="learned",
+                        activation="gelu", tie_embeddings=True, use_bias=False)
+    config.train.update(steps=2000, batch_size=12, learning_rate=1e-3, min_lr_ratio=0.1, warmup_steps=100, b2=0.99,
+                        weight_decay=0.1, grad_clip=1.0, log_every=100, eval_every=250, eval_batches=20,
+                        checkpoint_every=500)
+    return config

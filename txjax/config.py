@@ -1,0 +1,209 @@
+"""Experiment configs: `experiments/NAME.py` files with `get_config()`, `--config.a.b=value` overrides, validation.
+
+An experiment file starts from `base_config()` (every field that exists, with its default) and changes a few; the
+ConfigDict is locked, so a misspelt field fails in the file as on the command line. Everything a user can get wrong
+is checked here, before any data is read or anything compiles, and reported as one `ConfigError` line.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import difflib
+import importlib.util
+import json
+from pathlib import Path
+
+import ml_collections
+
+from txjax.models import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
+FAMILIES = ("decoder_lm", "encoder_decoder")
+DATA_KINDS = ("text", "parallel", "synthetic")
+TOKENIZERS = ("char", "byte", "sentencepiece", "task")
+CONFIG_FILE = "config.json"
+
+
+class ConfigError(ValueError):
+    """A user error in an experiment config or flag: reported as one line, no traceback."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every field an experiment can set, with its default (see INTERFACES.md, "Config + workdir")."""
+    model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+    model |= {"vocab_size": 0, "max_len": 0}  # 0: filled in from the tokenizer and the data's longest sequence
+    config = ml_collections.ConfigDict({
+        "family": "decoder_lm",
+        "model": model,
+        "data": {
+            "kind": "synthetic",
+            "path": "",  # text / parallel training file; relative paths are resolved against the repo root
+            "valid_path": "",  # parallel: validation TSV
+            "test_path": "",  # parallel: test TSV
+            "task": "reverse",  # synthetic: copy | reverse | sort | add
+            "min_digits": 1,
+            "max_digits": 8,
+            "eval_size": 512,  # synthetic: examples in the valid (and test) set
+            "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic)
+            "vocab_size": 8000,  # sentencepiece
+            "seq_len": 64,  # text: tokens per training window
+            "val_fraction": 0.1,  # text: the last 10% of the file is the valid split (nanoGPT)
+            "max_src_len": 128,
+            "max_tgt_len": 128,
+            "pack": False,  # parallel: first-fit packing of several pairs per row
+        },
+        "train": {
+            "steps": 1000,
+            "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
+            "grad_accum": 1,
+            "learning_rate": 1e-3,
+            "min_lr_ratio": 0.1,  # cosine decays to learning_rate * min_lr_ratio at the last step
+            "warmup_steps": 100,
+            "weight_decay": 0.1,
+            "b1": 0.9,
+            "b2": 0.99,
+            "grad_clip": 1.0,  # global-norm clipping; 0 disables it
+            "label_smoothing": 0.0,
+            "seed": 0,
+            "log_every": 50,
+            "eval_every": 500,  # 0: only at the end
+            "eval_batches": 20,  # batches of the valid split per periodic eval; the final eval reads it all
+            "checkpoint_every": 500,
+            "keep_checkpoints": 3,
+            "max_minutes": 0.0,  # wall-time budget; 0 = none. Stops cleanly: checkpoint + final eval
+        },
+        "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
+        "decode": {"max_new_tokens": 64, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "beam_size": 1,
+                   "length_penalty": 0.6},
+    })
+    config.lock()
+    return config
+
+
+def load_config(path: str | Path | None = None) -> ml_collections.ConfigDict:
+    """`get_config()` of an experiment file (default: the embedded default experiment)."""
+    path = Path(path or DEFAULT_EXPERIMENT)
+    if not path.is_file():
+        found = sorted(p.name for p in (REPO / "experiments").glob("*.py"))
+        raise ConfigError(f"experiment file not found: {path.resolve()} (experiments/ has {', '.join(found)})")
+    spec = importlib.util.spec_from_file_location(f"experiment_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        return module.get_config()
+    except AttributeError as e:  # a locked ConfigDict refuses a misspelt field
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _parse(text: str, current):
+    """A flag's text as the type of the field it overrides."""
+    if isinstance(current, bool):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError("expected true or false")
+        return text.lower() in ("true", "1")
+    if isinstance(current, (int, float)):
+        return type(current)(float(text) if isinstance(current, float) or "e" in text.lower() else text)
+    if isinstance(current, str):
+        return text
+    try:  # a None default (e.g. model.num_kv_heads) takes any literal, else the raw string
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_override(config: ml_collections.ConfigDict, flag: str) -> None:
+    """Applies one `--config.section.field=value` flag in place; an unknown key names its close matches."""
+    name, eq, text = flag.removeprefix("--").partition("=")
+    keys = name.split(".")[1:]
+    if not eq or not keys or not name.startswith("config."):
+        raise ConfigError(f"{flag}: expected --config.section.field=value")
+    node = config
+    for depth, key in enumerate(keys):
+        if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+            known = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+            close = difflib.get_close_matches(key, known, n=3)
+            where = ".".join(["config", *keys[:depth]])
+            hint = f"did you mean {', '.join(close)}?" if close else f"{where} has {', '.join(known) or 'no fields'}"
+            raise ConfigError(f"--config.{'.'.join(keys)}: unknown key {key!r}; {hint}")
+        if depth < len(keys) - 1:
+            node = node[key]
+    current = node[keys[-1]]
+    if isinstance(current, ml_collections.ConfigDict):
+        raise ConfigError(f"{flag}: config.{'.'.join(keys)} is a section; set one of its fields")
+    try:
+        node[keys[-1]] = _parse(text, current)
+    except (ValueError, TypeError):
+        expected = type(current).__name__
+        raise ConfigError(f"{flag}: expected {expected} (config.{'.'.join(keys)} = {current!r})") from None
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turns the data package's one-line errors (missing file, unencodable text, split too short) into ConfigErrors."""
+    try:
+        yield
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def model_config(model: dict) -> ModelConfig:
+    """ModelConfig from the config's model section (vocab_size, max_len filled); a bad value is a ConfigError."""
+    try:
+        return ModelConfig.from_dict(model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks every value that can be checked before data is read (model fields included)."""
+    choices = {"family": (config.family, FAMILIES), "data.kind": (config.data.kind, DATA_KINDS),
+               "data.tokenizer": (config.data.tokenizer, TOKENIZERS)}
+    for name, (value, allowed) in choices.items():
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), allowed, n=1)
+            raise ConfigError(f"config.{name}={value!r} is not one of {', '.join(allowed)}"
+                              + (f"; did you mean {close[0]!r}?" if close else ""))
+    t = config.train
+    for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
+        if t[name] <= 0:
+            raise ConfigError(f"config.train.{name}={t[name]} must be positive")
+    if t.batch_size % t.grad_accum:
+        raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if config.data.kind in ("text", "parallel") and not config.data.path:
+        raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
+    if (config.data.kind == "parallel") != (config.family == "encoder_decoder") and config.data.kind != "synthetic":
+        raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
+    model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
+
+
+def resolve_data_path(path: str) -> Path:
+    """A data file's path: absolute, or relative to the working directory, else to the repo root (where the
+    experiments' `../shared/data/...` defaults point). A missing file fails later, naming the repo-root path."""
+    p = Path(path).expanduser()
+    return p.resolve() if p.is_absolute() or p.exists() else (REPO / p).resolve()
+
+
+def from_command_line(experiment: str | None, overrides: list[str]) -> ml_collections.ConfigDict:
+    """Experiment file + overrides, validated: the config a run starts from."""
+    config = load_config(experiment)
+    for flag in overrides:
+        apply_override(config, flag)
+    validate(config)
+    return config
+
+
+def save(config: ml_collections.ConfigDict, workdir: Path) -> None:
+    (Path(workdir) / CONFIG_FILE).write_text(config.to_json(indent=1) + "\n")
+
+
+def load(workdir: Path) -> ml_collections.ConfigDict:
+    """The resolved config a run wrote into its workdir."""
+    path = Path(workdir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"no {CONFIG_FILE} in {Path(workdir).resolve()}: is it the workdir of a `run.py train`?")
+    return ml_collections.ConfigDict(json.loads(path.read_text()))

@@ -1,0 +1,77 @@
+"""Evaluation over a whole split: one jitted eval_step per batch, sums added up in float64, one division at the end.
+
+    loss = sum_t w_t CE_t / sum_t w_t,   perplexity = exp(loss),   token_accuracy = sum_t w_t [argmax = y_t] / sum_t w_t
+The datasets pad the last batch with weight-0 rows, so every token counts exactly once, whatever the batch size.
+exact_match (synthetic tasks) is the fraction of examples whose every weighted target is the teacher-forced argmax.
+By induction over the answer this is the same event as "greedy decoding writes the answer, then EOS" (up to argmax
+ties and the float differences of the cached decode path); `txjax.decode` measures it by generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from txjax.config import user_errors
+from txjax.data import prefetch
+from txjax.experiment import build_dataset, load_workdir
+from txjax.objective import forward, token_sums
+
+
+def make_eval_step(model):
+    """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples."""
+
+    def eval_step(params, batch):
+        logits_BxLxV, targets_BxL, weights_BxL = forward(model, params, batch)
+        sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL)
+        right_BxL = (logits_BxLxV.argmax(-1) == targets_BxL) | (weights_BxL == 0)
+        real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
+        return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
+
+    return jax.jit(eval_step)
+
+
+def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
+    """Metrics over `batches` (an iterable of eval batches; the steps are dispatched without waiting)."""
+    per_batch = [eval_step(params, batch) for batch in batches]
+    total = {k: float(np.sum([np.float64(s[k]) for s in jax.device_get(per_batch)])) for k in per_batch[0]}
+    loss = total["loss"] / max(total["weight"], 1.0)
+    metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+               "token_accuracy": total["correct"] / max(total["weight"], 1.0), "tokens": int(total["weight"])}
+    if exact_match:
+        metrics |= {"exact_match": total["exact"] / max(total["examples"], 1.0), "examples": int(total["examples"])}
+    return metrics
+
+
+def eval_batches(dataset, batch_size: int, max_batches: int = 0):
+    """The split's eval batches, the first max_batches of them if > 0, built ahead in a background thread."""
+    batches = dataset.eval_batches(batch_size)
+    return prefetch(itertools.islice(batches, max_batches) if max_batches else batches)
+
+
+def main(argv: list[str]) -> None:
+    """run.py eval --workdir=DIR [--split=valid|test]: writes DIR/eval_<split>.json, prints it as the last line."""
+    parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--split", default="valid", choices=("valid", "test"))
+    args = parser.parse_args(argv)
+    with user_errors():
+        run = load_workdir(args.workdir)
+        dataset = build_dataset(run.config, run.tokenizer, args.split)
+    metrics = evaluate(make_eval_step(run.model), run.params, eval_batches(dataset, run.config.train.batch_size),
+                       exact_match=run.config.data.kind == "synthetic")
+    metrics = {"split": args.split, "step": run.step, **metrics}
+    write_metrics(args.workdir, args.split, metrics)
+    print(json.dumps(metrics))
+
+
+def write_metrics(workdir: str | Path, split: str, metrics: dict) -> Path:
+    path = Path(workdir) / f"eval_{split}.json"
+    path.write_text(json.dumps(metrics, indent=1) + "\n")
+    return path

@@ -1,0 +1,118 @@
+"""From a validated config to the objects of a run (tokenizer, datasets, model), and from a workdir back to them.
+
+A workdir holds config.json (the resolved config), tokenizer/, checkpoints/ (orbax), metrics.jsonl, tb/,
+curves.png and eval_<split>.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+
+from txjax import config as config_lib
+from txjax.data import (TOKENIZER_FILE, ByteTokenizer, CharTokenizer, ParallelDataset, SentencePieceTokenizer,
+                        SyntheticTask, TextLMDataset, Tokenizer, load_tokenizer, read_text, resolve_path,
+                        task_tokenizer)
+from txjax.checkpoint import Checkpointer
+from txjax.models import DecoderLM, EncoderDecoder
+from txjax.train_state import init_state, make_optimizer
+
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINT_DIR = "checkpoints"
+SPLITS = ("train", "valid", "test")
+_EVAL_SEEDS = {"train": 2**31 - 1, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
+
+
+def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
+    """The file a text/parallel split reads (text corpora split one file; parallel data has one per split)."""
+    d = config.data
+    path = d.path if d.kind == "text" or split == "train" else {"valid": d.valid_path, "test": d.test_path}[split]
+    if not path:
+        raise config_lib.ConfigError(f"no {split} split: set --config.data.{split}_path=FILE")
+    return resolve_path(config_lib.resolve_data_path(path), f"{split} data file",
+                        "--config.data.path" if path == d.path else f"--config.data.{split}_path")
+
+
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> Tokenizer:
+    """The workdir's tokenizer/ when there is one (resume, eval), else built from the training data and saved."""
+    directory = Path(workdir) / TOKENIZER_DIR
+    if (directory / TOKENIZER_FILE).is_file():
+        return load_tokenizer(directory)
+    kind = config.data.tokenizer
+    if kind == "task":
+        tokenizer = task_tokenizer()
+    elif kind == "byte":
+        tokenizer = ByteTokenizer()
+    elif kind == "char":  # seq2seq needs pad/bos/eos; a char LM keeps exactly the corpus' characters (nanoGPT)
+        tokenizer = CharTokenizer.from_text(read_text(data_file(config, "train")),
+                                            specials=config.data.kind == "parallel")
+    else:  # one SentencePiece model shared by both sides of a parallel file (every tab-separated field)
+        tokenizer = SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)
+    tokenizer.save(directory)
+    return tokenizer
+
+
+def build_dataset(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str):
+    """The dataset of one split; every one has .batch(seed, k, batch_size) and .eval_batches(batch_size)."""
+    d = config.data
+    if split not in SPLITS:
+        raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if d.kind == "synthetic":
+        form = "lm" if config.family == "decoder_lm" else "seq2seq"
+        return SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split])
+    if d.kind == "text":
+        if split == "test":
+            raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")
+        return TextLMDataset(data_file(config, split), tokenizer, d.seq_len, "train" if split == "train" else "val",
+                             d.val_fraction)
+    return ParallelDataset(data_file(config, split), tokenizer, max_src_len=d.max_src_len, max_tgt_len=d.max_tgt_len,
+                           pack=d.pack and split == "train")
+
+
+def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: Tokenizer, train_data) -> None:
+    """Sets model.vocab_size and model.max_len left at 0 from the tokenizer and the longest sequence of the data."""
+    if isinstance(train_data, SyntheticTask):
+        longest = train_data.seq_len if config.family == "decoder_lm" else max(train_data.src_len, train_data.tgt_len)
+    elif isinstance(train_data, TextLMDataset):
+        longest = config.data.seq_len
+    else:
+        longest = max(config.data.max_src_len, config.data.max_tgt_len)
+    m = config.model
+    m.vocab_size = m.vocab_size or tokenizer.vocab_size
+    m.max_len = m.max_len or longest
+    if m.vocab_size < tokenizer.vocab_size or m.max_len < longest:
+        raise config_lib.ConfigError(
+            f"config.model.vocab_size={m.vocab_size}, max_len={m.max_len} are below the data's "
+            f"{tokenizer.vocab_size} tokens and {longest} positions; leave them at 0 to fill them in")
+
+
+def build_model(config: ml_collections.ConfigDict) -> DecoderLM | EncoderDecoder:
+    family = DecoderLM if config.family == "decoder_lm" else EncoderDecoder
+    return family(config_lib.model_config(config.model.to_dict()))
+
+
+class Run(NamedTuple):
+    """A trained run, as `run.py eval`, `generate` and `attention` start from it."""
+
+    config: ml_collections.ConfigDict
+    model: DecoderLM | EncoderDecoder
+    tokenizer: Tokenizer
+    params: Any
+    step: int
+
+
+def load_workdir(workdir: str | Path, step: int | None = None) -> Run:
+    """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir."""
+    workdir = Path(workdir)
+    config = config_lib.load(workdir)
+    model = build_model(config)
+    tx = make_optimizer(config.train)
+    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
+    try:
+        state = ckpt.restore(jax.eval_shape(lambda: init_state(model, tx, config.train.seed)), step)
+    finally:
+        ckpt.close()
+    return Run(config, model, load_tokenizer(workdir / TOKENIZER_DIR), state.params, int(state.step))

@@ -1,0 +1,98 @@
+"""A run's logs: JSON lines, TensorBoard events, a progress bar (or plain lines off a terminal), a PNG of the curves.
+
+`metrics.jsonl` holds one object per line: {"step": s, "split": "train" | "valid", metric: value, ...}. When a
+run resumes from step s, the lines past s (written by the run that was killed) are dropped first, so the file
+always tells one history.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from tensorboardX import SummaryWriter
+from tqdm import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    path = Path(workdir) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+class MetricsLog:
+    """Writes what a training run measures; `train()` is the loop's only host-device synchronisation."""
+
+    def __init__(self, workdir: str | Path, steps: int, start_step: int):
+        self.workdir = Path(workdir)
+        kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
+        self.file = (self.workdir / METRICS_FILE).open("w")
+        self.file.writelines(json.dumps(r) + "\n" for r in kept)
+        self.tb = SummaryWriter(str(self.workdir / "tb"))
+        self.steps = steps
+        self.bar = tqdm(total=steps, initial=start_step, unit="step", dynamic_ncols=True,
+                        disable=not sys.stderr.isatty())
+        self.last_step = start_step
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Starts timing afresh (after an evaluation or a save, which are not training steps)."""
+        self.last_time = time.perf_counter()
+
+    def train(self, step: int, pending: list[dict], tokens: int) -> dict:
+        """Logs the mean of the per-step metrics since the last call (device arrays, fetched now) and the speed
+        over the interval (the first one includes the compilation): ms/step, and tokens/s of the `tokens` input
+        positions its steps processed."""
+        host = jax.device_get(pending)
+        now = time.perf_counter()
+        n, dt = step - self.last_step, now - self.last_time
+        record = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+        record |= {"ms_per_step": 1000.0 * dt / n, "tokens_per_s": tokens / dt}
+        self.last_step, self.last_time = step, now
+        self.bar.update(n)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
+        self.write(step, "train", record)
+        return record
+
+    def write(self, step: int, split: str, record: dict) -> None:
+        self.file.write(json.dumps({"step": step, "split": split, **record}) + "\n")
+        self.file.flush()
+        for name, value in record.items():
+            self.tb.add_scalar(f"{split}/{name}", value, step)
+        if self.bar.disable:
+            shown = " ".join(f"{k} {v:.4g}" for k, v in record.items())
+            print(f"[{split}] step {step}/{self.steps} {shown}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Flushes the files and draws the loss curves of the whole history into curves.png."""
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
+        plot_curves(self.workdir)
+
+
+def plot_curves(workdir: str | Path) -> Path:
+    """Train and eval loss against step, from metrics.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(workdir)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for split in dict.fromkeys(r["split"] for r in records):
+        points = [(r["step"], r["loss"]) for r in records if r["split"] == split and "loss" in r]
+        if points:
+            ax.plot(*zip(*points), label=f"{split} loss", marker="o" if split != "train" else None, markersize=3)
+    ax.set(xlabel="step", ylabel="cross-entropy (nats/token)", title=Path(workdir).resolve().name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = Path(workdir) / CURVES_FILE
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path

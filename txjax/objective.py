@@ -1,0 +1,59 @@
+"""The training objective: the model's logits on a batch and the label-weighted cross-entropy, in float32.
+
+    loss = sum_t w_t CE_t / sum_t w_t,     CE_t = -log p(y_t | context)     (w_t = 0 on padding and prompts)
+    label smoothing eps (Szegedy et al. 2016, sec. 7): target (1 - eps) onehot(y) + eps / V, so
+    CE_t^eps = (1 - eps) CE_t + eps mean_v(-log p(v)) = (1 - eps) CE_t + eps (logsumexp(z) - mean_v z_v)
+Everything here returns sums over tokens, so batches and micro-batches add up exactly before the one division.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+import flax.linen as nn
+
+from txjax.models import EncoderDecoder
+
+_BATCH_KEYS = {  # family -> (model inputs, targets, weights)
+    "decoder_lm": (("inputs", "positions", "segment_ids"), "targets", "weights"),
+    "encoder_decoder": (("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions",
+                         "tgt_segment_ids"), "tgt_targets", "tgt_weights"),
+}
+
+
+def batch_keys(model):
+    return _BATCH_KEYS["encoder_decoder" if isinstance(model, EncoderDecoder) else "decoder_lm"]
+
+
+def init_params(model, key):
+    """Float32 parameters, unboxed from their logical-axis metadata (their shapes do not depend on the length)."""
+    tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
+    args = (tokens_1x1, tokens_1x1) if isinstance(model, EncoderDecoder) else (tokens_1x1,)
+    return nn.meta.unbox(model.init(key, *args)["params"])
+
+
+def forward(model, params, batch, dropout_rng=None):
+    """(logits f32[B, L, V], targets i32[B, L], weights f32[B, L]) of an LM or seq2seq batch.
+
+    Dropout is on iff a dropout rng is given.
+    """
+    inputs, targets, weights = batch_keys(model)
+    rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+    logits_BxLxV = model.apply({"params": params}, *(batch[k] for k in inputs), deterministic=dropout_rng is None,
+                               rngs=rngs)
+    return logits_BxLxV, batch[targets], batch[weights]
+
+
+def token_sums(logits_BxLxV, targets_BxL, weights_BxL, label_smoothing: float = 0.0) -> dict:
+    """Weighted sums over the batch's tokens: loss (CE), objective (CE with label smoothing), correct (argmax
+    hits), weight (tokens counted)."""
+    logits_BxLxV = logits_BxLxV.astype(jnp.float32)
+    ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+    objective_BxL = ce_BxL
+    if label_smoothing:
+        uniform_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1) - logits_BxLxV.mean(axis=-1)
+        objective_BxL = (1.0 - label_smoothing) * ce_BxL + label_smoothing * uniform_BxL
+    correct_BxL = (logits_BxLxV.argmax(-1) == targets_BxL).astype(jnp.float32)
+    return {"loss": (weights_BxL * ce_BxL).sum(), "objective": (weights_BxL * objective_BxL).sum(),
+            "correct": (weights_BxL * correct_BxL).sum(), "weight": weights_BxL.sum()}

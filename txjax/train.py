@@ -1,0 +1,160 @@
+"""Training: the jitted train_step and the loop around it (resume, checkpoints, evals, logs, time budget).
+
+train_step(state, batch) -> (state, metrics), compiled once, the state's buffers donated:
+    g = (1 / sum_t w_t) sum_{micro-batch m} grad_theta sum_{t in m} w_t CE_t^eps     (lax.scan over grad_accum
+                                                                                     micro-batches: exactly the
+                                                                                     full batch's gradient)
+    theta, opt_state <- AdamW(clip(g))                                              (txjax.train_state)
+Step s draws dropout masks from fold_in(dropout key, s), batch k is a pure function of (seed, k) and checkpoints
+hold the whole state, so a resumed run takes the same steps as one that never stopped (bit for bit on CPU).
+The loop reads values back from the device only every log_every steps and before a save or an eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from txjax import config as config_lib
+from txjax.checkpoint import Checkpointer
+from txjax.data import prefetch
+from txjax.evaluate import eval_batches, evaluate, make_eval_step, write_metrics
+from txjax.experiment import (CHECKPOINT_DIR, build_dataset, build_model, build_tokenizer, fill_model_sizes,
+                              load_workdir)
+from txjax.metrics_log import MetricsLog
+from txjax.objective import batch_keys, forward, token_sums
+from txjax.train_state import TrainState, init_state, learning_rate_schedule, make_optimizer, run_keys
+
+__all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train", "main"]
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite; the last checkpoint saved before it is kept."""
+
+
+def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
+    """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and t = config.train."""
+    schedule = learning_rate_schedule(t)
+    dropout_key = run_keys(t.seed)[1]
+
+    dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
+
+    def objective_sum(params, batch, rng):
+        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing)
+        return sums["objective"], sums
+
+    grad_sums = jax.grad(objective_sum, has_aux=True)
+
+    def train_step(state: TrainState, batch):
+        rng = jax.random.fold_in(dropout_key, state.step)
+        if t.grad_accum == 1:
+            grads, sums = grad_sums(state.params, batch, rng)
+        else:  # micro-batch i holds rows [i * B/A, (i + 1) * B/A) of the batch
+            micro = jax.tree_util.tree_map(lambda x: x.reshape(t.grad_accum, -1, *x.shape[1:]), batch)
+
+            def add(total, i):
+                one = jax.tree_util.tree_map(lambda x: x[i], micro)
+                one_sums = grad_sums(state.params, one, jax.random.fold_in(rng, i))
+                return jax.tree_util.tree_map(jnp.add, total, one_sums), None
+
+            shapes = jax.eval_shape(grad_sums, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), rng)
+            zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            (grads, sums), _ = jax.lax.scan(add, zeros, jnp.arange(t.grad_accum))
+        weight = jnp.maximum(sums["weight"], 1.0)
+        grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+        return state, {"loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
+                       "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step - 1)}
+
+    return jax.jit(train_step, donate_argnums=0)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Trains the run in `workdir`, resuming from its latest checkpoint; returns the final metrics."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with config_lib.user_errors():
+        tokenizer = build_tokenizer(config, workdir)
+        train_data = build_dataset(config, tokenizer, "train")
+        valid_data = build_dataset(config, tokenizer, "valid")
+        fill_model_sizes(config, tokenizer, train_data)
+    config_lib.save(config, workdir)
+    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
+    try:
+        return _loop(config, workdir, train_data, valid_data, ckpt)
+    finally:
+        ckpt.close()
+
+
+def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> dict:
+    t = config.train
+    model, tx = build_model(config), make_optimizer(t)
+    init = jax.jit(lambda: init_state(model, tx, t.seed))
+    saved = ckpt.latest_step()
+    state = init() if saved is None else ckpt.restore(jax.eval_shape(init))
+    start = int(state.step)
+    if saved is not None:
+        print(f"resuming {workdir} from step {start}", flush=True)
+    train_step, eval_step = make_train_step(model, tx, t), make_eval_step(model)
+    exact_match = config.data.kind == "synthetic"
+    log = MetricsLog(workdir, t.steps, start)
+    batches = prefetch(jax.device_put(train_data.batch(t.seed, k, t.batch_size)) for k in range(start, t.steps))
+    tokens_key = batch_keys(model)[0][0]
+    deadline = time.monotonic() + 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
+    began, step, pending, tokens, record = time.monotonic(), start, [], 0, None
+    try:
+        for step, batch in zip(range(start + 1, t.steps + 1), batches):  # step: optimizer steps done after it
+            state, metrics = train_step(state, batch)
+            pending.append(metrics)
+            tokens += batch[tokens_key].size
+            last = step == t.steps or time.monotonic() > deadline
+            save = last or step % t.checkpoint_every == 0
+            eval_now = not last and t.eval_every > 0 and step % t.eval_every == 0
+            if save or eval_now or step % t.log_every == 0:
+                record, pending, tokens = log.train(step, pending, tokens), [], 0
+                if not math.isfinite(record["loss"]):
+                    log.close()
+                    raise Diverged(f"loss is {record['loss']} at step {step}; training stopped and the last good "
+                                   f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
+                                   "--config.train.learning_rate or set --config.train.grad_clip")
+            if eval_now:
+                valid = eval_batches(valid_data, t.batch_size, t.eval_batches)
+                log.write(step, "valid", evaluate(eval_step, state.params, valid, exact_match))
+                log.restart_clock()
+            if save:
+                ckpt.save(step, state)
+                saved = step
+            if last:
+                break
+    finally:
+        batches.close()
+    final = evaluate(eval_step, state.params, eval_batches(valid_data, t.batch_size), exact_match)
+    log.write(step, "valid", final)
+    log.close()
+    write_metrics(workdir, "valid", {"split": "valid", "step": step, **final})
+    return {"step": step, **({"train_loss": record["loss"]} if record else {}),
+            **{f"valid_{k}": v for k, v in final.items()}, "train_minutes": (time.monotonic() - began) / 60.0,
+            "train_step_compiles": train_step._cache_size(), "eval_step_compiles": eval_step._cache_size()}
+
+
+def main(argv: list[str]) -> None:
+    """run.py train [--config=experiments/NAME.py] [--workdir=DIR] [--config.SECTION.FIELD=VALUE ...]"""
+    parser = argparse.ArgumentParser(prog="run.py train", description=main.__doc__, allow_abbrev=False)
+    parser.add_argument("--config", help=f"experiment file (default: {config_lib.DEFAULT_EXPERIMENT.name})")
+    parser.add_argument("--workdir", help="run folder (default: runs/<experiment name>); resumes if it has one")
+    args, overrides = parser.parse_known_args(argv)
+    for flag in overrides:
+        if not flag.startswith("--config."):
+            parser.error(f"unrecognized argument {flag}")
+    config = config_lib.from_command_line(args.config, overrides)
+    workdir = args.workdir or Path("runs") / Path(args.config or config_lib.DEFAULT_EXPERIMENT).stem
+    print(json.dumps(train(config, workdir)))
