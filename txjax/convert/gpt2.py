@@ -176,13 +176,13 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFER_SUFFIXES))
     if extra:
         raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused; not plain GPT-2)")
-    _check_tree(params, cfg)
+    check_params(params, cfg)
     return params
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
-    _check_tree(params, cfg)
+    check_params(params, cfg)
     params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
     dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
     out = {"wte.weight": params["embed"]["tokens"]["embedding"], "wpe.weight": params["embed"]["positions"]["embedding"],
@@ -192,7 +192,7 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     return {f"transformer.{k}": np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def _check_tree(params: Mapping, cfg: ModelConfig) -> None:
+def check_params(params: Mapping, cfg: ModelConfig) -> None:
     """The params have exactly DecoderLM(cfg)'s tree and shapes, else a ValueError naming the first difference."""
     want = {jax.tree_util.keystr(p): s.shape for p, s in jax.tree_util.tree_leaves_with_path(expected_shapes(cfg))}
     got = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))}

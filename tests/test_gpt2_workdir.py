@@ -1,0 +1,72 @@
+"""run.py import-gpt2: a GPT-2 folder becomes a workdir that load_workdir, eval and generation use."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+
+import run  # noqa: E402
+from txjax.convert import save_gpt2  # noqa: E402
+from txjax.decode import generate  # noqa: E402
+from txjax.evaluate import main as eval_main  # noqa: E402
+from txjax.experiment import load_workdir  # noqa: E402
+from txjax.models import ModelConfig  # noqa: E402
+from test_gpt2_convert import random_params  # noqa: E402
+
+TEXT = "the quick brown fox jumps over the lazy dog.\n" * 40
+CFG = ModelConfig(vocab_size=300, d_model=16, num_heads=2, d_ff=64, num_layers=2, max_len=32, positional="learned",
+                  norm="layernorm", norm_placement="pre", activation="gelu_tanh", use_bias=True, tie_embeddings=True,
+                  dropout=0.1, attention_dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """(folder, params): a random GPT-2 saved with its tokenizer files, and a small text corpus next to it."""
+    import tokenizers
+
+    root = tmp_path_factory.mktemp("hf")
+    params = random_params(CFG)
+    folder = save_gpt2(root / "gpt2", CFG, params)
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([TEXT], vocab_size=290, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(folder))
+    (root / "text.txt").write_text(TEXT)
+    return folder, params
+
+
+def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
+    folder, params = gpt2
+    workdir = tmp_path / "run"
+    assert run.main(["import-gpt2", f"--from={folder}", f"--workdir={workdir}",
+                     f"--config.data.path={folder.parent / 'text.txt'}", "--config.data.seq_len=16"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["params"] == sum(a.size for a in jax.tree.leaves(params))
+    loaded = load_workdir(workdir)
+    assert loaded.step == 0 and loaded.tokenizer.kind == "byte_bpe" and loaded.model.cfg == CFG
+    jax.tree.map(np.testing.assert_array_equal, loaded.params, params)
+    eval_main([f"--workdir={workdir}"])
+    assert json.loads((workdir / "eval_valid.json").read_text())["tokens"] > 0
+    prompt = loaded.tokenizer.encode("the quick")
+    out = generate(loaded.model, loaded.params, [prompt], max_new_tokens=5)
+    assert len(out.ids[0]) == 5
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--config.model.d_model=32"], "params"),
+    (["--config.model.nope=1"], "nope"),
+])
+def test_bad_override_writes_nothing(gpt2, tmp_path, capsys, flags, message):
+    folder, _ = gpt2
+    assert run.main(["import-gpt2", f"--from={folder}", f"--workdir={tmp_path / 'run'}", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_folder_without_tokenizer_writes_nothing(tmp_path, capsys):
+    save_gpt2(tmp_path / "bare", CFG, random_params(CFG))
+    assert run.main(["import-gpt2", f"--from={tmp_path / 'bare'}", f"--workdir={tmp_path / 'run'}"]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
