@@ -17,15 +17,21 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from txjax.config import user_errors
 from txjax.data import prefetch
+from txjax.distributed import first_device_mesh
 from txjax.experiment import build_dataset, load_workdir
-from txjax.objective import forward, token_sums
+from txjax.objective import forward, params_shardings, token_sums
+from txjax.sharding import batch_sharding, global_batch, process_rows
 
 
-def make_eval_step(model):
-    """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples."""
+def make_eval_step(model, mesh: Mesh | None = None):
+    """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples; on `mesh`
+    (default: the first device) the params laid out by their logical axes, the batch's rows split over the data and
+    fsdp axes, the sums replicated."""
+    mesh = mesh or first_device_mesh()
 
     def eval_step(params, batch):
         logits_BxLxV, targets_BxL, weights_BxL = forward(model, params, batch)
@@ -34,7 +40,8 @@ def make_eval_step(model):
         real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
         return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
 
-    return jax.jit(eval_step)
+    return jax.jit(eval_step, in_shardings=(params_shardings(model, mesh), batch_sharding(mesh)),
+                   out_shardings=NamedSharding(mesh, P()))
 
 
 def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
@@ -49,10 +56,14 @@ def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
     return metrics
 
 
-def eval_batches(dataset, batch_size: int, max_batches: int = 0):
-    """The split's eval batches, the first max_batches of them if > 0, built ahead in a background thread."""
+def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | None = None):
+    """The split's eval batches, the first max_batches of them if > 0, built ahead in a background thread, as
+    global arrays on `mesh` (default: the first device) to which each process gives its rows."""
+    mesh = mesh or first_device_mesh()
+    rows = process_rows(mesh, batch_size)
     batches = dataset.eval_batches(batch_size)
-    return prefetch(itertools.islice(batches, max_batches) if max_batches else batches)
+    return prefetch(global_batch({k: x[rows] for k, x in batch.items()}, mesh)
+                    for batch in (itertools.islice(batches, max_batches) if max_batches else batches))
 
 
 def main(argv: list[str]) -> None:

@@ -11,14 +11,16 @@ from typing import Any, NamedTuple
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from txjax import config as config_lib
 from txjax.data import (TOKENIZER_FILE, ByteTokenizer, CharTokenizer, ParallelDataset, SentencePieceTokenizer,
                         SyntheticTask, TextLMDataset, Tokenizer, load_tokenizer, read_text, resolve_path,
                         task_tokenizer)
 from txjax.checkpoint import Checkpointer
+from txjax.distributed import first_device_mesh
 from txjax.models import DecoderLM, EncoderDecoder
-from txjax.train_state import init_state, make_optimizer
+from txjax.train_state import init_state, make_optimizer, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
@@ -104,15 +106,18 @@ class Run(NamedTuple):
     step: int
 
 
-def load_workdir(workdir: str | Path, step: int | None = None) -> Run:
-    """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir."""
+def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None = None) -> Run:
+    """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir, laid out
+    on `mesh` (default: the first device), whatever mesh and process count wrote them."""
     workdir = Path(workdir)
     config = config_lib.load(workdir)
     model = build_model(config)
     tx = make_optimizer(config.train)
+    shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())
+    init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     try:
-        state = ckpt.restore(jax.eval_shape(lambda: init_state(model, tx, config.train.seed)), step)
+        state = ckpt.restore(jax.eval_shape(init), step)
     finally:
         ckpt.close()
     return Run(config, model, load_tokenizer(workdir / TOKENIZER_DIR), state.params, int(state.step))

@@ -8,12 +8,16 @@ Everything here returns sums over tokens, so batches and micro-batches add up ex
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
 import flax.linen as nn
+from jax.sharding import Mesh
 
 from txjax.models import EncoderDecoder
+from txjax.sharding import shardings_for
 
 _BATCH_KEYS = {  # family -> (model inputs, targets, weights)
     "decoder_lm": (("inputs", "positions", "segment_ids"), "targets", "weights"),
@@ -26,11 +30,18 @@ def batch_keys(model):
     return _BATCH_KEYS["encoder_decoder" if isinstance(model, EncoderDecoder) else "decoder_lm"]
 
 
-def init_params(model, key):
-    """Float32 parameters, unboxed from their logical-axis metadata (their shapes do not depend on the length)."""
+def init_params(model, key, boxed: bool = False):
+    """Float32 parameters, unboxed from their logical-axis metadata unless `boxed` (to derive shardings from; their
+    shapes do not depend on the length)."""
     tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
     args = (tokens_1x1, tokens_1x1) if isinstance(model, EncoderDecoder) else (tokens_1x1,)
-    return nn.meta.unbox(model.init(key, *args)["params"])
+    params = model.init(key, *args)["params"]
+    return params if boxed else nn.meta.unbox(params)
+
+
+def params_shardings(model, mesh: Mesh):
+    """Where each parameter lives on `mesh`, from its logical axes (sharding.LOGICAL_RULES); shapes only."""
+    return shardings_for(jax.eval_shape(functools.partial(init_params, model, jax.random.key(0), boxed=True)), mesh)
 
 
 def forward(model, params, batch, dropout_rng=None):

@@ -8,14 +8,18 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 
 from txjax.objective import init_params
+from txjax.sharding import shardings_for
 
 
 @flax.struct.dataclass
@@ -37,7 +41,7 @@ def _decayed(params):
     def is_decayed(path, _):
         name = path[-1].key
         return name not in ("scale", "bias") and not name.endswith("_bias")
-    return jax.tree_util.tree_map_with_path(is_decayed, params)
+    return jax.tree_util.tree_map_with_path(is_decayed, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
 
 
 def make_optimizer(t) -> optax.GradientTransformation:
@@ -52,7 +56,14 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
     return params_key, dropout_key
 
 
-def init_state(model, tx: optax.GradientTransformation, seed: int) -> TrainState:
-    """Step 0: parameters drawn with the run's params key, fresh optimizer moments. Jit it or eval_shape it."""
-    params = init_params(model, run_keys(seed)[0])
+def init_state(model, tx: optax.GradientTransformation, seed: int, boxed: bool = False) -> TrainState:
+    """Step 0: parameters drawn with the run's params key, fresh optimizer moments. Jit it or eval_shape it.
+    `boxed` keeps the logical-axis metadata on the parameters and their moments (see state_shardings)."""
+    params = init_params(model, run_keys(seed)[0], boxed)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def state_shardings(model, tx: optax.GradientTransformation, seed: int, mesh: Mesh) -> TrainState:
+    """Where each array of the state lives on `mesh`: parameters and their AdamW moments by their logical axes
+    (sharding.LOGICAL_RULES), the step and counters replicated. Computed from shapes only (jax.eval_shape)."""
+    return shardings_for(jax.eval_shape(functools.partial(init_state, model, tx, seed, boxed=True)), mesh)
