@@ -11,6 +11,8 @@ COMMANDS = {  # name -> (module, function(argv: list[str]))
     "train": ("txjax.train", "main"),
     "eval": ("txjax.evaluate", "main"),
     "import-gpt2": ("txjax.convert.workdir", "main"),
+    "attention": ("txjax.viz", "main"),
+    "inspect": ("txjax.summary", "main"),
 }
 
 

@@ -1,4 +1,4 @@
-"""run.py import-gpt2: a GPT-2 folder becomes a workdir that load_workdir, eval and generation use."""
+"""run.py import-gpt2: a GPT-2 folder becomes a workdir that load_workdir, eval, generation and attention use."""
 
 import json
 
@@ -51,6 +51,8 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     prompt = loaded.tokenizer.encode("the quick")
     out = generate(loaded.model, loaded.params, [prompt], max_new_tokens=5)
     assert len(out.ids[0]) == 5
+    assert run.main(["attention", f"--workdir={workdir}", "--text=the lazy dog", "--head=1"]) == 0
+    assert (workdir / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -1,14 +1,19 @@
 """Attention maps: weights captured from the model's own attention, panels, PNG files."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import run
+from test_train import tiny_config
 from txjax.data import CharTokenizer
 from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, unstack_layers
+from txjax.train import train
 from txjax.viz import attention_maps, capture_attention, select_panels, token_labels
 
 TOK = CharTokenizer.from_text("abc de\n$", specials=True)
@@ -60,3 +65,30 @@ def test_pngs_for_lm_and_encoder_decoder(lm_params, tmp_path):
     files += attention_maps(EncoderDecoder(cfg), params, TOK, IDS, tmp_path / "ed.png", target_ids=tgt)
     assert [f.name for f in files] == ["lm.png", "ed-encoder.png", "ed-decoder.png", "ed-cross.png"]
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+
+
+@pytest.fixture(scope="module")
+def seq2seq_workdir(tmp_path_factory):
+    """A tiny encoder-decoder trained for one step on the reverse task."""
+    workdir = tmp_path_factory.mktemp("seq2seq")
+    train(tiny_config("--config.family=encoder_decoder", "--config.train.steps=1"), workdir)
+    return workdir
+
+
+def test_attention_command_on_encoder_decoder(seq2seq_workdir, tmp_path, capsys):
+    out = tmp_path / "a.png"
+    assert run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=1234", f"--out={out}"]) == 0  # translates
+    assert run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=12", "--target=21", "--layer=0",
+                     f"--out={out}"]) == 0
+    files = json.loads(capsys.readouterr().out.splitlines()[-1])["files"]
+    assert [Path(f).name for f in files] == ["a-encoder.png", "a-decoder.png", "a-cross.png"]
+    assert run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=12", "--layer=5"]) == 2
+    assert "--layer=5 is out of range" in capsys.readouterr().err
+
+
+def test_inspect_command(seq2seq_workdir, capsys):
+    assert run.main(["inspect", f"--workdir={seq2seq_workdir}", "--batch_size=2"]) == 0
+    table = capsys.readouterr().out
+    assert "decoder/layers/cross_attention" in table and "batch 2 x context" in table
+    assert run.main(["inspect", "--config.model.num_layers=3"]) == 0  # the default experiment, sizes from its data
+    assert "train FLOPs / token" in capsys.readouterr().out

@@ -8,6 +8,8 @@ one panel per head of one layer, or one per layer with its heads averaged.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from pathlib import Path
 from typing import Sequence
@@ -18,6 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from txjax.config import user_errors  # noqa: E402
+from txjax.decode import check_inputs, translate  # noqa: E402
+from txjax.experiment import load_workdir  # noqa: E402
 from txjax.models import EncoderDecoder, stack_layers  # noqa: E402
 
 
@@ -68,10 +73,11 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
     lq, lk = len(query_labels), len(key_labels)
     cell = min(0.3, 8.0 / max(lq, lk))  # inches per token: labels readable, figures bounded
     fontsize = max(4.0, min(9.0, 26.0 * cell))
+    norm = matplotlib.colors.PowerNorm(0.5, vmin=0.0, vmax=1.0)  # sqrt colour scale: weak weights stay visible
     fig, axes = plt.subplots(rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)),
                              squeeze=False, constrained_layout=True)
     for ax, (name, w_QxK) in zip(axes.flat, panels):
-        im = ax.imshow(w_QxK, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+        im = ax.imshow(w_QxK, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
         ax.set_title(name, fontsize=fontsize + 1)
         ax.set_xticks(range(lk), key_labels, rotation=90, fontsize=fontsize)
         ax.set_yticks(range(lq), query_labels, fontsize=fontsize)
@@ -79,7 +85,7 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
         ax.set_ylabel("queries", fontsize=fontsize)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight")
+    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight (sqrt scale)")
     if title:
         fig.suptitle(title)
     path = Path(path)
@@ -111,3 +117,47 @@ def attention_maps(model, params, tokenizer, ids: Sequence[int], out, *, target_
                  "decoder/cross_attention": (out.with_stem(out.stem + "-cross"), tgt_labels, src_labels)}
     return [plot_attention(select_panels(weights[key], layer, head), q, k, path, title=key.replace("/", " ").replace("_", "-"))
             for key, (path, q, k) in files.items()]
+
+
+def _encoder_decoder_inputs(run, text: str, target: str | None) -> tuple[list[int], list[int]]:
+    """(source ids + EOS as in training, decoder inputs BOS + target): the given target, else the greedy translation
+    (at most max_len - 1 tokens, so that BOS + translation fits the decoder's context)."""
+    tok = run.tokenizer
+    src = tok.encode(text) + [tok.eos_id]
+    check_inputs([src], run.model.cfg.vocab_size, run.model.cfg.max_len, "source")
+    if target is None:
+        out = translate(run.model, run.params, [src], bos_id=tok.bos_id, pad_id=tok.pad_id, eos_id=tok.eos_id,
+                        max_new_tokens=min(run.config.decode.max_new_tokens, run.model.cfg.max_len - 1))
+        tgt = [tok.bos_id] + out.ids[0]
+    else:
+        tgt = [tok.bos_id] + tok.encode(target)
+    check_inputs([tgt], run.model.cfg.vocab_size, run.model.cfg.max_len, "target")
+    return src, tgt
+
+
+def main(argv: list[str]) -> None:
+    """run.py attention --workdir=DIR --text=TEXT [--target=TEXT] [--layer=N] [--head=N] [--out=FILE.png]
+
+    Without --layer: one panel per layer, heads averaged (or --head's head); with it: one panel per head.
+    An encoder-decoder reads --text as the source and --target as the target (default: its greedy translation),
+    and writes FILE-encoder.png, FILE-decoder.png and FILE-cross.png.
+    """
+    parser = argparse.ArgumentParser(prog="run.py attention", description=main.__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--text", required=True)
+    parser.add_argument("--target", help="encoder-decoder: the target text (default: the model's translation)")
+    parser.add_argument("--layer", type=int)
+    parser.add_argument("--head", type=int)
+    parser.add_argument("--out", help="PNG path (default: WORKDIR/attention.png)")
+    args = parser.parse_args(argv)
+    with user_errors():
+        run = load_workdir(args.workdir)
+        if isinstance(run.model, EncoderDecoder):
+            ids, target_ids = _encoder_decoder_inputs(run, args.text, args.target)
+        else:
+            ids, target_ids = run.tokenizer.encode(args.text), None
+            check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
+        files = attention_maps(run.model, run.params, run.tokenizer, ids, args.out or Path(args.workdir) / "attention.png",
+                               target_ids=target_ids, layer=args.layer, head=args.head)
+    print(json.dumps({"files": [str(f) for f in files], "step": run.step}))
