@@ -37,7 +37,7 @@ __all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train",
 
 
 class Diverged(RuntimeError):
-    """The loss became NaN or infinite; the last checkpoint saved before it is kept."""
+    """The loss or the parameters became NaN or infinite; the last checkpoint saved before that is kept."""
 
 
 def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
@@ -71,9 +71,11 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
         weight = jnp.maximum(sums["weight"], 1.0)
         grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
-        return state, {"loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
-                       "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step - 1)}
+        params = optax.apply_updates(state.params, updates)
+        finite = jnp.stack([jnp.isfinite(sums["loss"])] + [jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), {
+            "loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
+            "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step), "finite": finite.all()}
 
     return jax.jit(train_step, donate_argnums=0)
 
@@ -121,9 +123,10 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
             eval_now = not last and t.eval_every > 0 and step % t.eval_every == 0
             if save or eval_now or step % t.log_every == 0:
                 record, pending, tokens = log.train(step, pending, tokens), [], 0
-                if not math.isfinite(record["loss"]):
+                if record["finite"] < 1:
                     log.close()
-                    raise Diverged(f"loss is {record['loss']} at step {step}; training stopped and the last good "
+                    raise Diverged(f"the loss or the parameters became NaN/inf by step {step} (recent mean loss "
+                                   f"{record['loss']}); training stopped and the last good "
                                    f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
                                    "--config.train.learning_rate or set --config.train.grad_clip")
             if eval_now:

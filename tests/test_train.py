@@ -1,0 +1,244 @@
+"""Tests of the training loop, checkpoints, evaluation and configs (tiny models, a few steps each)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import txjax.train
+from txjax import config as config_lib
+from txjax.checkpoint import Checkpointer
+from txjax.data import prefetch
+from txjax.evaluate import evaluate, make_eval_step
+from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
+from txjax.objective import token_sums
+from txjax.train import Diverged, make_train_step, train
+from txjax.train_state import init_state, make_optimizer
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """Runs with equal steps compile them once: a persistent cache, also for the `run.py` subprocesses."""
+    directory = str(tmp_path_factory.mktemp("jax_cache"))
+    options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.0,
+               "jax_persistent_cache_min_entry_size_bytes": 0}
+    before = {name: getattr(jax.config, name) for name in options}
+    for name, value in options.items():
+        jax.config.update(name, value)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+
+
+def tiny_config(*flags):
+    """The default experiment (reverse) at toy size: 1 layer, d_model 32, 1-4 digits."""
+    base = ["--config.data.max_digits=4", "--config.data.eval_size=20", "--config.model.num_layers=1",
+            "--config.model.num_heads=2", "--config.model.d_model=32", "--config.model.d_ff=64",
+            "--config.train.steps=6", "--config.train.batch_size=8", "--config.train.warmup_steps=2",
+            "--config.train.log_every=2", "--config.train.eval_every=0", "--config.train.checkpoint_every=2"]
+    return config_lib.from_command_line(None, base + list(flags))
+
+
+def params_of(workdir):
+    return jax.device_get(load_workdir(workdir).params)
+
+
+def assert_trees_equal(a, b):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def run_py(*args, **kwargs):
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], capture_output=True, text=True,
+                          cwd=REPO, **kwargs)
+
+
+# ---------------------------------------------------------------- configs and user errors
+
+def test_unknown_key_names_close_match():
+    with pytest.raises(config_lib.ConfigError, match="did you mean num_layers"):
+        tiny_config("--config.model.num_layer=3")
+    with pytest.raises(config_lib.ConfigError, match="unknown key 'trian'; did you mean train"):
+        tiny_config("--config.trian.steps=3")
+
+
+def test_bad_values_are_one_line_errors():
+    for flag, message in [("--config.model.positional=rop", "model.positional='rop' is not one of"),
+                          ("--config.train.steps=abc", "expected int"),
+                          ("--config.model.d_model=33", "divisible by model.num_heads"),
+                          ("--config.train.grad_accum=3", "divisible by grad_accum")]:
+        with pytest.raises(config_lib.ConfigError, match=message) as e:
+            tiny_config(flag)
+        assert "\n" not in str(e.value)
+
+
+def test_cli_user_error_is_one_line_without_traceback():
+    result = run_py("train", "--config.model.num_layer=3")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --config.model.num_layer: unknown key 'num_layer'; did you mean num_layers, scan_layers, "
+        "num_encoder_layers?"]
+
+
+def test_missing_data_file_fails_before_training(tmp_path):
+    config = config_lib.from_command_line(str(REPO / "experiments/shakespeare_char.py"),
+                                          [f"--config.data.path={tmp_path}/absent.txt"])
+    with pytest.raises(config_lib.ConfigError, match=f"not found: {tmp_path}/absent.txt"):
+        train(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# ---------------------------------------------------------------- data feeding, steps, eval
+
+def test_training_batches_are_a_pure_function_of_seed_and_step(tmp_path):
+    config = tiny_config()
+    data = build_dataset(config, build_tokenizer(config, tmp_path), "train")
+    fed = list(prefetch(data.batch(config.train.seed, k, 8) for k in range(3, 6)))
+    for k, batch in zip(range(3, 6), fed):
+        again = data.batch(config.train.seed, k, 8)
+        assert all(np.array_equal(batch[name], again[name]) for name in batch)
+    assert not np.array_equal(fed[0]["inputs"], fed[1]["inputs"])
+
+
+def _model_and_state(config, tmp_path):
+    tokenizer = build_tokenizer(config, tmp_path)
+    data = build_dataset(config, tokenizer, "train")
+    fill_model_sizes(config, tokenizer, data)
+    model, tx = build_model(config), make_optimizer(config.train)
+    return data, model, tx, jax.jit(lambda: init_state(model, tx, config.train.seed))()
+
+
+def test_grad_accumulation_equals_the_full_batch(tmp_path):
+    config = tiny_config()
+    data, model, tx, state = _model_and_state(config, tmp_path)
+    batch = data.batch(0, 0, 8)
+    params = {}
+    for accum in (1, 2):
+        config.train.grad_accum = accum
+        step = make_train_step(model, tx, config.train)
+        params[accum] = step(jax.tree_util.tree_map(np.copy, state), batch)[0].params
+    for a, b in zip(jax.tree_util.tree_leaves(params[1]), jax.tree_util.tree_leaves(params[2])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_label_smoothing_matches_optax_smoothed_labels():
+    logits_BxLxV = jax.random.normal(jax.random.key(0), (2, 3, 7)) * 3
+    targets_BxL = jax.random.randint(jax.random.key(1), (2, 3), 0, 7)
+    weights_BxL = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    smoothed = optax.smooth_labels(jax.nn.one_hot(targets_BxL, 7), 0.1)
+    expected = (optax.softmax_cross_entropy(logits_BxLxV, smoothed) * weights_BxL).sum()
+    np.testing.assert_allclose(token_sums(logits_BxLxV, targets_BxL, weights_BxL, 0.1)["objective"], expected,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["decoder_lm", "encoder_decoder"])
+def test_eval_over_padded_batches_equals_one_unbatched_pass(tmp_path, family):
+    """10 examples in batches of 3 (the last one padded with 2 empty rows) and all 10 in one batch: same sums."""
+    config = tiny_config(f"--config.family={family}", "--config.data.eval_size=10")
+    data, model, _, state = _model_and_state(config, tmp_path)
+    eval_step = make_eval_step(model)
+    results = {b: evaluate(eval_step, state.params, data.eval_batches(b), exact_match=True) for b in (3, 10)}
+    assert eval_step._cache_size() == 2  # one per batch size
+    whole = results[10]
+    assert whole["examples"] == 10 and whole["tokens"] == sum(float(b[k].sum()) for b in data.eval_batches(10)
+                                                             for k in b if k.endswith("weights"))
+    batched = results[3]
+    assert batched["tokens"] == whole["tokens"] and batched["examples"] == 10
+    np.testing.assert_allclose(batched["loss"], whole["loss"], rtol=1e-6)
+    np.testing.assert_allclose(batched["token_accuracy"], whole["token_accuracy"], rtol=1e-6)
+
+
+# ---------------------------------------------------------------- the loop: compile once, resume, stop
+
+def test_train_compiles_once_and_writes_the_workdir(tmp_path):
+    config = tiny_config("--config.train.eval_every=2", "--config.train.eval_batches=1")
+    result = train(config, tmp_path)
+    assert result["step"] == 6 and result["train_step_compiles"] == 1 and result["eval_step_compiles"] == 1
+    for name in ("config.json", "tokenizer/tokenizer.json", "metrics.jsonl", "curves.png", "eval_valid.json"):
+        assert (tmp_path / name).is_file(), name
+    assert list((tmp_path / "tb").iterdir())
+    assert Checkpointer(tmp_path / "checkpoints", 3).manager.all_steps() == [2, 4, 6]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
+    assert json.loads((tmp_path / "eval_valid.json").read_text())["examples"] == 20
+
+
+def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
+    """Crash while fetching batch 3 (after the checkpoint at step 2), rerun: same parameters as no crash."""
+    flags = ["--config.model.dropout=0.1", "--config.train.grad_accum=2"]
+    train(tiny_config(*flags), tmp_path / "straight")
+
+    class Crash(Exception):
+        pass
+
+    def crashing_dataset(*args):
+        data = build_dataset(*args)
+        batch = data.batch
+        data.batch = lambda seed, k, b: (_ for _ in ()).throw(Crash()) if k == 3 else batch(seed, k, b)
+        return data
+
+    monkeypatch.setattr(txjax.train, "build_dataset", crashing_dataset)
+    with pytest.raises(Crash):
+        train(tiny_config(*flags), tmp_path / "crashed")
+    monkeypatch.undo()
+    assert Checkpointer(tmp_path / "crashed" / "checkpoints", 3).latest_step() == 2
+    train(tiny_config(*flags), tmp_path / "crashed")
+    assert_trees_equal(params_of(tmp_path / "straight"), params_of(tmp_path / "crashed"))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "crashed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)
+
+
+def test_sigkill_then_rerun_gives_the_uninterrupted_parameters(tmp_path):
+    """SIGKILL `run.py train` once a checkpoint is on disk, run the same command again: it resumes to the same
+    final parameters, bit for bit, as a run that was never interrupted; `run.py eval` then reads the workdir."""
+    flags = ["--config.data.max_digits=4", "--config.model.num_layers=1", "--config.model.d_model=32",
+             "--config.model.d_ff=64", "--config.model.num_heads=2", "--config.train.steps=120",
+             "--config.train.batch_size=8", "--config.train.checkpoint_every=20", "--config.train.log_every=20",
+             "--config.train.eval_every=0", "--config.data.eval_size=20"]
+    reference = tmp_path / "reference"
+    train(config_lib.from_command_line(None, flags), reference)
+    workdir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not (workdir / "checkpoints" / "20").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    killed = proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL) if killed else None
+    proc.wait()
+    if killed:
+        assert Checkpointer(workdir / "checkpoints", 3).latest_step() < 120
+    result = run_py("train", f"--workdir={workdir}", *flags)
+    assert result.returncode == 0, result.stderr
+    assert_trees_equal(params_of(reference), params_of(workdir))
+    evaluated = run_py("eval", f"--workdir={workdir}")
+    metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert metrics["step"] == 120 and metrics == json.loads((workdir / "eval_valid.json").read_text())
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    config = tiny_config("--config.train.learning_rate=1e30", "--config.train.warmup_steps=0",
+                         "--config.train.checkpoint_every=1", "--config.train.log_every=1")
+    with pytest.raises(Diverged, match=r"NaN/inf by step 2 .* the last good checkpoint \(step 1\)"):
+        train(config, tmp_path)
+    assert Checkpointer(tmp_path / "checkpoints", 3).manager.all_steps() == [1]
+    assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params_of(tmp_path)))
+
+
+def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
+    result = train(tiny_config("--config.train.max_minutes=1e-9"), tmp_path)
+    assert result["step"] == 1 and "valid_loss" in result
+    assert Checkpointer(tmp_path / "checkpoints", 3).latest_step() == 1
