@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txjax.models import DecoderLM, EncoderDecoder, init_cache
+from txjax.models import DecoderLM, EncoderDecoder, init_cache, unstack_layers
 
 NEG_INF = -1e30  # score of an impossible hypothesis / a filtered-out token
 # dims of each cache leaf without the batch axis (and without nn.scan's leading layer axis); cache_index has no batch
@@ -142,11 +142,28 @@ def extend(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def prefill(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None, src_segment_ids_NxS=None,
+            encoded_NxSxD=None):
+    """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [N, V], cache)."""
+    return extend(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL,
+                  src_segment_ids_NxS=src_segment_ids_NxS, encoded_NxSxD=encoded_NxSxD)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def decode_step(model, params, cache, tokens_N, positions_N, src_segment_ids_NxS=None):
     """One token per row at its absolute position: -> (logits [N, V], cache). Jitted; the cache is donated (updated
     in place) and its shape never changes, so this compiles once for a given batch and cache size."""
     return extend(model, params, cache, tokens_N[:, None], positions_N[:, None],
                   src_segment_ids_NxS=src_segment_ids_NxS)
+
+
+def for_decoding(model, params):
+    """The same model with its layers unrolled (scan_layers=False, params via unstack_layers) for decoding: under
+    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache, which on CPU
+    costs more than the step itself (measured in benchmarks/decode.py)."""
+    if not model.cfg.scan_layers:
+        return model, params
+    return model.clone(cfg=dataclasses.replace(model.cfg, scan_layers=False)), unstack_layers(params)
 
 
 def gather_rows(cache, rows_M):
@@ -292,8 +309,8 @@ def search(tokens_to_logits, update, state, first_logits_NxV, cache, start_posit
 
 def _run_search(model, params, strategy: Strategy, pad_id: int, rng, cache, first_logits_BxV, start_positions_B,
                 src_segment_ids_BxS=None):
-    """Tile the prefilled cache to K rows per prompt, search, return (tokens [B*K', T], scores [B*K']) where
-    K' = num_samples for sampling and 1 (the best hypothesis) for beam search."""
+    """Tile the prefilled cache to K rows per prompt, search, return (tokens [B*K', T], scores [B*K'], steps) where
+    K' = num_samples for sampling and 1 (the best hypothesis) for beam search; steps: loop steps taken."""
     k = strategy.rows_per_prompt
     cache = gather_rows(cache, jnp.repeat(jnp.arange(first_logits_BxV.shape[0]), k))
     src_segment_ids_NxS = None if src_segment_ids_BxS is None else tile_rows(src_segment_ids_BxS, k)
@@ -312,13 +329,13 @@ def _run_search(model, params, strategy: Strategy, pad_id: int, rng, cache, firs
     state = search(tokens_to_logits, update, state, tile_rows(first_logits_BxV, k), cache,
                    tile_rows(start_positions_B, k), strategy.max_new_tokens)
     if strategy.beam_size is None:
-        return state.tokens_NxT, state.logp_N
-    return state.finished_BxKxT[:, 0], state.finished_score_BxK[:, 0]
+        return state.tokens_NxT, state.logp_N, state.step
+    return state.finished_BxKxT[:, 0], state.finished_score_BxK[:, 0], state.step
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def lm_generate_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengths_B, rng):
-    """DecoderLM: left-padded prompts [B, P] (real tokens last) -> (tokens [B*K', N], scores). One compiled call."""
+    """DecoderLM: left-padded prompts [B, P] (real tokens last) -> (tokens [B*K', N], scores, steps); one call."""
     b, p = prompt_BxP.shape
     positions_BxP = jnp.maximum(jnp.arange(p)[None, :] - (p - lengths_B)[:, None], 0)
     segment_ids_BxP = (jnp.arange(p)[None, :] >= (p - lengths_B)[:, None]).astype(jnp.int32)
@@ -329,7 +346,7 @@ def lm_generate_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
 def seq2seq_generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id: int, src_BxS, src_lengths_B, rng):
-    """EncoderDecoder: right-padded sources [B, S] -> (target tokens [B*K', N], scores); encoder run once."""
+    """EncoderDecoder: right-padded sources [B, S] -> (target tokens [B*K', N], scores, steps); encoder run once."""
     b, s = src_BxS.shape
     src_segment_ids_BxS = (jnp.arange(s)[None, :] < src_lengths_B[:, None]).astype(jnp.int32)
     encoded_BxSxD = model.apply({"params": params}, src_BxS, None, src_segment_ids_BxS, method=EncoderDecoder.encode)
@@ -348,11 +365,13 @@ def seq2seq_generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id:
 @dataclasses.dataclass
 class Generation:
     """One entry per prompt and sample (prompt-major): generated ids (without EOS or anything after it), the
-    score (sampling: sum of log-probs; beam: log P / lp(length)) and whether EOS was produced."""
+    score (sampling: sum of log-probs; beam: log P / lp(length)), whether EOS was produced, and the number of
+    tokens the loop generated before every row had stopped (<= max_new_tokens)."""
 
     ids: list[list[int]]
     scores: np.ndarray
     stopped: list[bool]
+    steps: int
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None, left: bool = False):
@@ -384,14 +403,14 @@ def check_inputs(seqs: Sequence[Sequence[int]], vocab_size: int, max_len: int, w
                              f" <= {max_len - len(s) + 1}")
 
 
-def _results(strategy: Strategy, tokens_NxT, scores_N) -> Generation:
+def _results(strategy: Strategy, tokens_NxT, scores_N, steps) -> Generation:
     """Cut each row at its first EOS."""
     ids, stopped = [], []
     for row in np.asarray(tokens_NxT).tolist():
         end = row.index(strategy.eos_id) if strategy.eos_id in row else len(row)
         ids.append(row[:end])
         stopped.append(end < len(row))
-    return Generation(ids=ids, scores=np.asarray(scores_N), stopped=stopped)
+    return Generation(ids=ids, scores=np.asarray(scores_N), stopped=stopped, steps=int(steps))
 
 
 def generate(model: DecoderLM, params, prompts: Sequence[Sequence[int]], *, pad_id: int | None = None,
@@ -400,27 +419,107 @@ def generate(model: DecoderLM, params, prompts: Sequence[Sequence[int]], *, pad_
 
     Prompts are left-padded to `prompt_len` (default: the longest; fix it to compile once for many batches).
     Same seed, same text. Beam search returns the best hypothesis per prompt; sampling num_samples per prompt.
+    A scanned model is decoded with its layers unrolled (`for_decoding`; pass its result to skip that copy).
     """
     strategy = Strategy(**strategy)
     cfg = model.cfg
     check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
     pad_id = 0 if pad_id is None else pad_id
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, prompt_len, left=True)
-    tokens, scores = lm_generate_ids(model, params, strategy, pad_id, prompt_BxP, lengths_B, jax.random.key(seed))
-    return _results(strategy, tokens, scores)
+    model, params = for_decoding(model, params)
+    out = lm_generate_ids(model, params, strategy, pad_id, prompt_BxP, lengths_B, jax.random.key(seed))
+    return _results(strategy, *out)
 
 
 def translate(model: EncoderDecoder, params, sources: Sequence[Sequence[int]], *, bos_id: int, pad_id: int,
               src_len: int | None = None, seed: int = 0, **strategy) -> Generation:
     """Generate a target for each source (ids, ending with EOS as in training) with an EncoderDecoder.
 
-    The decoder starts from BOS; sources are right-padded to `src_len` (default: the longest).
+    The decoder starts from BOS; sources are right-padded to `src_len` (default: the longest). Layers unrolled as
+    in `generate`.
     """
     strategy = Strategy(**strategy)
     cfg = model.cfg
     check_inputs(sources, cfg.vocab_size, cfg.max_len, "source")
     check_inputs([[bos_id]], cfg.vocab_size, cfg.max_len, "target", strategy.max_new_tokens)
     src_BxS, lengths_B = pad_batch(sources, pad_id, src_len)
-    tokens, scores = seq2seq_generate_ids(model, params, strategy, pad_id, bos_id, src_BxS, lengths_B,
-                                          jax.random.key(seed))
-    return _results(strategy, tokens, scores)
+    model, params = for_decoding(model, params)
+    out = seq2seq_generate_ids(model, params, strategy, pad_id, bos_id, src_BxS, lengths_B, jax.random.key(seed))
+    return _results(strategy, *out)
+
+
+def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: int, **kwargs) -> Generation:
+    """`generate` (DecoderLM) or `translate` (EncoderDecoder) over many inputs in fixed-shape batches: one
+    compilation for the whole list. Inputs are sorted by length (rows that stop together share a batch, so the
+    loop exits early), the last batch is filled by repeating an input; results come back in input order, one per
+    input (so no num_samples)."""
+    if kwargs.get("num_samples", 1) != 1:
+        raise ValueError("decode_all gives one output per input: num_samples must be 1")
+    model, params = for_decoding(model, params)
+    run = translate if isinstance(model, EncoderDecoder) else generate
+    length = {"src_len" if run is translate else "prompt_len": max(map(len, inputs))}
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+    outs = []
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        batch = [inputs[i] for i in rows + rows[-1:] * (batch_size - len(rows))]
+        outs.append((rows, run(model, params, batch, **length, **kwargs)))
+    ids, stopped, scores = [None] * len(inputs), [None] * len(inputs), np.zeros(len(inputs), np.float32)
+    for rows, out in outs:
+        for j, i in enumerate(rows):
+            ids[i], stopped[i], scores[i] = out.ids[j], out.stopped[j], out.scores[j]
+    return Generation(ids=ids, scores=scores, stopped=stopped, steps=max(out.steps for _, out in outs))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# From a training workdir: `run.py generate`
+
+
+def encode_prompt(tokenizer, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
+    """Text -> ids, with BOS first / EOS last when asked; unencodable characters are the tokenizer's ValueError."""
+    return [tokenizer.bos_id] * bos + tokenizer.encode(text) + [tokenizer.eos_id] * eos
+
+
+def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict:
+    """Strategy fields from a config's `decode` section, overridden by the non-None `overrides`; config beam_size 1
+    means sampling (temperature 0: greedy), > 1 beam search."""
+    options = {**decode_config.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
+    beam_size = options.pop("beam_size")
+    return dict(options, beam_size=beam_size if beam_size > 1 else None, eos_id=eos_id)
+
+
+def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list[str]:
+    """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
+    include it), the encoder-decoder translates it. `overrides`: Strategy fields (None = the config's decode value).
+    One text per sample."""
+    tokenizer, family = run.tokenizer, run.config.family
+    seq2seq = family == "encoder_decoder"
+    ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and not seq2seq, eos=seq2seq)
+    strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
+    if seq2seq:
+        out = translate(run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy)
+        return [tokenizer.decode(row) for row in out.ids]
+    out = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy)
+    return [text + tokenizer.decode(row) for row in out.ids]
+
+
+def main(argv: list[str]) -> None:
+    """run.py generate --workdir=DIR --prompt=TEXT [--max_new_tokens --temperature --top_k --top_p --beam_size
+    --length_penalty --seed --num_samples]: prints each sample (defaults: the workdir config's `decode` section)."""
+    import argparse
+
+    from txjax.config import user_errors
+    from txjax.experiment import load_workdir
+
+    parser = argparse.ArgumentParser(prog="run.py generate", description=main.__doc__)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--prompt", required=True, help="LM: the text to continue; encoder-decoder: the source")
+    for name, kind in [("max_new_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
+                       ("beam_size", int), ("length_penalty", float), ("num_samples", int)]:
+        parser.add_argument(f"--{name}", type=kind, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = vars(parser.parse_args(argv))
+    with user_errors():
+        run = load_workdir(args.pop("workdir"))
+        texts = generate_from_workdir(run, args.pop("prompt"), **args)
+    print("\n---------------\n".join(texts))

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import sacrebleu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from txjax import decode
 from txjax.config import user_errors
-from txjax.data import prefetch
+from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.distributed import first_device_mesh
 from txjax.experiment import build_dataset, load_workdir
+from txjax.models import EncoderDecoder
 from txjax.objective import forward, params_shardings, token_sums
 from txjax.sharding import batch_sharding, global_batch, process_rows
 
@@ -77,9 +80,37 @@ def main(argv: list[str]) -> None:
         dataset = build_dataset(run.config, run.tokenizer, args.split)
     metrics = evaluate(make_eval_step(run.model), run.params, eval_batches(dataset, run.config.train.batch_size),
                        exact_match=run.config.data.kind == "synthetic")
-    metrics = {"split": args.split, "step": run.step, **metrics}
+    metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
     write_metrics(args.workdir, args.split, metrics)
     print(json.dumps(metrics))
+
+
+def generation_metrics(run, dataset, batch_size: int = 64) -> dict:
+    """Metrics of decoded outputs, the whole split in jitted batches (txjax.decode.decode_all): synthetic tasks,
+    greedy exact match (the answer, then EOS); translation, sacreBLEU BLEU and chrF of the config's `decode`
+    strategy against the raw references, with sacreBLEU's signatures (also printed)."""
+    tok, cfg = run.tokenizer, run.model.cfg
+    if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
+        prompts, answers = dataset.eval_examples()
+        bos = {"bos_id": tok.bos_id} if isinstance(run.model, EncoderDecoder) else {}
+        out = decode.decode_all(run.model, run.params, prompts, batch_size=batch_size, eos_id=tok.eos_id,
+                                pad_id=tok.pad_id, max_new_tokens=max(map(len, answers)) + 1, **bos)
+        right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
+        return {"generated_exact_match": float(np.mean(right))}
+    if isinstance(dataset, ParallelDataset):
+        strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, temperature=0.0)
+        strategy["max_new_tokens"] = min(strategy["max_new_tokens"], cfg.max_len)
+        out = decode.decode_all(run.model, run.params, dataset.sources, batch_size=batch_size, pad_id=tok.pad_id,
+                                bos_id=tok.bos_id, **strategy)
+        hypotheses = [tok.decode(ids) for ids in out.ids]
+        references = [[target for _, target in dataset.raw_pairs()]]
+        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        bleu_score, chrf_score = bleu.corpus_score(hypotheses, references), chrf.corpus_score(hypotheses, references)
+        print(bleu_score.format(signature=str(bleu.get_signature())))
+        print(chrf_score.format(signature=str(chrf.get_signature())))
+        return {"bleu": bleu_score.score, "chrf": chrf_score.score, "bleu_signature": str(bleu.get_signature()),
+                "chrf_signature": str(chrf.get_signature())}
+    return {}
 
 
 def write_metrics(workdir: str | Path, split: str, metrics: dict) -> Path:

@@ -1,0 +1,281 @@
+"""Tests of txjax.decode: cache == full forward, no recompilation, padding, strategies, beam search, bad input."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txjax import decode
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+from txjax.positional import KINDS
+
+VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
+
+
+def tiny(positional="rope", **overrides):
+    """2 layers, GQA (4 query heads on 2 KV heads)."""
+    fields = dict(vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64, num_layers=2, max_len=24,
+                  positional=positional)
+    return ModelConfig(**{**fields, **overrides})
+
+
+def random_params(model, *init_args):
+    """Every parameter ~ N(0, 0.5^2), drawn on the host (compiling model.init costs seconds per config): peaked
+    next-token distributions, so argmax never hinges on float rounding."""
+    shapes = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"])
+    rng = np.random.default_rng(0)
+    return jax.tree_util.tree_map(lambda s: jnp.asarray(rng.normal(0.0, 0.5, s.shape), s.dtype), shapes)
+
+
+@functools.cache
+def lm(positional="rope", **overrides):
+    model = DecoderLM(tiny(positional, **overrides))
+    return model, random_params(model, jnp.zeros((1, 4), jnp.int32))
+
+
+@functools.cache
+def seq2seq(positional="rope", **overrides):
+    model = EncoderDecoder(tiny(positional, **overrides))
+    return model, random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
+
+
+def random_ids(seed, shape, low=3):
+    return np.random.default_rng(seed).integers(low, VOCAB, size=shape).astype(np.int32)
+
+
+# ---------------------------------------------------------------- the cache equals the full forward pass
+
+
+def teacher_forced_steps(model, params, cache, tokens_BxL, first, src_segment_ids_BxS=None):
+    """Logits [L - first, B, V] of decode steps feeding tokens first..L-1 one at a time (a lax.scan of `extend`)."""
+    def step(cache, t):
+        token_Bx1 = jax.lax.dynamic_slice_in_dim(tokens_BxL, t, 1, axis=1)
+        logits_BxV, cache = decode.extend(model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t),
+                                          src_segment_ids_NxS=src_segment_ids_BxS)
+        return cache, logits_BxV
+
+    return jax.lax.scan(step, cache, jnp.arange(first, tokens_BxL.shape[1]))[1]
+
+
+@pytest.mark.parametrize("positional", KINDS)
+def test_lm_prefill_then_steps_equal_full_forward(positional):
+    model, params = lm(positional)
+    tokens_BxL, p = random_ids(0, (2, 12)), 5
+
+    @jax.jit
+    def run(params, tokens_BxL):  # one compilation: the full forward, the prefill and the steps
+        full_BxLxV = model.apply({"params": params}, tokens_BxL)
+        cache = init_cache(model, 2, 12)
+        prefill_BxV, cache = decode.extend(model, params, cache, tokens_BxL[:, :p], jnp.arange(p)[None].repeat(2, 0))
+        return full_BxLxV, prefill_BxV, teacher_forced_steps(model, params, cache, tokens_BxL, p)
+
+    full_BxLxV, prefill_BxV, steps_LxBxV = run(params, tokens_BxL)
+    np.testing.assert_allclose(prefill_BxV, full_BxLxV[:, p - 1], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(steps_LxBxV, full_BxLxV[:, p:].transpose(1, 0, 2), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positional", KINDS)
+def test_seq2seq_cached_steps_equal_full_forward(positional):
+    model, params = seq2seq(positional)
+    src_BxS, tgt_BxT = random_ids(2, (2, 7)), random_ids(3, (2, 6))
+    src_seg_BxS = np.array([[1] * 7, [1] * 4 + [0] * 3], np.int32)  # row 1: a padded source
+
+    @jax.jit
+    def run(params, src_BxS, tgt_BxT):
+        full_BxTxV = model.apply({"params": params}, src_BxS, tgt_BxT, src_segment_ids=src_seg_BxS)
+        encoded = model.apply({"params": params}, src_BxS, None, src_seg_BxS, method=EncoderDecoder.encode)
+        cache = init_cache(model, 2, 6, 7)
+        prefill_BxV, cache = decode.extend(model, params, cache, tgt_BxT[:, :1], jnp.zeros((2, 1), jnp.int32),
+                                           src_segment_ids_NxS=src_seg_BxS, encoded_NxSxD=encoded)
+        # the steps reuse the cross-attention keys/values cached by the prefill (encoded=None)
+        return full_BxTxV, prefill_BxV, teacher_forced_steps(model, params, cache, tgt_BxT, 1, src_seg_BxS)
+
+    full_BxTxV, prefill_BxV, steps_TxBxV = run(params, src_BxS, tgt_BxT)
+    np.testing.assert_allclose(prefill_BxV, full_BxTxV[:, 0], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(steps_TxBxV, full_BxTxV[:, 1:].transpose(1, 0, 2), atol=2e-5, rtol=1e-5)
+
+
+def test_decode_step_compiles_once_over_100_steps():
+    model, params = lm("alibi", max_len=128)
+    cache = init_cache(model, 1, 104)
+    _, cache = decode.prefill(model, params, cache, random_ids(4, (1, 4)), jnp.arange(4)[None])
+    before = decode.decode_step._cache_size()
+    token_1 = jnp.array([3], jnp.int32)
+    for t in range(4, 104):
+        logits_1xV, cache = decode.decode_step(model, params, cache, token_1, jnp.array([t]))
+        token_1 = jnp.argmax(logits_1xV, -1).astype(jnp.int32)
+    assert decode.decode_step._cache_size() == before + 1
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
+    model = EncoderDecoder(tiny(scan_layers=scan_layers))
+    cache = init_cache(model, 3, 5, 4)
+    marked = jax.tree_util.tree_map_with_path(  # every per-row leaf holds its row number
+        lambda path, x: x if path[-1].key == "cache_index" else jnp.moveaxis(
+            jnp.broadcast_to(jnp.arange(3), (*x.shape[:x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]],
+                                             *x.shape[x.ndim - decode._CACHE_LEAF_NDIM[path[-1].key]:], 3)), -1,
+            x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]).astype(x.dtype), cache)
+    rows = jnp.array([2, 2, 0, 1])
+    for path, leaf in jax.tree_util.tree_leaves_with_path(decode.gather_rows(marked, rows)):
+        if path[-1].key != "cache_index":
+            axis = leaf.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]
+            assert leaf.shape[axis] == 4
+            np.testing.assert_array_equal(jnp.moveaxis(leaf, axis, -1).reshape(-1, 4)[0], rows)
+
+
+# ---------------------------------------------------------------- batches, padding, reference implementations
+
+LM_PROMPTS = ((5, 7), (3, 4, 8, 9, 6, 10), (11,))  # of different lengths: left-padded in one batch
+SOURCES = tuple(tuple(random_ids(s, 3 + s % 3).tolist()) for s in range(8))
+
+
+@functools.cache
+def lm_greedy():
+    model, params = lm("rope")
+    return decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS)
+
+
+@functools.cache
+def seq2seq_greedy():
+    model, params = seq2seq("rope")
+    return decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS)
+
+
+def greedy_by_recomputing(apply_fn, prefix, n, total):
+    """Greedy reference without a cache: each step runs the full model on the whole sequence so far (padded to a
+    fixed length `total`; causal attention makes the padding irrelevant) and takes the argmax at the last token."""
+    seq_1xT = np.zeros((1, total), np.int32)
+    seq_1xT[0, :len(prefix)] = prefix
+    for t in range(len(prefix), len(prefix) + n):
+        token = int(jnp.argmax(apply_fn(seq_1xT)[0, t - 1]))
+        seq_1xT[0, t] = token
+        if token == EOS:
+            return seq_1xT[0, len(prefix):t].tolist()
+    return seq_1xT[0, len(prefix):len(prefix) + n].tolist()
+
+
+def test_left_padded_batch_rows_equal_generating_alone():
+    model, params = lm("rope")
+    batch = lm_greedy()
+    assert len({len(ids) for ids in batch.ids}) > 1 or not all(batch.stopped)  # rows that differ in what they do
+    for i in (0, 2):
+        alone = decode.generate(model, params, [LM_PROMPTS[i]], max_new_tokens=10, eos_id=EOS)
+        assert batch.ids[i] == alone.ids[0]
+        np.testing.assert_allclose(batch.scores[i], alone.scores[0], rtol=1e-4)
+
+
+def test_lm_greedy_with_cache_equals_recomputing_the_prefix():
+    model, params = lm("rope")
+    forward = jax.jit(lambda x: model.apply({"params": params}, x))
+    for prompt, ids in zip(LM_PROMPTS, lm_greedy().ids):
+        assert ids == greedy_by_recomputing(forward, prompt, 10, 16)
+
+
+def test_seq2seq_greedy_with_cache_equals_recomputing_the_prefix():
+    model, params = seq2seq("rope")
+    forward = jax.jit(lambda src, src_seg, tgt: model.apply({"params": params}, src, tgt, src_segment_ids=src_seg))
+    src_BxS, lengths_B = decode.pad_batch(SOURCES, PAD)
+    src_seg_BxS = (np.arange(src_BxS.shape[1]) < lengths_B[:, None]).astype(np.int32)
+    for src_S, seg_S, ids in zip(src_BxS, src_seg_BxS, seq2seq_greedy().ids):
+        assert ids == greedy_by_recomputing(functools.partial(forward, src_S[None], seg_S[None]), [BOS], 8, 9)
+
+
+def test_stop_token_ends_rows_and_exits_early():
+    model, params = lm("rope")
+    first = lm_greedy().ids[0][0]
+    out = decode.generate(model, params, LM_PROMPTS[:1], max_new_tokens=10, eos_id=first)
+    assert out.ids == [[]] and out.stopped == [True] and out.steps == 1
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def test_top_k_filter_keeps_k_largest():
+    logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]]))
+    kept = decode.top_k_filter(logits, 2) > decode.NEG_INF
+    assert kept.tolist() == [[False, True, False, True]]
+
+
+@pytest.mark.parametrize("p, expected", [(0.3, {2}), (0.65, {2, 4}), (0.8, {2, 4, 0}), (0.99, {0, 1, 2, 3, 4}),
+                                         (1.0, {0, 1, 2, 3, 4})])
+def test_top_p_keeps_smallest_set_reaching_p(p, expected):
+    probs = jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]])  # sorted: 0.5 (id 2), 0.2 (4), 0.15 (0), 0.1 (3), 0.05 (1)
+    kept = decode.top_p_filter(jnp.log(probs), p) > decode.NEG_INF
+    assert set(np.flatnonzero(kept[0]).tolist()) == expected
+
+
+def test_top_p_sampling_stays_in_the_nucleus():
+    logits_NxV = jnp.log(jnp.tile(jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]]), (400, 1)))
+    strategy = decode.Strategy(max_new_tokens=1, temperature=1.0, top_p=0.6)
+    tokens = decode.choose_tokens(strategy, logits_NxV, jax.random.key(0))
+    assert set(np.asarray(tokens).tolist()) == {2, 4}
+
+
+def test_top_k_one_equals_greedy():
+    model, params = lm("rope")
+    top1 = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, temperature=1.0, top_k=1, seed=3)
+    assert top1.ids == lm_greedy().ids
+
+
+def test_sampling_same_seed_same_text():
+    model, params = lm("rope")
+    sample = functools.partial(decode.generate, model, params, LM_PROMPTS[:1], max_new_tokens=12, temperature=1.5,
+                               top_p=0.95, num_samples=3)
+    a, b, c = sample(seed=0), sample(seed=0), sample(seed=1)
+    assert a.ids == b.ids and len(a.ids) == 3
+    assert a.ids != c.ids and len({tuple(ids) for ids in a.ids}) > 1
+
+
+# ---------------------------------------------------------------- beam search
+
+
+def test_beam_size_one_equals_greedy():
+    model, params = seq2seq("rope")
+    beam = decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, beam_size=1)
+    assert beam.ids == seq2seq_greedy().ids
+
+
+def test_lm_beam_size_one_equals_greedy():
+    model, params = lm("rope")
+    beam = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, beam_size=1)
+    assert beam.ids == lm_greedy().ids
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_scores_at_least_greedy(alpha):
+    model, params = seq2seq("rope")
+    greedy = seq2seq_greedy()
+    beam = decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS,
+                            beam_size=4, length_penalty=alpha)
+    for logp, ids, stopped, beam_score in zip(greedy.scores, greedy.ids, greedy.stopped, beam.scores):
+        greedy_score = logp / decode.length_penalty(len(ids) + stopped, alpha)  # EOS counts in the length
+        assert beam_score >= greedy_score - 1e-5
+    assert any(b > g for b, g in zip(beam.scores, greedy.scores))  # and beam search does find better ones
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("prompts, max_new, match", [
+    ([[]], 4, "prompt 0 is empty"),
+    ([], 4, "no prompts"),
+    ([[3] * 25], 1, "more than the model's context max_len=24"),
+    ([[3] * 10], 16, r"lower max_new_tokens to <= 15"),
+    ([[3, 99]], 4, "outside the vocab"),
+    ([[3]], 0, "max_new_tokens=0 must be >= 1"),
+])
+def test_bad_input_is_a_one_line_value_error(prompts, max_new, match):
+    model, params = lm("rope")
+    with pytest.raises(ValueError, match=match) as info:
+        decode.generate(model, params, prompts, max_new_tokens=max_new)
+    assert "\n" not in str(info.value)
+
+
+def test_unencodable_prompt_is_a_value_error():
+    from txjax.data import CharTokenizer
+    with pytest.raises(ValueError, match="not in the char tokenizer"):
+        decode.encode_prompt(CharTokenizer("abc"), "abz")
