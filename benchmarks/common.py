@@ -1,0 +1,106 @@
+"""What the benchmark scripts share: one timing function, one table printer, JSON results, the machine, the peak.
+
+Results go to benchmarks/results/NAME_PLATFORM.json (PLATFORM: cpu | gpu), each with the machine it ran on and
+the load average when it started (timings taken while other processes ran are noisy; see `machine()`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `python benchmarks/X.py` from a fresh clone, without installing txjax
+
+import jax  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def stats_ms(seconds: list[float], cpu_seconds: list[float]) -> dict:
+    """Median, min and max of per-call wall times and the median CPU time of the process (all its threads), in
+    milliseconds. On a machine other processes load, CPU time is the steadier of the two."""
+    ms = [1e3 * s for s in seconds]
+    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "calls": len(ms),
+            "cpu_ms": 1e3 * statistics.median(cpu_seconds)}
+
+
+def time_calls(fns: dict[str, Callable[[], object]], calls: int, warmup: int = 2, rounds: int = 1) -> dict:
+    """Per-call wall time of each fn() (its result is blocked on), interleaved: `rounds` rounds in which every
+    variant makes calls/rounds calls after `warmup` untimed ones, so slow phases of a loaded machine hit all variants
+    alike. Returns {name: stats_ms(...)}."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    wall: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    per_round = max(1, calls // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(per_round):
+                start, start_cpu = time.perf_counter(), time.process_time()
+                jax.block_until_ready(fn())
+                wall[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+    return {name: stats_ms(wall[name], cpu[name]) for name in fns}
+
+
+def table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """Rows of dicts as an aligned text table (floats with 3 significant digits, large ones with separators)."""
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+        return "" if v is None else str(v)
+
+    cells = [[fmt(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = lambda values: "  ".join(v.rjust(w) for v, w in zip(values, widths))
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def machine() -> dict:
+    """Where and under what load this ran."""
+    device = jax.devices()[0]
+    return {"platform": device.platform, "device_kind": device.device_kind, "devices": jax.device_count(),
+            "cpu_cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "jax": jax.__version__, "load_average_1min": os.getloadavg()[0],
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def platform_name() -> str:
+    return "gpu" if jax.devices()[0].platform == "gpu" else jax.devices()[0].platform
+
+
+def save(name: str, payload: dict, out: str | None = None) -> Path:
+    """Writes {'machine': ..., **payload} to `out` (default results/NAME_PLATFORM.json); returns the path."""
+    path = Path(out) if out else RESULTS / f"{name}_{platform_name()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=1) + "\n")
+    return path
+
+
+def warn_if_loaded(limit: float = 1.5) -> None:
+    load = os.getloadavg()[0]
+    if platform_name() == "cpu" and load > limit:
+        print(f"warning: load average {load:.1f} > {limit}: other processes share the cores, timings are noisy",
+              file=sys.stderr)
+
+
+def peak_gflops() -> dict:
+    """The measured matmul ceiling {'float32': GFLOP/s, 'bfloat16': GFLOP/s (bf16 inputs, f32 accumulation)}:
+    results/peak_PLATFORM.json when it was measured on this device kind, else a quick measurement now."""
+    path = RESULTS / f"peak_{platform_name()}.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved["machine"]["device_kind"] == jax.devices()[0].device_kind:
+            return saved["peak_gflops"]
+    from peak import measure  # benchmarks/peak.py
+    return measure(quick=True)["peak_gflops"]

@@ -1,0 +1,89 @@
+"""Peak memory of one training step against context length, with and without remat (activation checkpointing).
+
+    python benchmarks/memory.py [--contexts=1024,4096,16384] [--shape=shakespeare_char] [--batch_size=1]
+        [--max_gb=8]
+
+Each (context, remat) case runs in a fresh subprocess that builds the shape's model at that context, compiles
+txjax's train_step and runs two steps. Measured: on CPU the subprocess's peak resident memory (ru_maxrss; it
+includes the ~0.5 GB of Python and jax, reported alone as 'base_gb'), on GPU the device's peak_bytes_in_use. XLA's
+own figure for the compiled step (arguments + outputs + temporaries, from `memory_analysis()`) is reported too; a
+case whose figure exceeds --max_gb is not run (it would push a shared machine into swap or the OOM killer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+
+import common
+import jax
+
+from train import SHAPES, build_config, lm_batches
+from txjax.experiment import build_model
+from txjax.train import make_train_step
+from txjax.train_state import init_state, make_optimizer
+
+GB = 2**30
+
+
+def max_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # Linux: KiB
+
+
+def case(shape: str, overrides: list[str], max_gb: float) -> dict:
+    """In this process: compile the step and read XLA's memory figure (arguments + outputs + temporaries); when it
+    is under max_gb, run two steps and measure the peak."""
+    base = max_rss_gb()  # Python, jax and txjax imported
+    config = build_config(shape, overrides)
+    model, tx = build_model(config), make_optimizer(config.train)
+    state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
+    batch = jax.device_put(lm_batches(config, 1)[0])
+    step = make_train_step(model, tx, config.train).lower(state, batch).compile()
+    m = step.memory_analysis()
+    out = {"xla_estimate_gb": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / GB,
+           "base_gb": base, "peak_gb": None}
+    if out["xla_estimate_gb"] <= max_gb:
+        for _ in range(2):
+            state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        device = jax.devices()[0]
+        stats = device.memory_stats() if device.platform == "gpu" else None
+        out["peak_gb"] = stats["peak_bytes_in_use"] / GB if stats else max_rss_gb()
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contexts", default="1024,4096,16384")
+    parser.add_argument("--shape", default="shakespeare_char", choices=[s for s in SHAPES if s != "marian_small"])
+    parser.add_argument("--batch_size", type=int, default=1)
+    parser.add_argument("--max_gb", type=float, default=8.0, help="skip running a case XLA puts above this")
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/memory_PLATFORM.json)")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, JSON on stdout
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(case(args.shape, *json.loads(args.case))))
+        return
+    common.warn_if_loaded()
+    rows = []
+    for context in map(int, args.contexts.split(",")):
+        for remat in (False, True):
+            overrides = [f"--config.model.max_len={context}", f"--config.data.seq_len={context}",
+                         f"--config.model.remat={remat}", f"--config.train.batch_size={args.batch_size}"]
+            child = subprocess.run([sys.executable, __file__, f"--shape={args.shape}",
+                                    f"--case={json.dumps([overrides, args.max_gb])}"],
+                                   capture_output=True, text=True, env={**common.os.environ,
+                                                                        "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+            result = json.loads(child.stdout.splitlines()[-1]) if child.returncode == 0 else {
+                "error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:120]}
+            rows.append({"context": context, "remat": remat, **result})
+            print(common.table(rows[-1:]), flush=True)
+    print(common.table(rows, ["context", "remat", "peak_gb", "base_gb", "xla_estimate_gb", "error"]))
+    print(f"wrote {common.save('memory', {'shape': args.shape, 'batch_size': args.batch_size, 'rows': rows}, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

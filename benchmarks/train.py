@@ -1,0 +1,196 @@
+"""Training throughput of txjax's own train_step (txjax.train.make_train_step): tokens/s, ms/step and MFU.
+
+    python benchmarks/train.py --shape=shakespeare_char|baby_gpt|gpt2_small|marian_small
+        [--dtype=float32,bfloat16] [--attention=reference,fused] [--steps=N] [--batch_size=N] [--model.FIELD=V ...]
+
+Every variant (dtype x attention implementation) is compiled once, then timed per step after warm-up, the
+variants interleaved in rounds (a loaded machine slows them alike); ms/step is the median, min and max of the timed
+steps. The batches are built once and live on the device, so this measures the step, not the input pipeline
+(the training loop prefetches batches in a background thread).
+
+    MFU = model FLOPs per step / step time / measured peak (benchmarks/peak.py) of the variant's compute dtype
+    model FLOPs per step = (6N + 12·L·d·T) per token (txjax.summary) x the positions of the batch
+Encoder-decoder (marian_small): 6·N_enc per source and 6·N_dec per target position, plus 12·d·(S² per encoder layer
++ T² + T·S per decoder layer) per row; tokens/s counts target tokens that are not padding (what the Hugging Face
+peer reported: 3,017 target tokens/s), over real batches of ../shared/data/bible with an 8,000-piece vocabulary.
+The last line is JSON for the config txjax uses by default (the experiment's config as written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import tempfile
+
+import common
+import jax
+import numpy as np
+
+from txjax import config as config_lib
+from txjax.experiment import build_dataset, build_model, build_tokenizer
+from txjax.summary import summarize
+from txjax.train import make_train_step
+from txjax.train_state import init_state, make_optimizer
+
+EXPERIMENTS = config_lib.REPO / "experiments"
+SHAPES = {  # name -> (experiment file, overrides of its config)
+    "shakespeare_char": ("shakespeare_char.py", {"model.vocab_size": 65, "model.max_len": 64}),
+    "baby_gpt": ("shakespeare_char.py", {  # nanoGPT's train_shakespeare_char.py
+        "model.vocab_size": 65, "model.max_len": 256, "data.seq_len": 256, "model.num_layers": 6,
+        "model.num_heads": 6, "model.d_model": 384, "model.d_ff": 1536, "model.dropout": 0.2,
+        "train.batch_size": 64}),
+    "gpt2_small": ("shakespeare_char.py", {
+        "model.vocab_size": 50257, "model.max_len": 1024, "data.seq_len": 1024, "model.num_layers": 12,
+        "model.num_heads": 12, "model.d_model": 768, "model.d_ff": 3072, "model.activation": "gelu_tanh",
+        "model.use_bias": True, "train.batch_size": 8}),
+    "marian_small": ("bible_en_es.py", {  # the Hugging Face MarianMTModel peer of issue 8, its size forced
+        "model.vocab_size": 0, "data.vocab_size": 8000, "model.d_model": 256, "model.num_layers": 3,
+        "model.num_encoder_layers": 3, "model.num_heads": 4, "model.num_kv_heads": None, "model.d_ff": 1024,
+        "model.dropout": 0.1, "model.share_embeddings": True, "model.tie_embeddings": True}),
+}
+CPU_BATCH = {"gpt2_small": 1}  # a few steps at a small batch: one GPT-2 step at batch 8 takes ~half a minute here
+MARIAN_FALLBACK = {  # bible_en_es.py's stand-in while the experiment file does not exist
+    "family": "encoder_decoder", "data.kind": "parallel", "data.path": "../shared/data/bible/train.en-es.tsv",
+    "data.tokenizer": "sentencepiece", "data.max_src_len": 128, "data.max_tgt_len": 128, "data.pack": True,
+    "train.batch_size": 12, "train.label_smoothing": 0.1, "model.positional": "sinusoidal",
+    "model.activation": "relu", "model.embed_scale": True}
+
+
+def build_config(shape: str, overrides: list[str]):
+    """The experiment's config with the shape's overrides, then the command line's."""
+    experiment, shape_overrides = SHAPES[shape]
+    path = EXPERIMENTS / experiment
+    config = config_lib.load_config(path if path.is_file() else None)
+    if not path.is_file():
+        shape_overrides = {**MARIAN_FALLBACK, **shape_overrides}
+    for key, value in shape_overrides.items():
+        if key == "family":
+            config.family = value
+        elif value is None:
+            config_lib.apply_override(config, f"--config.{key}=None")
+        else:
+            config_lib.apply_override(config, f"--config.{key}={json.dumps(value) if isinstance(value, bool) else value}")
+    for flag in overrides:
+        config_lib.apply_override(config, flag)
+    return config
+
+
+def lm_batches(config, n: int = 4):
+    """Random-token LM batches [B, T] (the step's cost does not depend on the token values)."""
+    b, t, v = config.train.batch_size, config.data.seq_len, config.model.vocab_size
+    rng = np.random.default_rng(0)
+    ones = np.ones((b, t), np.int32)
+    return [{"inputs": rng.integers(0, v, (b, t), dtype=np.int32), "targets": rng.integers(0, v, (b, t), dtype=np.int32),
+             "weights": ones.astype(np.float32), "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
+             "segment_ids": ones} for _ in range(n)]
+
+
+def seq2seq_batches(config, n: int = 16):
+    """Real training batches of the parallel corpus (their padding is what a translation run pays for)."""
+    workdir = config_lib.REPO / "runs" / "benchmarks" / "marian_small"  # the SentencePiece model, trained once
+    with config_lib.user_errors():
+        tokenizer = build_tokenizer(config, workdir)
+        data = build_dataset(config, tokenizer, "train")
+    config.model.vocab_size = config.model.vocab_size or tokenizer.vocab_size
+    config.model.max_len = config.model.max_len or max(config.data.max_src_len, config.data.max_tgt_len)
+    return [data.batch(config.train.seed, k, config.train.batch_size) for k in range(n)]
+
+
+def flops_per_step(config, batch) -> float:
+    """Model FLOPs of one training step on `batch` (every position, padding included)."""
+    cfg = config_lib.model_config(config.model.to_dict())
+    if config.family == "decoder_lm":
+        b, t = batch["inputs"].shape
+        return summarize(cfg, context=t).train_flops_per_token * b * t
+    (b, s), t = batch["src"].shape, batch["tgt_inputs"].shape[1]
+    summary = summarize(cfg, "encoder_decoder", context=t)
+    n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
+    n_dec = summary.flop_params - n_enc
+    attention = 12 * cfg.d_model * (cfg.encoder_layers * s * s + cfg.num_layers * (t * t + t * s))
+    return b * (6 * n_enc * s + 6 * n_dec * t + attention)
+
+
+def tokens_per_step(config, batches) -> float:
+    """LM: every position; encoder-decoder: the target tokens that are not padding (mean over the batches)."""
+    if config.family == "decoder_lm":
+        return float(batches[0]["inputs"].size)
+    return float(np.mean([b["tgt_weights"].sum() for b in batches]))
+
+
+def stepper(config):
+    """A no-argument function that runs one train_step (the state threaded through, batches cycled)."""
+    model, tx = build_model(config), make_optimizer(config.train)
+    state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
+    train_step = make_train_step(model, tx, config.train)
+    holder = [state]
+
+    def run(batch):
+        holder[0], metrics = train_step(holder[0], batch)
+        return metrics["loss"], holder[0].step
+
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", required=True, choices=SHAPES)
+    parser.add_argument("--dtype", default="float32,bfloat16", help="comma-separated compute dtypes")
+    parser.add_argument("--attention", default="reference,fused", help="comma-separated attention_impl values")
+    parser.add_argument("--steps", type=int, help="timed steps per variant (default: 30; GPT-2 small on CPU: 3)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    parser.add_argument("--rounds", type=int, help="interleaving rounds (default: steps/5, at least 1)")
+    parser.add_argument("--batch_size", type=int, help="rows per step (default: the shape's)")
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/train_SHAPE_PLATFORM.json)")
+    args, overrides = parser.parse_known_args()
+    overrides = ["--config." + f.removeprefix("--") for f in overrides]  # --model.remat=true etc.
+    on_cpu = common.platform_name() == "cpu"
+    small = on_cpu and args.shape in CPU_BATCH
+    batch_size = args.batch_size or (CPU_BATCH[args.shape] if small else None)
+    if batch_size:
+        overrides.append(f"--config.train.batch_size={batch_size}")
+    steps = args.steps or (3 if small else 30)
+    common.warn_if_loaded()
+
+    base = build_config(args.shape, overrides)
+    batches = seq2seq_batches(base) if base.family == "encoder_decoder" else lm_batches(base)
+    default = (base.model.dtype, base.model.attention_impl)
+    variants = list(itertools.product(args.dtype.split(","), args.attention.split(",")))
+    variants = variants if default in variants else [default, *variants]
+    peak = common.peak_gflops()
+    flops, tokens = flops_per_step(base, batches[0]), tokens_per_step(base, batches)
+    device_batches = [jax.device_put(b) for b in batches]
+
+    fns = {}
+    for dtype, impl in variants:
+        config = build_config(args.shape, overrides)
+        config.model.update(vocab_size=base.model.vocab_size, max_len=base.model.max_len, dtype=dtype,
+                            attention_impl=impl)
+        run, cycle = stepper(config), itertools.cycle(device_batches)
+        fns[(dtype, impl)] = lambda run=run, cycle=cycle: run(next(cycle))
+    timings = common.time_calls(fns, steps, args.warmup, args.rounds or max(1, steps // 5))
+
+    rows = []
+    for (dtype, impl), s in timings.items():
+        seconds = s["median_ms"] / 1e3
+        rows.append({"dtype": dtype, "attention": impl, "default": (dtype, impl) == default,
+                     "ms_per_step": s["median_ms"], "min_ms": s["min_ms"], "max_ms": s["max_ms"],
+                     "tokens_per_s": tokens / seconds, "tflops": flops / seconds / 1e12,
+                     "mfu": flops / seconds / (peak[dtype] * 1e9)})
+    print(f"{args.shape}: batch {base.train.batch_size}, {tokens:,.0f} tokens/step"
+          f"{' (target tokens, no padding)' if base.family == 'encoder_decoder' else ''}, "
+          f"{flops / 1e9:,.2f} GFLOP/step, peak GFLOP/s {peak['float32']:,.0f} (f32) / {peak['bfloat16']:,.0f} (bf16)"
+          f"{'; CPU: a few steps at a small batch' if small else ''}")
+    print(common.table(rows))
+    path = common.save(f"train_{args.shape}", {"shape": args.shape, "config": base.to_dict(), "steps": steps,
+                                                "tokens_per_step": tokens, "flops_per_step": flops,
+                                                "peak_gflops": peak, "rows": rows}, args.out)
+    print(f"wrote {path}")
+    chosen = next(r for r in rows if r["default"])
+    print(json.dumps({"shape": args.shape, "dtype": chosen["dtype"], "attention": chosen["attention"],
+                      "batch_size": base.train.batch_size, **{k: chosen[k] for k in ("ms_per_step", "tokens_per_s",
+                                                                                     "mfu")}}))
+
+
+if __name__ == "__main__":
+    main()
