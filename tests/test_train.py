@@ -24,23 +24,7 @@ from txjax.train import Diverged, make_train_step, train
 from txjax.train_state import init_state, make_optimizer
 
 REPO = Path(__file__).parents[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Runs with equal steps compile them once: a persistent cache, also for the `run.py` subprocesses."""
-    directory = str(tmp_path_factory.mktemp("jax_cache"))
-    options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.0,
-               "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {name: getattr(jax.config, name) for name in options}
-    for name, value in options.items():
-        jax.config.update(name, value)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 
 def tiny_config(*flags):
@@ -187,7 +171,7 @@ def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
     def crashing_dataset(*args):
         data = build_dataset(*args)
         batch = data.batch
-        data.batch = lambda seed, k, b: (_ for _ in ()).throw(Crash()) if k == 3 else batch(seed, k, b)
+        data.batch = lambda seed, k, *args: (_ for _ in ()).throw(Crash()) if k == 3 else batch(seed, k, *args)
         return data
 
     monkeypatch.setattr(txjax.train, "build_dataset", crashing_dataset)

@@ -29,15 +29,17 @@ def read_metrics(workdir: str | Path) -> list[dict]:
 class MetricsLog:
     """Writes what a training run measures; `train()` is the loop's only host-device synchronisation."""
 
-    def __init__(self, workdir: str | Path, steps: int, start_step: int):
-        self.workdir = Path(workdir)
-        kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
-        self.file = (self.workdir / METRICS_FILE).open("w")
-        self.file.writelines(json.dumps(r) + "\n" for r in kept)
-        self.tb = SummaryWriter(str(self.workdir / "tb"))
+    def __init__(self, workdir: str | Path, steps: int, start_step: int, lead: bool = True):
+        """Only the `lead` process of a multi-process run writes; the others compute the same records."""
+        self.workdir, self.lead = Path(workdir), lead
+        if lead:
+            kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
+            self.file = (self.workdir / METRICS_FILE).open("w")
+            self.file.writelines(json.dumps(r) + "\n" for r in kept)
+            self.tb = SummaryWriter(str(self.workdir / "tb"))
         self.steps = steps
         self.bar = tqdm(total=steps, initial=start_step, unit="step", dynamic_ncols=True,
-                        disable=not sys.stderr.isatty())
+                        disable=not (lead and sys.stderr.isatty()))
         self.last_step = start_step
         self.restart_clock()
 
@@ -61,6 +63,8 @@ class MetricsLog:
         return record
 
     def write(self, step: int, split: str, record: dict) -> None:
+        if not self.lead:
+            return
         self.file.write(json.dumps({"step": step, "split": split, **record}) + "\n")
         self.file.flush()
         for name, value in record.items():
@@ -72,9 +76,10 @@ class MetricsLog:
     def close(self) -> None:
         """Flushes the files and draws the loss curves of the whole history into curves.png."""
         self.bar.close()
-        self.file.close()
-        self.tb.close()
-        plot_curves(self.workdir)
+        if self.lead:
+            self.file.close()
+            self.tb.close()
+            plot_curves(self.workdir)
 
 
 def plot_curves(workdir: str | Path) -> Path:

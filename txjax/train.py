@@ -22,16 +22,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from txjax import config as config_lib
+from txjax import config as config_lib, distributed
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
+from txjax.distributed import barrier, first_device_mesh, is_lead, run_mesh
 from txjax.evaluate import eval_batches, evaluate, make_eval_step, write_metrics
 from txjax.experiment import (CHECKPOINT_DIR, build_dataset, build_model, build_tokenizer, fill_model_sizes,
                               load_workdir)
 from txjax.metrics_log import MetricsLog
 from txjax.objective import batch_keys, forward, token_sums
-from txjax.train_state import TrainState, init_state, learning_rate_schedule, make_optimizer, run_keys
+from txjax.sharding import batch_sharding, global_batch, process_rows
+from txjax.train_state import (TrainState, init_state, learning_rate_schedule, make_optimizer, run_keys,
+                               state_shardings)
 
 __all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train", "main"]
 
@@ -40,8 +44,11 @@ class Diverged(RuntimeError):
     """The loss or the parameters became NaN or infinite; the last checkpoint saved before that is kept."""
 
 
-def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
-    """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and t = config.train."""
+def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict, mesh: Mesh | None = None):
+    """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and t = config.train, on `mesh` (default: the
+    first device): the state laid out as train_state.state_shardings, the batch's rows split over data x fsdp."""
+    mesh = mesh or first_device_mesh()
+    state_sharding = state_shardings(model, tx, t.seed, mesh)
     schedule = learning_rate_schedule(t)
     dropout_key = run_keys(t.seed)[1]
 
@@ -77,7 +84,8 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
             "loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
             "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step), "finite": finite.all()}
 
-    return jax.jit(train_step, donate_argnums=0)
+    return jax.jit(train_step, in_shardings=(state_sharding, batch_sharding(mesh)),
+                   out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -85,11 +93,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with config_lib.user_errors():
-        tokenizer = build_tokenizer(config, workdir)
+        tokenizer = build_tokenizer(config, workdir) if is_lead() else None
+        barrier("tokenizer")  # the other processes load the one process 0 built and saved
+        tokenizer = build_tokenizer(config, workdir) if tokenizer is None else tokenizer
         train_data = build_dataset(config, tokenizer, "train")
         valid_data = build_dataset(config, tokenizer, "valid")
         fill_model_sizes(config, tokenizer, train_data)
-    config_lib.save(config, workdir)
+    if is_lead():
+        config_lib.save(config, workdir)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     try:
         return _loop(config, workdir, train_data, valid_data, ckpt)
@@ -99,17 +110,19 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
 def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> dict:
     t = config.train
-    model, tx = build_model(config), make_optimizer(t)
-    init = jax.jit(lambda: init_state(model, tx, t.seed))
+    model, tx, mesh = build_model(config), make_optimizer(t), run_mesh(config.mesh)
+    init = jax.jit(lambda: init_state(model, tx, t.seed), out_shardings=state_shardings(model, tx, t.seed, mesh))
     saved = ckpt.latest_step()
     state = init() if saved is None else ckpt.restore(jax.eval_shape(init))
     start = int(state.step)
     if saved is not None:
         print(f"resuming {workdir} from step {start}", flush=True)
-    train_step, eval_step = make_train_step(model, tx, t), make_eval_step(model)
+    train_step, eval_step = make_train_step(model, tx, t, mesh), make_eval_step(model, mesh)
     exact_match = config.data.kind == "synthetic"
-    log = MetricsLog(workdir, t.steps, start)
-    batches = prefetch(jax.device_put(train_data.batch(t.seed, k, t.batch_size)) for k in range(start, t.steps))
+    log = MetricsLog(workdir, t.steps, start, lead=is_lead())
+    rows = process_rows(mesh, t.batch_size)  # this process builds only its rows of each global batch
+    batches = prefetch(global_batch(train_data.batch(t.seed, k, t.batch_size, rows), mesh)
+                       for k in range(start, t.steps))
     tokens_key = batch_keys(model)[0][0]
     deadline = time.monotonic() + 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
     began, step, pending, tokens, record = time.monotonic(), start, [], 0, None
@@ -130,7 +143,7 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
                                    f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
                                    "--config.train.learning_rate or set --config.train.grad_clip")
             if eval_now:
-                valid = eval_batches(valid_data, t.batch_size, t.eval_batches)
+                valid = eval_batches(valid_data, t.batch_size, t.eval_batches, mesh)
                 log.write(step, "valid", evaluate(eval_step, state.params, valid, exact_match))
                 log.restart_clock()
             if save:
@@ -140,10 +153,11 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
                 break
     finally:
         batches.close()
-    final = evaluate(eval_step, state.params, eval_batches(valid_data, t.batch_size), exact_match)
+    final = evaluate(eval_step, state.params, eval_batches(valid_data, t.batch_size, mesh=mesh), exact_match)
     log.write(step, "valid", final)
     log.close()
-    write_metrics(workdir, "valid", {"split": "valid", "step": step, **final})
+    if is_lead():
+        write_metrics(workdir, "valid", {"split": "valid", "step": step, **final})
     return {"step": step, **({"train_loss": record["loss"]} if record else {}),
             **{f"valid_{k}": v for k, v in final.items()}, "train_minutes": (time.monotonic() - began) / 60.0,
             "train_step_compiles": train_step._cache_size(), "eval_step_compiles": eval_step._cache_size()}
@@ -154,10 +168,14 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="run.py train", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--config", help=f"experiment file (default: {config_lib.DEFAULT_EXPERIMENT.name})")
     parser.add_argument("--workdir", help="run folder (default: runs/<experiment name>); resumes if it has one")
+    distributed.add_flags(parser)
     args, overrides = parser.parse_known_args(argv)
     for flag in overrides:
         if not flag.startswith("--config."):
             parser.error(f"unrecognized argument {flag}")
     config = config_lib.from_command_line(args.config, overrides)
+    distributed.initialize(args)
     workdir = args.workdir or Path("runs") / Path(args.config or config_lib.DEFAULT_EXPERIMENT).stem
-    print(json.dumps(train(config, workdir)))
+    result = train(config, workdir)
+    if is_lead():
+        print(json.dumps(result))

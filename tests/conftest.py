@@ -1,0 +1,33 @@
+"""Test session setup: 8 simulated CPU devices (for the sharding tests), set before anything imports jax, and a
+per-module persistent compilation cache fixture.
+
+Every other test runs on the first device as it would on a one-device machine.
+"""
+
+import os
+
+import pytest
+
+_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}=8".strip()
+
+
+@pytest.fixture(scope="module")
+def compilation_cache(tmp_path_factory):
+    """Runs with equal steps compile them once: a persistent cache for the module, also for the `run.py` subprocesses
+    (use it with `pytestmark = pytest.mark.usefixtures("compilation_cache")`)."""
+    import jax  # only now: XLA_FLAGS above must be set first
+
+    directory = str(tmp_path_factory.mktemp("jax_cache"))
+    options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.0,
+               "jax_persistent_cache_min_entry_size_bytes": 0}
+    before = {name: getattr(jax.config, name) for name in options}
+    for name, value in options.items():
+        jax.config.update(name, value)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
