@@ -20,7 +20,8 @@ CFG = ModelConfig(vocab_size=50, d_model=16, num_heads=2, d_ff=64, num_layers=2,
 
 def random_params(cfg, seed=0):
     """DecoderLM params with every leaf random (biases and LayerNorms included), as float32 numpy."""
-    shapes = nn.meta.unbox(jax.eval_shape(lambda: DecoderLM(cfg).init(jax.random.key(0), jnp.zeros((1, 1), int)))["params"])
+    init = lambda: DecoderLM(cfg).init(jax.random.key(0), jnp.zeros((1, 1), int))
+    shapes = nn.meta.unbox(jax.eval_shape(init)["params"])
     rng = np.random.default_rng(seed)
     return jax.tree.map(lambda s: rng.normal(0, 0.3, s.shape).astype(np.float32), shapes)
 

@@ -42,7 +42,8 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     workdir = tmp_path / "run"
     assert run.main(["import-gpt2", f"--from={folder}", f"--workdir={workdir}",
                      f"--config.data.path={folder.parent / 'text.txt'}", "--config.data.seq_len=16"]) == 0
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["params"] == sum(a.size for a in jax.tree.leaves(params))
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["params"] == sum(a.size for a in jax.tree.leaves(params))
     loaded = load_workdir(workdir)
     assert loaded.step == 0 and loaded.tokenizer.kind == "byte_bpe" and loaded.model.cfg == CFG
     jax.tree.map(np.testing.assert_array_equal, loaded.params, params)

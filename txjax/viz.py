@@ -61,8 +61,8 @@ def select_panels(weights_LxHxQxK: np.ndarray, layer: int | None, head: int | No
         heads = range(num_heads) if head is None else [head]
         return [(f"layer {layer} head {h}", weights_LxHxQxK[layer, h]) for h in heads]
     if head is not None:
-        return [(f"layer {l} head {head}", weights_LxHxQxK[l, head]) for l in range(num_layers)]
-    return [(f"layer {l} (mean of {num_heads} heads)", weights_LxHxQxK[l].mean(0)) for l in range(num_layers)]
+        return [(f"layer {i} head {head}", weights_LxHxQxK[i, head]) for i in range(num_layers)]
+    return [(f"layer {i} (mean of {num_heads} heads)", weights_LxHxQxK[i].mean(0)) for i in range(num_layers)]
 
 
 def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str], path, title: str = "") -> Path:
@@ -115,8 +115,8 @@ def attention_maps(model, params, tokenizer, ids: Sequence[int], out, *, target_
         files = {"encoder/self_attention": (out.with_stem(out.stem + "-encoder"), src_labels, src_labels),
                  "decoder/self_attention": (out.with_stem(out.stem + "-decoder"), tgt_labels, tgt_labels),
                  "decoder/cross_attention": (out.with_stem(out.stem + "-cross"), tgt_labels, src_labels)}
-    return [plot_attention(select_panels(weights[key], layer, head), q, k, path, title=key.replace("/", " ").replace("_", "-"))
-            for key, (path, q, k) in files.items()]
+    return [plot_attention(select_panels(weights[key], layer, head), q, k, path,
+                           title=key.replace("/", " ").replace("_", "-")) for key, (path, q, k) in files.items()]
 
 
 def _encoder_decoder_inputs(run, text: str, target: str | None) -> tuple[list[int], list[int]]:
@@ -158,6 +158,7 @@ def main(argv: list[str]) -> None:
         else:
             ids, target_ids = run.tokenizer.encode(args.text), None
             check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
-        files = attention_maps(run.model, run.params, run.tokenizer, ids, args.out or Path(args.workdir) / "attention.png",
-                               target_ids=target_ids, layer=args.layer, head=args.head)
+        out = args.out or Path(args.workdir) / "attention.png"
+        files = attention_maps(run.model, run.params, run.tokenizer, ids, out, target_ids=target_ids,
+                               layer=args.layer, head=args.head)
     print(json.dumps({"files": [str(f) for f in files], "step": run.step}))

@@ -63,7 +63,8 @@ def config_from_hf(hf: Mapping) -> ModelConfig:
             raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
     act = hf.get("activation_function", "gelu_new")
     if act not in _ACTIVATIONS:
-        raise ValueError(f"config.json: activation_function={act!r} is not supported (txjax has {', '.join(_ACTIVATIONS)})")
+        raise ValueError(f"config.json: activation_function={act!r} is not supported "
+                         f"(txjax has {', '.join(_ACTIVATIONS)})")
     unsupported = {"tie_word_embeddings": (True, "txjax's GPT-2 head is tied to wte"),
                    "add_cross_attention": (False, "no cross-attention in a DecoderLM"),
                    "scale_attn_by_inverse_layer_idx": (False, "txjax scales every layer alike")}
@@ -157,14 +158,16 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
         if name not in named:
             raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing (not a GPT-2 checkpoint?)")
         if tuple(named[name].shape) != shape:
-            raise ValueError(f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, config.json implies {shape}")
+            raise ValueError(f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, "
+                             f"config.json implies {shape}")
         used.add(name)
         return np.asarray(named[name], np.float32)
 
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
     if "lm_head.weight" in named:
         if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
-            raise ValueError(f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)")
+            raise ValueError(f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight "
+                             "(an untied head is not supported)")
     params = {"embed": {"tokens": {"embedding": wte_VxD},
                         "positions": {"embedding": get("wpe.weight", (cfg.max_len, cfg.d_model))}},
               "decoder": {"final_norm": {"scale": get("ln_f.weight", (cfg.d_model,)),
@@ -185,7 +188,8 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     check_params(params, cfg)
     params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
     dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
-    out = {"wte.weight": params["embed"]["tokens"]["embedding"], "wpe.weight": params["embed"]["positions"]["embedding"],
+    out = {"wte.weight": params["embed"]["tokens"]["embedding"],
+           "wpe.weight": params["embed"]["positions"]["embedding"],
            "ln_f.weight": dec["final_norm"]["scale"], "ln_f.bias": dec["final_norm"]["bias"]}
     for i in range(cfg.num_layers):
         out.update({f"h.{i}.{k}": v for k, v in _layer_to_hf(dec[f"layers_{i}"], cfg).items()})
