@@ -126,3 +126,16 @@ def test_folder_without_tokenizer(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}, "pre_tokenizer": None}))
     with pytest.raises(ValueError, match="model.type='Unigram'"):
         load_gpt2_tokenizer(tmp_path)
+
+
+def test_hub_layout_without_prefix_and_with_mask_buffers(folder):
+    """openai-community/gpt2's file: no `transformer.` prefix, the causal-mask buffers h.i.attn.bias stored too."""
+    _, want = load_gpt2(folder)
+
+    def to_hub_layout(tensors):
+        renamed = {k.removeprefix("transformer."): tensors.pop(k) for k in list(tensors)}
+        tensors.update(renamed)
+        tensors.update({f"h.{i}.attn.bias": np.tril(np.ones((1, 1, 12, 12), np.float32)) for i in range(2)})
+
+    edit_tensors(folder, to_hub_layout)
+    jax.tree.map(np.testing.assert_array_equal, load_gpt2(folder)[1], want)
