@@ -147,7 +147,7 @@ def test_eval_over_padded_batches_equals_one_unbatched_pass(tmp_path, family):
 
 # ---------------------------------------------------------------- the loop: compile once, resume, stop
 
-def test_train_compiles_once_and_writes_the_workdir(tmp_path):
+def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     config = tiny_config("--config.train.eval_every=2", "--config.train.eval_batches=1")
     result = train(config, tmp_path)
     assert result["step"] == 6 and result["train_step_compiles"] == 1 and result["eval_step_compiles"] == 1
@@ -158,6 +158,10 @@ def test_train_compiles_once_and_writes_the_workdir(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
     assert json.loads((tmp_path / "eval_valid.json").read_text())["examples"] == 20
+    saved = (tmp_path / "config.json").read_text()
+    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another model \(model.d_model 32 -> 64\)"):
+        train(tiny_config("--config.model.d_model=64"), tmp_path)
+    assert (tmp_path / "config.json").read_text() == saved
 
 
 def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):

@@ -197,6 +197,20 @@ def from_command_line(experiment: str | None, overrides: list[str]) -> ml_collec
     return config
 
 
+RESUMABLE_CHANGES = ("dtype", "dropout", "attention_dropout", "attention_impl", "remat")  # the state's shapes stay
+
+
+def check_resumable(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> None:
+    """A workdir's checkpoints fit the model that wrote them: any other family or model field (but those in
+    RESUMABLE_CHANGES) is an error, raised before config.json is overwritten."""
+    changes = [f"family {saved.family!r} -> {config.family!r}"] if saved.family != config.family else []
+    changes += [f"model.{name} {saved.model.get(name)!r} -> {value!r}" for name, value in config.model.items()
+                if name not in RESUMABLE_CHANGES and saved.model.get(name) != value]
+    if changes:
+        raise ConfigError(f"{workdir} holds checkpoints of another model ({'; '.join(changes)}): pass a new "
+                          "--workdir, or the model flags it was trained with")
+
+
 def save(config: ml_collections.ConfigDict, workdir: Path) -> None:
     (Path(workdir) / CONFIG_FILE).write_text(config.to_json(indent=1) + "\n")
 

@@ -99,10 +99,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         train_data = build_dataset(config, tokenizer, "train")
         valid_data = build_dataset(config, tokenizer, "valid")
         fill_model_sizes(config, tokenizer, train_data)
-    if is_lead():
-        config_lib.save(config, workdir)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     try:
+        if ckpt.latest_step() is not None:
+            config_lib.check_resumable(config_lib.load(workdir), config, workdir)
+        if is_lead():
+            config_lib.save(config, workdir)
         return _loop(config, workdir, train_data, valid_data, ckpt)
     finally:
         ckpt.close()
