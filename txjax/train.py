@@ -1,10 +1,9 @@
 """Training: the jitted train_step and the loop around it (resume, checkpoints, evals, logs, time budget).
 
 train_step(state, batch) -> (state, metrics), compiled once, the state's buffers donated:
-    g = (1 / sum_t w_t) sum_{micro-batch m} grad_theta sum_{t in m} w_t CE_t^eps     (lax.scan over grad_accum
-                                                                                     micro-batches: exactly the
-                                                                                     full batch's gradient)
-    theta, opt_state <- AdamW(clip(g))                                              (txjax.train_state)
+    g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
+                                                       lax.scan before the one division: the full batch's gradient
+    theta, opt_state <- AdamW(clip(g))                 (txjax.train_state)
 Step s draws dropout masks from fold_in(dropout key, s), batch k is a pure function of (seed, k) and checkpoints
 hold the whole state, so a resumed run takes the same steps as one that never stopped (bit for bit on CPU).
 The loop reads values back from the device only every log_every steps and before a save or an eval.
@@ -51,7 +50,6 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
     state_sharding = state_shardings(model, tx, t.seed, mesh)
     schedule = learning_rate_schedule(t)
     dropout_key = run_keys(t.seed)[1]
-
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(params, batch, rng):
@@ -64,15 +62,15 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
         rng = jax.random.fold_in(dropout_key, state.step)
         if t.grad_accum == 1:
             grads, sums = grad_sums(state.params, batch, rng)
-        else:  # micro-batch i holds rows [i * B/A, (i + 1) * B/A) of the batch
-            micro = jax.tree_util.tree_map(lambda x: x.reshape(t.grad_accum, -1, *x.shape[1:]), batch)
+        else:  # micro-batch i holds rows i, i + A, i + 2A, ...: on a data-parallel mesh every device has a share
+            micro = jax.tree_util.tree_map(lambda x: x.reshape(-1, t.grad_accum, *x.shape[1:]), batch)
 
             def add(total, i):
-                one = jax.tree_util.tree_map(lambda x: x[i], micro)
+                one = jax.tree_util.tree_map(lambda x: x[:, i], micro)
                 one_sums = grad_sums(state.params, one, jax.random.fold_in(rng, i))
                 return jax.tree_util.tree_map(jnp.add, total, one_sums), None
 
-            shapes = jax.eval_shape(grad_sums, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), rng)
+            shapes = jax.eval_shape(grad_sums, state.params, jax.tree_util.tree_map(lambda x: x[:, 0], micro), rng)
             zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
             (grads, sums), _ = jax.lax.scan(add, zeros, jnp.arange(t.grad_accum))
         weight = jnp.maximum(sums["weight"], 1.0)
@@ -82,7 +80,7 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
         finite = jnp.stack([jnp.isfinite(sums["loss"])] + [jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), {
             "loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
-            "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step), "finite": finite.all()}
+            "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step), "finite": finite.all()}
 
     return jax.jit(train_step, in_shardings=(state_sharding, batch_sharding(mesh)),
                    out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
