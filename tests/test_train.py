@@ -69,6 +69,12 @@ def test_bad_values_are_one_line_errors():
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("experiment", sorted(p.name for p in (REPO / "experiments").glob("*.py")))
+def test_every_experiment_file_validates(experiment):
+    config = config_lib.from_command_line(str(REPO / "experiments" / experiment), [])
+    assert config.family in config_lib.FAMILIES and config.train.steps > 0
+
+
 def test_cli_user_error_is_one_line_without_traceback():
     result = run_py("train", "--config.model.num_layer=3")
     assert result.returncode == 2
