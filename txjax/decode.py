@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.struct
 import jax
@@ -262,8 +262,8 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
     # like Hugging Face's BeamSearchScorer, only an EOS ranked among the K best may finish (so K=1 is greedy)
     finishes_Bx2K = (eos_Bx2K & (jnp.arange(2 * k) < k)) | last
 
-    new_scores_Bx2K = jnp.where(finishes_Bx2K, top_logp_Bx2K / length_penalty(state.step + 1.0, strategy.length_penalty),
-                                NEG_INF)
+    lp = length_penalty(state.step + 1.0, strategy.length_penalty)
+    new_scores_Bx2K = jnp.where(finishes_Bx2K, top_logp_Bx2K / lp, NEG_INF)
     finished_score_BxK, pick_BxK = jax.lax.top_k(
         jnp.concatenate([state.finished_score_BxK, new_scores_Bx2K], axis=1), k)
     finished_BxKxT = jnp.take_along_axis(jnp.concatenate([state.finished_BxKxT, seqs_Bx2KxT], axis=1),
@@ -376,7 +376,10 @@ class Generation:
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None, left: bool = False):
     """Id lists -> (int32 [B, length] padded with pad_id on the left or the right, lengths int32 [B])."""
-    length = max(map(len, seqs)) if length is None else length
+    longest = max(map(len, seqs))
+    if length is not None and length < longest:
+        raise ValueError(f"padded length {length} is shorter than the longest sequence ({longest} tokens)")
+    length = longest if length is None else length
     out_BxL = np.full((len(seqs), length), pad_id, np.int32)
     for row_L, s in zip(out_BxL, seqs):
         if len(s):
@@ -398,9 +401,9 @@ def check_inputs(seqs: Sequence[Sequence[int]], vocab_size: int, max_len: int, w
         if len(s) + new_tokens - 1 > max_len:
             if new_tokens == 1:
                 raise ValueError(f"{what} {i} has {len(s)} tokens, more than the model's context max_len={max_len}")
-            raise ValueError(f"{what} {i} of {len(s)} tokens + max_new_tokens={new_tokens} needs {len(s) + new_tokens - 1}"
-                             f" positions, more than the model's context max_len={max_len}; lower max_new_tokens to"
-                             f" <= {max_len - len(s) + 1}")
+            raise ValueError(f"{what} {i} of {len(s)} tokens + max_new_tokens={new_tokens} needs "
+                             f"{len(s) + new_tokens - 1} positions, more than the model's context max_len={max_len};"
+                             f" lower max_new_tokens to <= {max_len - len(s) + 1}")
 
 
 def _results(strategy: Strategy, tokens_NxT, scores_N, steps) -> Generation:
@@ -497,7 +500,8 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list
     ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and not seq2seq, eos=seq2seq)
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
     if seq2seq:
-        out = translate(run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy)
+        out = translate(run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed,
+                        **strategy)
         return [tokenizer.decode(row) for row in out.ids]
     out = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy)
     return [text + tokenizer.decode(row) for row in out.ids]
