@@ -1,0 +1,185 @@
+"""Decoding speed: KV-cached generation (txjax.decode) versus recomputing the whole prefix for every new token.
+
+    python benchmarks/decode.py --shape=shakespeare_char|gpt2_small [--dtype=float32|bfloat16] [--repeats=N]
+        [--lengths=64,256,1024] [--recompute_budget_s=S]
+
+Greedy, batch 1, a 1-token prompt, no stop token (every run generates exactly N tokens), random weights.
+- cached: `txjax.decode.lm_generate_ids`, prefill + one compiled lax.while_loop for all N tokens (no host round
+  trip per token); tokens/s = N / median wall time of `repeats` runs after a compiling warm-up.
+- recompute: no cache; each token runs the full forward pass over the sequence so far, padded up to the next
+  multiple of 64 (static shapes: one compilation per multiple, done before timing), steps in a jitted fori_loop
+  per multiple. The estimate (the measured time of one step at each multiple, summed over the tokens) is always
+  computed; the whole generation is timed when the estimate is within --recompute_budget_s, else the estimate is
+  reported (marked "est").
+- per-token cost at position p: cached, one decode step with p tokens in a cache of p slots (a jitted loop of 32
+  steps at positions p-32..p-1, divided by 32); recompute, one forward pass over p tokens.
+The last line is JSON for N = 256: cached_tokens_per_s, recompute_tokens_per_s, cost_ratio_1024_vs_64 (cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import statistics
+import time
+
+import common
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txjax import decode
+from txjax.models import DecoderLM, ModelConfig, init_cache
+
+SHAPES = {
+    # nanoGPT's shakespeare_char model, with a context long enough for 1024 new tokens
+    "shakespeare_char": ModelConfig(vocab_size=65, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=1024),
+    # GPT-2 small (124M parameters)
+    "gpt2_small": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12, max_len=1024,
+                              activation="gelu_tanh", use_bias=True),
+}
+BUCKET = 64  # recompute pads the sequence to a multiple of this
+STEPS_TIMED = 32  # decode steps per per-token cost measurement
+
+
+def build(shape: str, dtype: str):
+    """The model (layers unrolled, as txjax.decode runs them) and random parameters stored in `dtype`."""
+    cfg = dataclasses.replace(SHAPES[shape], dtype=dtype, scan_layers=False)
+    model = DecoderLM(cfg)
+    init = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 1), jnp.int32))["params"]))
+    params = jax.tree_util.tree_map(lambda p: p.astype(dtype), init(jax.random.key(0)))
+    return model, params
+
+
+def median_s(fn, repeats: int) -> float:
+    """Median wall time of fn() (blocked on) over `repeats` calls after one untimed call (compilation)."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cached_generation_s(model, params, n: int, repeats: int) -> float:
+    strategy = decode.Strategy(max_new_tokens=n)
+    prompt_1x1, lengths_1 = jnp.zeros((1, 1), jnp.int32), jnp.ones((1,), jnp.int32)
+    return median_s(lambda: decode.lm_generate_ids(model, params, strategy, 0, prompt_1x1, lengths_1,
+                                                   jax.random.key(0)), repeats)
+
+
+def cached_step_s(model, params, p: int, repeats: int) -> float:
+    """Seconds per decode step at positions p-32..p-1 of a cache of p slots."""
+    first = p - STEPS_TIMED
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def steps(params, cache, token_1):
+        def body(t, carry):
+            cache, token_1 = carry
+            logits_1xV, cache = decode.extend(model, params, cache, token_1[:, None], jnp.full((1, 1), t))
+            return cache, jnp.argmax(logits_1xV, -1).astype(jnp.int32)
+        return jax.lax.fori_loop(first, p, body, (cache, token_1))
+
+    prefill = jax.jit(lambda params, cache: decode.extend(model, params, cache, jnp.zeros((1, first), jnp.int32),
+                                                          jnp.arange(first)[None])[1])
+    fresh = lambda: prefill(params, init_cache(model, 1, p))
+    jax.block_until_ready(steps(params, fresh(), jnp.zeros((1,), jnp.int32)))  # compile
+    times = []
+    for _ in range(repeats):
+        cache = jax.block_until_ready(fresh())
+        start = time.perf_counter()
+        jax.block_until_ready(steps(params, cache, jnp.zeros((1,), jnp.int32)))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / STEPS_TIMED
+
+
+@functools.cache
+def recompute_fns(model, length: int):
+    """jit(params, tokens [1, length], first, last) -> tokens with positions first..last-1 filled greedily, each
+    by a full forward pass over all `length` slots (causal: the slots after the current token do not matter)."""
+    def run(params, tokens_1xL, first, last):
+        def body(t, tokens_1xL):
+            logits_1xLxV = model.apply({"params": params}, tokens_1xL)
+            return tokens_1xL.at[0, t].set(jnp.argmax(logits_1xLxV[0, t - 1]).astype(jnp.int32))
+        return jax.lax.fori_loop(first, last, body, tokens_1xL)
+    return jax.jit(run, donate_argnums=1)
+
+
+def padded_length(t: int) -> int:
+    """The slots recompute runs to produce the token at position t: the multiple of 64 that holds positions 0..t."""
+    return -(-(t + 1) // BUCKET) * BUCKET
+
+
+def recompute_generation(model, params, n: int) -> jax.Array:
+    """Greedy without a cache: positions 1..n (after a 1-token prompt), grouped by padded length."""
+    tokens_1xL = jnp.zeros((1, 0), jnp.int32)
+    for length in range(BUCKET, padded_length(n) + 1, BUCKET):
+        tokens_1xL = jnp.pad(tokens_1xL, ((0, 0), (0, length - tokens_1xL.shape[1])))
+        tokens_1xL = recompute_fns(model, length)(params, tokens_1xL, max(1, length - BUCKET), min(length, n + 1))
+    return tokens_1xL
+
+
+def recompute_step_s(model, params, length: int, repeats: int) -> float:
+    """One recompute step (a full forward pass over `length` slots, as recompute_generation runs it)."""
+    fn = recompute_fns(model, length)
+    return median_s(lambda: fn(params, jnp.zeros((1, length), jnp.int32), length - 1, length), repeats)
+
+
+def recompute_estimate_s(model, params, n: int, repeats: int) -> float:
+    """Sum over the new tokens of the measured step time at their padded length."""
+    lengths = [padded_length(t) for t in range(1, n + 1)]
+    return sum(recompute_step_s(model, params, length, repeats) * lengths.count(length)
+               for length in sorted(set(lengths)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="shakespeare_char")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--lengths", default="64,256,1024")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--recompute_budget_s", type=float, default=60.0)
+    args = parser.parse_args()
+    common.warn_if_loaded()
+    load_before = common.machine()["load_average_1min"]
+    model, params = build(args.shape, args.dtype)
+    lengths = [int(n) for n in args.lengths.split(",")]
+
+    rows = []
+    for n in lengths:
+        cached = cached_generation_s(model, params, n, args.repeats)
+        estimate = recompute_estimate_s(model, params, n, 3)
+        measured = estimate <= args.recompute_budget_s
+        if measured:
+            recompute = median_s(lambda: recompute_generation(model, params, n), max(1, args.repeats // 2))
+        rows.append({"new_tokens": n, "cached_tokens_per_s": n / cached,
+                     "recompute_tokens_per_s": n / (recompute if measured else estimate),
+                     "recompute": "measured" if measured else "est",
+                     "speedup": (recompute if measured else estimate) / cached})
+    costs = []
+    for p in (64, 1024):
+        costs.append({"position": p, "cached_ms_per_token": 1e3 * cached_step_s(model, params, p, args.repeats),
+                      "recompute_ms_per_token": 1e3 * recompute_step_s(model, params, p, args.repeats)})
+    print(f"{args.shape}, {args.dtype} weights, batch 1, greedy; median of {args.repeats} runs")
+    print(common.table(rows))
+    print()
+    print(common.table(costs))
+    result = next(r for r in rows if r["new_tokens"] == 256) if 256 in lengths else rows[-1]
+    summary = {
+        "shape": args.shape, "dtype": args.dtype, "new_tokens": result["new_tokens"],
+        "cached_tokens_per_s": result["cached_tokens_per_s"],
+        "recompute_tokens_per_s": result["recompute_tokens_per_s"],
+        "recompute": result["recompute"],
+        "cost_ratio_1024_vs_64": costs[1]["cached_ms_per_token"] / costs[0]["cached_ms_per_token"],
+        "recompute_cost_ratio_1024_vs_64": costs[1]["recompute_ms_per_token"] / costs[0]["recompute_ms_per_token"],
+        "repeats": args.repeats, "load_average_before": load_before,
+        "load_average_after": common.machine()["load_average_1min"]}
+    common.save(f"decode_{args.shape}_{args.dtype}", {"rows": rows, "costs": costs, "summary": summary})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
