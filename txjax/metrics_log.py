@@ -41,6 +41,7 @@ class MetricsLog:
         self.bar = tqdm(total=steps, initial=start_step, unit="step", dynamic_ncols=True,
                         disable=not (lead and sys.stderr.isatty()))
         self.last_step = start_step
+        self.ms_per_step: list[float] = []  # one per logged interval
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -57,10 +58,15 @@ class MetricsLog:
         record = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
         record |= {"ms_per_step": 1000.0 * dt / n, "tokens_per_s": tokens / dt}
         self.last_step, self.last_time = step, now
+        self.ms_per_step.append(record["ms_per_step"])
         self.bar.update(n)
         self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
         self.write(step, "train", record)
         return record
+
+    def median_ms_per_step(self) -> float | None:
+        """The median over the logged intervals, leaving out the first (it includes the compilation)."""
+        return float(np.median(self.ms_per_step[1:] or self.ms_per_step)) if self.ms_per_step else None
 
     def write(self, step: int, split: str, record: dict) -> None:
         if not self.lead:

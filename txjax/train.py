@@ -159,7 +159,8 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
     if is_lead():
         write_metrics(workdir, "valid", {"split": "valid", "step": step, **final})
     return {"step": step, **({"train_loss": record["loss"]} if record else {}),
-            **{f"valid_{k}": v for k, v in final.items()}, "train_minutes": (time.monotonic() - began) / 60.0,
+            **{f"valid_{k}": v for k, v in final.items()}, "wall_minutes": (time.monotonic() - began) / 60.0,
+            "ms_per_step_median": log.median_ms_per_step(),
             "train_step_compiles": train_step._cache_size(), "eval_step_compiles": eval_step._cache_size()}
 
 
