@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 import jax
 from jax.experimental import multihost_utils
@@ -53,6 +54,8 @@ def initialize(args: argparse.Namespace) -> None:
     if not given and not args.distributed:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes; no effect on GPU/TPU
+    print(f"jax.distributed: joining {', '.join(f'{k}={v}' for k, v in given.items()) or 'the detected cluster'} "
+          f"(waiting up to {args.initialization_timeout}s for every process)", file=sys.stderr, flush=True)
     try:
         jax.distributed.initialize(**given, initialization_timeout=args.initialization_timeout,
                                    heartbeat_timeout_seconds=args.heartbeat_timeout,

@@ -20,10 +20,9 @@ import numpy as np
 import sacrebleu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from txjax import decode
+from txjax import config as config_lib, decode, distributed
 from txjax.config import user_errors
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
-from txjax.distributed import first_device_mesh
 from txjax.experiment import build_dataset, load_workdir
 from txjax.models import EncoderDecoder
 from txjax.objective import forward, params_shardings, token_sums
@@ -34,7 +33,7 @@ def make_eval_step(model, mesh: Mesh | None = None):
     """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples; on `mesh`
     (default: the first device) the params laid out by their logical axes, the batch's rows split over the data and
     fsdp axes, the sums replicated."""
-    mesh = mesh or first_device_mesh()
+    mesh = mesh or distributed.first_device_mesh()
 
     def eval_step(params, batch):
         logits_BxLxV, targets_BxL, weights_BxL = forward(model, params, batch)
@@ -62,7 +61,7 @@ def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
 def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | None = None):
     """The split's eval batches, the first max_batches of them if > 0, built ahead in a background thread, as
     global arrays on `mesh` (default: the first device) to which each process gives its rows."""
-    mesh = mesh or first_device_mesh()
+    mesh = mesh or distributed.first_device_mesh()
     rows = process_rows(mesh, batch_size)
     batches = dataset.eval_batches(batch_size)
     return prefetch(global_batch({k: x[rows] for k, x in batch.items()}, mesh)
@@ -70,19 +69,31 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
 
 
 def main(argv: list[str]) -> None:
-    """run.py eval --workdir=DIR [--split=valid|test]: writes DIR/eval_<split>.json, prints it as the last line."""
-    parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__)
+    """run.py eval --workdir=DIR [--split=valid|test] [--config.mesh.FIELD=N ...]: writes DIR/eval_<split>.json,
+    prints it as the last line. The parameters are laid out on the run's mesh unless --config.mesh.* flags change it."""
+    parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
-    args = parser.parse_args(argv)
+    distributed.add_flags(parser)
+    args, overrides = parser.parse_known_args(argv)
+    for flag in overrides:
+        if not flag.startswith("--config.mesh."):
+            parser.error(f"unrecognized argument {flag} (eval takes --config.mesh.data/fsdp/tensor=N only)")
+    distributed.initialize(args)
+    mesh_config = config_lib.load(args.workdir)
+    for flag in overrides:
+        config_lib.apply_override(mesh_config, flag)
+    mesh = distributed.run_mesh(mesh_config.mesh)
     with user_errors():
-        run = load_workdir(args.workdir)
+        run = load_workdir(args.workdir, mesh=mesh)
         dataset = build_dataset(run.config, run.tokenizer, args.split)
-    metrics = evaluate(make_eval_step(run.model), run.params, eval_batches(dataset, run.config.train.batch_size),
+    metrics = evaluate(make_eval_step(run.model, mesh), run.params,
+                       eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
                        exact_match=run.config.data.kind == "synthetic")
     metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
-    write_metrics(args.workdir, args.split, metrics)
-    print(json.dumps(metrics))
+    if distributed.is_lead():
+        write_metrics(args.workdir, args.split, metrics)
+        print(json.dumps(metrics))
 
 
 def generation_metrics(run, dataset, batch_size: int = 64) -> dict:
