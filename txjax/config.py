@@ -104,8 +104,13 @@ def _parse(text: str, current):
         if text.lower() not in ("true", "false", "1", "0"):
             raise ValueError("expected true or false")
         return text.lower() in ("true", "1")
-    if isinstance(current, (int, float)):
-        return type(current)(float(text) if isinstance(current, float) or "e" in text.lower() else text)
+    if isinstance(current, float):
+        return float(text)
+    if isinstance(current, int):  # 1e4 is fine, 1e-3 and 1.5 are not
+        value = float(text) if "e" in text.lower() else int(text)
+        if value != int(value):
+            raise ValueError(text)
+        return int(value)
     if isinstance(current, str):
         return text
     try:  # a None default (e.g. model.num_kv_heads) takes any literal, else the raw string
