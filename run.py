@@ -10,6 +10,7 @@ import sys
 COMMANDS = {  # name -> (module, function(argv: list[str]))
     "train": ("txjax.train", "main"),
     "eval": ("txjax.evaluate", "main"),
+    "sweep": ("txjax.sweep", "main"),
     "generate": ("txjax.decode", "main"),
     "import-gpt2": ("txjax.convert.workdir", "main"),
     "attention": ("txjax.viz", "main"),

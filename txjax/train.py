@@ -33,10 +33,11 @@ from txjax.experiment import (CHECKPOINT_DIR, build_dataset, build_model, build_
 from txjax.metrics_log import MetricsLog
 from txjax.objective import batch_keys, forward, token_sums
 from txjax.sharding import batch_sharding, global_batch, process_rows
-from txjax.train_state import (TrainState, init_state, learning_rate_schedule, make_optimizer, run_keys,
+from txjax.train_state import (TrainState, current_learning_rate, init_state, make_optimizer, run_keys,
                                state_shardings)
 
-__all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train", "main"]
+__all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train_step_function", "prepare",
+           "save_config", "train", "main"]
 
 
 class Diverged(RuntimeError):
@@ -48,8 +49,18 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
     first device): the state laid out as train_state.state_shardings, the batch's rows split over data x fsdp."""
     mesh = mesh or first_device_mesh()
     state_sharding = state_shardings(model, tx, t.seed, mesh)
-    schedule = learning_rate_schedule(t)
+    train_step = train_step_function(model, tx, t)
     dropout_key = run_keys(t.seed)[1]
+    return jax.jit(lambda state, batch: train_step(state, batch, dropout_key),
+                   in_shardings=(state_sharding, batch_sharding(mesh)),
+                   out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
+
+
+def train_step_function(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
+    """The pure train_step(state, batch, dropout_key) -> (state, metrics), to jit, or to vmap over runs.
+
+    Everything that may differ between runs (parameters, optimizer hyperparameters, batch, dropout key) is an argument.
+    """
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(params, batch, rng):
@@ -58,7 +69,7 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
 
     grad_sums = jax.grad(objective_sum, has_aux=True)
 
-    def train_step(state: TrainState, batch):
+    def train_step(state: TrainState, batch, dropout_key):
         rng = jax.random.fold_in(dropout_key, state.step)
         if t.grad_accum == 1:
             grads, sums = grad_sums(state.params, batch, rng)
@@ -80,15 +91,26 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
         finite = jnp.stack([jnp.isfinite(sums["loss"])] + [jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), {
             "loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
-            "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step), "finite": finite.all()}
+            "grad_norm": optax.tree.norm(grads), "finite": finite.all(),
+            "learning_rate": current_learning_rate(state.opt_state, state.step)}
 
-    return jax.jit(train_step, in_shardings=(state_sharding, batch_sharding(mesh)),
-                   out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
+    return train_step
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Trains the run in `workdir`, resuming from its latest checkpoint; returns the final metrics."""
     workdir = Path(workdir)
+    train_data, valid_data = prepare(config, workdir)
+    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
+    try:
+        save_config(config, workdir, ckpt)
+        return _loop(config, workdir, train_data, valid_data, ckpt)
+    finally:
+        ckpt.close()
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: Path):
+    """(train, valid) datasets of a run; its tokenizer saved in `workdir`, the model sizes filled into `config`."""
     workdir.mkdir(parents=True, exist_ok=True)
     with config_lib.user_errors():
         tokenizer = build_tokenizer(config, workdir) if is_lead() else None
@@ -97,15 +119,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         train_data = build_dataset(config, tokenizer, "train")
         valid_data = build_dataset(config, tokenizer, "valid")
         fill_model_sizes(config, tokenizer, train_data)
-    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
-    try:
-        if ckpt.latest_step() is not None:
-            config_lib.check_resumable(config_lib.load(workdir), config, workdir)
-        if is_lead():
-            config_lib.save(config, workdir)
-        return _loop(config, workdir, train_data, valid_data, ckpt)
-    finally:
-        ckpt.close()
+    return train_data, valid_data
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: Path, ckpt: Checkpointer) -> None:
+    """Writes the resolved config into `workdir`, after checking that a run resuming from `ckpt` keeps its config."""
+    if ckpt.latest_step() is not None:
+        config_lib.check_resumable(config_lib.load(workdir), config, workdir)
+    if is_lead():
+        config_lib.save(config, workdir)
 
 
 def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> dict:

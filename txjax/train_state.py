@@ -4,6 +4,8 @@
     scales or biases, as nanoGPT), after clipping the gradient's global norm;
     learning rate: linear warmup from 0 to learning_rate over warmup_steps, then cosine decay to
     learning_rate * min_lr_ratio at the last step.
+The scalar settings (HYPERPARAMS) live in the optimizer state as arrays (optax.inject_hyperparams), not in the
+compiled program: runs that differ only in them (and the seed) can be stacked and trained under jax.vmap.
 """
 
 from __future__ import annotations
@@ -29,11 +31,22 @@ class TrainState:
     opt_state: Any
 
 
-def learning_rate_schedule(t) -> optax.Schedule:
-    """Warmup + cosine decay over `t.steps` optimizer steps (t = config.train)."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=t.learning_rate, warmup_steps=min(t.warmup_steps, t.steps - 1),
-        decay_steps=t.steps, end_value=t.learning_rate * t.min_lr_ratio)
+HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2")  # traced, vmappable
+
+
+def learning_rate_at(step, learning_rate, warmup_steps, min_lr_ratio, steps):
+    """lr(s) = learning_rate * s / w for s < w, then learning_rate * (r + (1 - r) (1 + cos(pi (s - w) / (S - w))) / 2)
+    with w = min(warmup_steps, S - 1), r = min_lr_ratio, S = steps. Any argument may be a traced array."""
+    w = jnp.minimum(warmup_steps, steps - 1)
+    warm = step / jnp.maximum(w, 1)
+    cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.clip((step - w) / (steps - w), 0.0, 1.0)))
+    return learning_rate * jnp.where(step < w, warm, min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
+
+
+def current_learning_rate(opt_state, step):
+    """The learning rate the optimizer applies at `step` (read from the hyperparameters in its state)."""
+    h = opt_state.hyperparams
+    return learning_rate_at(step, h["learning_rate"], h["warmup_steps"], h["min_lr_ratio"], h["steps"])
 
 
 def _decayed(params):
@@ -44,10 +57,19 @@ def _decayed(params):
     return jax.tree_util.tree_map_with_path(is_decayed, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
 
 
+def _clipped_adamw(learning_rate, warmup_steps, min_lr_ratio, weight_decay, b1, b2, steps, grad_clip):
+    schedule = lambda count: learning_rate_at(count, learning_rate, warmup_steps, min_lr_ratio, steps)
+    adamw = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=_decayed)
+    return optax.chain(optax.clip_by_global_norm(grad_clip), adamw) if grad_clip > 0 else adamw
+
+
 def make_optimizer(t) -> optax.GradientTransformation:
-    """Clip by global norm (t.grad_clip > 0), then AdamW with the warmup + cosine schedule."""
-    adamw = optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=_decayed)
-    return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw) if t.grad_clip > 0 else adamw
+    """Clip by global norm (t.grad_clip > 0), then AdamW with the warmup + cosine schedule.
+
+    t: config.train, or a mapping with its fields in which the HYPERPARAMS may be traced arrays.
+    """
+    factory = optax.inject_hyperparams(_clipped_adamw, static_args=("grad_clip",))
+    return factory(**{name: t[name] for name in HYPERPARAMS}, steps=t["steps"], grad_clip=t["grad_clip"])
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,100 @@
+"""Tests of sweeps: failures are recorded and the sweep goes on, a re-run skips finished runs and resumes the others,
+vmapped runs equal the same runs trained one by one (tiny models, a few steps each)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import txjax.sweep
+from txjax import config as config_lib
+from txjax.experiment import load_workdir
+from txjax.metrics_log import MetricsLog, read_metrics
+from txjax.sweep import expand, load_sweep, run_sweep
+from txjax.train import train
+
+TINY = {"model.num_layers": 1, "model.num_heads": 2, "model.d_model": 16, "model.d_ff": 32, "data.max_digits": 3,
+        "data.eval_size": 8, "train.steps": 4, "train.batch_size": 4, "train.warmup_steps": 2, "train.log_every": 2,
+        "train.eval_every": 2, "train.eval_batches": 1, "train.checkpoint_every": 2}
+
+
+def sweep_file(tmp_path, **spec):
+    path = tmp_path / "sweep.py"
+    spec = {"experiment": "experiments/reverse.py", "fixed": TINY, **spec}
+    path.write_text(f"inf = float(\"inf\")\n\n\ndef get_sweep():\n    return {spec!r}\n")
+    return load_sweep(path)
+
+
+def results(workdir):
+    """{run name: its result.json}"""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(workdir.glob("*/result.json"))}
+
+
+def params_of(workdir):
+    return jax.device_get(load_workdir(workdir).params)
+
+
+def test_grid_zip_and_seeds_expand_to_named_runs(tmp_path):
+    sweep = sweep_file(tmp_path, grid={"model.positional": ["rope", "alibi"]},
+                       zip={"model.activation": ["relu", "swiglu"], "model.d_ff": [32, 21]}, seeds=[0, 1])
+    runs = expand(sweep, [], tmp_path)
+    assert len(runs) == 8 and runs[0].name == "positional-rope_activation-relu_d_ff-32_seed-0"
+    assert runs[-1].config.model.d_ff == 21 and runs[-1].config.train.seed == 1
+    assert runs[0].label == "positional=rope, activation=relu, d_ff=32"
+    with pytest.raises(config_lib.ConfigError, match="the sweep varies this field"):
+        expand(sweep, ["--config.model.positional=none"], tmp_path)
+
+
+def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monkeypatch):
+    # a bad setting (3 heads do not divide d_model 16) and a non-finite loss (lr = inf) fail; the rest trains
+    sweep = sweep_file(tmp_path, grid={"model.num_heads": [2, 3], "train.learning_rate": [1e-3, float("inf")]})
+    workdir = tmp_path / "out"
+    run_sweep(sweep, workdir, [], vmap=False)
+    status = {name: r["status"] for name, r in results(workdir).items()}
+    assert status == {"num_heads-2_learning_rate-0.001_seed-0": "done",
+                      "num_heads-2_learning_rate-inf_seed-0": "failed",
+                      "num_heads-3_learning_rate-0.001_seed-0": "failed",
+                      "num_heads-3_learning_rate-inf_seed-0": "failed"}
+    assert "Diverged" in results(workdir)["num_heads-2_learning_rate-inf_seed-0"]["error"]
+    assert "divisible" in results(workdir)["num_heads-3_learning_rate-inf_seed-0"]["error"]
+    table = (workdir / "results.csv").read_text()
+    assert table.count("\n") == 5 and (workdir / "results.md").is_file() and (workdir / "results.png").is_file()
+
+    def no_training(*args):
+        raise AssertionError("a finished run was trained again")
+    monkeypatch.setattr(txjax.sweep, "train", no_training)
+    monkeypatch.setattr(txjax.sweep, "train_group", no_training)
+    before = results(workdir)
+    run_sweep(sweep, workdir, [], vmap=False)
+    assert results(workdir) == before
+    with pytest.raises(config_lib.ConfigError, match="different sweep"):
+        run_sweep(sweep, workdir, ["--config.train.steps=6"], vmap=False)
+
+
+def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, monkeypatch):
+    sweep = sweep_file(tmp_path, zip={"train.learning_rate": [1e-3, 3e-3], "train.warmup_steps": [2, 0]},
+                       seeds=[0, 1])
+    workdir = tmp_path / "out"
+    log_train = MetricsLog.train
+
+    def interrupt_at_step_4(self, step, *args):
+        if step == 4:
+            raise KeyboardInterrupt
+        return log_train(self, step, *args)
+    monkeypatch.setattr(MetricsLog, "train", interrupt_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, workdir, [])
+    assert not list(workdir.glob("*/result.json"))  # nothing counts as finished; step 2 is saved
+    monkeypatch.setattr(MetricsLog, "train", log_train)
+    runs = run_sweep(sweep, workdir, [])
+    assert [r.result["status"] for r in runs] == ["done"] * 4 and runs[0].result["runs_vmapped"] == 4
+    run = runs[3]  # lr 3e-3 with no warmup, seed 1: trained alone, it takes the same steps
+    alone = tmp_path / "alone"
+    train(expand(sweep, [], tmp_path)[3].config, alone)
+    for a, b in zip(jax.tree_util.tree_leaves(params_of(run.workdir)), jax.tree_util.tree_leaves(params_of(alone))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    together, one = read_metrics(run.workdir), read_metrics(alone)
+    assert [(r["split"], r["step"]) for r in together] == [(r["split"], r["step"]) for r in one]
+    for key in ("loss", "learning_rate"):
+        np.testing.assert_allclose([r.get(key, 0) for r in together], [r.get(key, 0) for r in one], rtol=1e-5)

@@ -1,0 +1,139 @@
+"""A sweep's report, built from its run folders alone: results.csv, results.md and results.png.
+
+Per run: its settings, status (done | failed | unfinished | pending), steps, final train loss (last logged
+interval), final valid metrics (eval_valid.json: the whole valid split), the probes' metrics, wall time of the
+program that trained it, its training tokens/s (median over the logged intervals after the first, which includes
+compilation; runs trained together share the program's time, so each one's tokens/s is its share) and how many runs
+that program trained. Per setting: mean and sample standard deviation over the seeds that finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from txjax.metrics_log import read_metrics
+
+RESULTS_CSV, RESULTS_MD, RESULTS_PNG = "results.csv", "results.md", "results.png"
+
+
+def run_row(run) -> dict:
+    """One run's line of the table (see the module docstring)."""
+    result, records = run.result, read_metrics(run.workdir)
+    status = result.get("status") or ("unfinished" if records else "pending")
+    train = [r for r in records if r["split"] == "train"]
+    valid_file = run.workdir / "eval_valid.json"
+    valid = json.loads(valid_file.read_text()) if valid_file.is_file() and status == "done" else {}
+    speeds = [r["tokens_per_s"] for r in train[1:]]
+    probes = {k: v for k, v in result.items() if k not in ("status", "error", "wall_s", "runs_vmapped")}
+    return {"run": run.name, **{k.rpartition(".")[2]: v for k, v in run.settings.items()}, "status": status,
+            "steps": valid.get("step", train[-1]["step"] if train else 0),
+            "train_loss": train[-1]["loss"] if train else math.nan, "valid_loss": valid.get("loss", math.nan),
+            "valid_accuracy": valid.get("token_accuracy", math.nan), **probes,
+            "wall_s": result.get("wall_s", math.nan), "tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
+            "runs_vmapped": result.get("runs_vmapped", 0), "error": result.get("error", "")}
+
+
+def summarize(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
+    """Per setting (runs with equal labels, i.e. equal but for the seed): n done, mean and sd of each metric."""
+    by_label: dict[str, list[dict]] = {}
+    for run, row in zip(runs, rows):
+        by_label.setdefault(run.label, []).append(row)
+    summary = []
+    for label, group in by_label.items():
+        done = [r for r in group if r["status"] == "done"]
+        entry = {"setting": label, "n": len(done), "runs": len(group)}
+        for m in metrics:
+            values = np.array([r.get(m, math.nan) for r in done], float)
+            values = values[np.isfinite(values)]
+            entry[m] = float(values.mean()) if len(values) else math.nan
+            entry[f"{m}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        summary.append(entry)
+    return summary
+
+
+def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> None:
+    """Writes results.csv, results.md and results.png into the sweep folder."""
+    rows = [run_row(r) for r in runs]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with (workdir / RESULTS_CSV).open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    shown = list(dict.fromkeys(["valid_loss", *metrics]))
+    summary = summarize(runs, rows, shown)
+    lines = [f"# Sweep {workdir.name}", "", f"Command: `{command}`" if command else "", "",
+             "## Per setting: mean ± sd over seeds", "",
+             _md_table(["setting", "n", *shown], [[s["setting"], f"{s['n']}/{s['runs']}",
+                                                   *(_pm(s[m], s[f"{m}_sd"]) for m in shown)] for s in summary]),
+             "", "## Runs", "", _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]), ""]
+    (workdir / RESULTS_MD).write_text("\n".join(lines))
+    plot(workdir, runs, rows, summary, metrics)
+
+
+def _md_table(header: list[str], body: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in body])
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+    return str(value)
+
+
+def _pm(mean: float, sd: float) -> str:
+    if math.isnan(mean):
+        return ""
+    return f"{mean:.4f}" + ("" if math.isnan(sd) else f" ± {sd:.4f}")
+
+
+def _zero(sd: float) -> float:
+    return 0.0 if math.isnan(sd) else sd
+
+
+def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: list[str]) -> Path:
+    """Left: the valid loss of every run against step (one colour per setting); then one bar chart per metric:
+    mean per setting, error bar = sd over seeds, dots = the seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [s["setting"] for s in summary]
+    colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, 1 + len(metrics), figsize=(6 + 4 * len(metrics), 4.5), dpi=110, squeeze=False)
+    curves = axes[0, 0]
+    for run in runs:
+        points = [(r["step"], r["loss"]) for r in read_metrics(run.workdir) if r["split"] == "valid"]
+        if points:
+            first = run is next(r for r in runs if r.label == run.label)
+            curves.plot(*zip(*points), color=colours[run.label], alpha=0.8, marker="o", markersize=2,
+                        label=run.label if first else None)
+    curves.set(xlabel="step", ylabel="valid loss (nats/token)", title="eval curves")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=7)
+    x = np.arange(len(labels))
+    for ax, metric in zip(axes[0, 1:], metrics):
+        ax.bar(x, [s[metric] for s in summary], yerr=[_zero(s[f"{metric}_sd"]) for s in summary],
+               color=[colours[label] for label in labels], alpha=0.6, capsize=4)
+        for i, label in enumerate(labels):
+            seeds = [row.get(metric, math.nan) for run, row in zip(runs, rows)
+                     if run.label == label and row["status"] == "done"]
+            ax.plot([i] * len(seeds), seeds, "k.", markersize=4)
+        ends = [s[metric] + sign * _zero(s[f"{metric}_sd"]) for s in summary for sign in (-1, 1)]
+        ends = [v for v in ends if np.isfinite(v)]
+        if ends:  # the bars' range, not from 0: the differences between settings are what the chart is for
+            pad = 0.2 * (max(ends) - min(ends)) or 0.05 * abs(max(ends)) or 1.0
+            ax.set_ylim(min(ends) - pad, max(ends) + pad)
+        ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+        ax.set(title=metric)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = workdir / RESULTS_PNG
+    fig.savefig(path)
+    plt.close(fig)
+    return path
