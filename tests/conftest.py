@@ -13,13 +13,18 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}=8".strip()
 
 
+@pytest.fixture(scope="session")
+def compilation_cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
 @pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory):
-    """Runs with equal steps compile them once: a persistent cache for the module, also for the `run.py` subprocesses
-    (use it with `pytestmark = pytest.mark.usefixtures("compilation_cache")`)."""
+def compilation_cache(compilation_cache_dir):
+    """Runs with equal steps compile them once: a persistent cache shared by the modules that ask for it (with
+    `pytestmark = pytest.mark.usefixtures("compilation_cache")`), also for their `run.py` subprocesses."""
     import jax  # only now: XLA_FLAGS above must be set first
 
-    directory = str(tmp_path_factory.mktemp("jax_cache"))
+    directory = compilation_cache_dir
     options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.0,
                "jax_persistent_cache_min_entry_size_bytes": 0}
     before = {name: getattr(jax.config, name) for name in options}

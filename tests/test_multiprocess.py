@@ -1,0 +1,117 @@
+"""Multi-process training on loopback: 2 CPU processes x 2 simulated devices, joined by jax.distributed (gloo
+collectives), train like 1 process x 4 devices, on a (4,) data mesh and a (2 data, 2 fsdp) mesh; the checkpoint the
+2 processes write together resumes in 1 process x 4 devices and in 1 process x 1 device, training continuing
+identically. The processes run `run.py train` exactly as a user would (see README, "Scaling out")."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+
+from test_sharded_training import (EXPERIMENT, assert_same_run, char_lm_flags, resume_from_step_2, train_here,
+                                   write_corpus)
+
+pytestmark = [pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)"),
+              pytest.mark.usefixtures("compilation_cache")]
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300  # per multi-process run, then its processes are killed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_on_loopback(flags: list[str], workdir, num_processes: int = 2, devices_per_process: int = 2,
+                      heartbeat_timeout: int = 30):
+    """`run.py train FLAGS` in `num_processes` processes joined on 127.0.0.1: (processes, their log files)."""
+    port = free_port()
+    env = {name: value for name, value in os.environ.items()  # both would write the same cache entries at once
+           if name not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
+    logs = [workdir.parent / f"{workdir.name}.process{i}.log" for i in range(num_processes)]
+    procs = [subprocess.Popen(
+        [sys.executable, "run.py", "train", f"--workdir={workdir}", *flags,
+         f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}", f"--process_id={i}",
+         "--initialization_timeout=60", f"--heartbeat_timeout={heartbeat_timeout}"],
+        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
+    return procs, logs
+
+
+def outputs(procs, logs) -> str:
+    return "\n".join(f"--- process {i} (exit {p.returncode}):\n{log.read_text()[-3000:]}"
+                     for i, (p, log) in enumerate(zip(procs, logs)))
+
+
+def train_on_loopback(text_path, mesh, workdir) -> None:
+    """The char LM trained by 2 processes x 2 devices; fails with their output if any fails or hangs."""
+    procs, logs = start_on_loopback([f"--config={EXPERIMENT}", *char_lm_flags(text_path, mesh)], workdir)
+    try:
+        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if codes != [0] * len(procs):
+        pytest.fail(f"multi-process run failed or exceeded {TIMEOUT_S}s:\n{outputs(procs, logs)}")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The corpus, the 1 process x 4 devices reference run `one_process/`, a 2-process run on a (4,) data mesh."""
+    root = tmp_path_factory.mktemp("loopback")
+    write_corpus(root / "text.txt")
+    train_here(root / "text.txt", (4, 1, 1), root / "one_process")
+    train_on_loopback(root / "text.txt", (4, 1, 1), root / "two_processes_4x1x1")
+    return root
+
+
+@pytest.mark.parametrize("mesh", [(4, 1, 1), (2, 2, 1)], ids=lambda m: "x".join(map(str, m)))
+def test_two_processes_train_like_one(root, mesh):
+    workdir = root / f"two_processes_{'x'.join(map(str, mesh))}"
+    if not workdir.is_dir():
+        train_on_loopback(root / "text.txt", mesh, workdir)
+    assert_same_run(workdir, root / "one_process")
+
+
+@pytest.mark.parametrize("mesh", [(4, 1, 1), (1, 1, 1)], ids=["1x4_devices", "1x1_device"])
+def test_checkpoint_of_two_processes_resumes_in_one(root, mesh):
+    """Written by 2 processes x 2 devices at step 2, resumed by 1 process: step 4 as in the uninterrupted run."""
+    resumed = root / f"resumed_{'x'.join(map(str, mesh))}"
+    resume_from_step_2(root / "two_processes_4x1x1", resumed)
+    train_here(root / "text.txt", mesh, resumed)
+    assert_same_run(resumed, root / "two_processes_4x1x1")
+
+
+def test_a_dead_process_stops_the_other(tmp_path):
+    """SIGKILL one process once both have joined: the other exits with an error within the heartbeat timeout."""
+    heartbeat_timeout = 5
+    procs, logs = start_on_loopback(["--config.train.steps=100000", "--config.mesh.data=4"], tmp_path / "run",
+                                    heartbeat_timeout=heartbeat_timeout)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while "[Gloo]" not in logs[0].read_text():  # printed once the processes share a collective
+            assert time.monotonic() < deadline and procs[0].poll() is None, outputs(procs, logs)
+            time.sleep(0.5)
+        procs[1].kill()
+        killed = time.monotonic()
+        code = procs[0].wait(timeout=TIMEOUT_S)
+        waited = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert code != 0 and waited < heartbeat_timeout + 60, outputs(procs, logs)
+    said = logs[0].read_text()
+    assert "another task died" in said or "Connection reset by peer" in said, outputs(procs, logs)

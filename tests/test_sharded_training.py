@@ -1,0 +1,86 @@
+"""Sharded training on 8 simulated CPU devices (tests/conftest.py asks XLA for them): the same run on meshes
+(data, fsdp, tensor) = (8,1,1), (2,2,2), (1,1,8) takes the same steps as on one device, and a checkpoint written
+under one mesh resumes under another, the run continuing as if it never stopped."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from txjax.config import from_command_line
+from txjax.experiment import CHECKPOINT_DIR, load_workdir
+from txjax.metrics_log import read_metrics
+from txjax.train import train
+
+pytestmark = [pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),
+              pytest.mark.usefixtures("compilation_cache")]
+
+STEPS = 4
+EXPERIMENT = "experiments/shakespeare_char.py"
+
+
+def write_corpus(path, num_chars: int = 20_000) -> None:
+    """Random words over 64 characters (so the vocabulary splits 8 ways over the tensor axis)."""
+    chars = np.array(list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"))
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(chars, size=rng.integers(1, 8))) for _ in range(num_chars // 5)]
+    path.write_text(" ".join(words)[:num_chars - 1] + "\n")
+
+
+def char_lm_flags(text_path, mesh: tuple[int, int, int]) -> list[str]:
+    """experiments/shakespeare_char.py's shape (4 layers, 4 heads, d_model 128, context 64) on `text_path`, batch 16
+    (divisible by 8 devices), STEPS steps, a checkpoint every 2, laid out on `mesh` = (data, fsdp, tensor)."""
+    fields = {"data.path": text_path, "train.steps": STEPS, "train.batch_size": 16, "train.warmup_steps": 2,
+              "train.log_every": 1, "train.eval_every": 0, "train.checkpoint_every": 2, "train.keep_checkpoints": 5,
+              "mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]}
+    return [f"--config.{name}={value}" for name, value in fields.items()]
+
+
+def train_here(text_path, mesh, workdir) -> None:
+    """Trains in this process (8 devices: a mesh of fewer uses the first ones)."""
+    train(from_command_line(EXPERIMENT, char_lm_flags(text_path, mesh)), workdir)
+
+
+def train_losses(workdir) -> list[float]:
+    return [r["loss"] for r in read_metrics(workdir) if r["split"] == "train"]
+
+
+def assert_same_run(workdir, reference) -> None:
+    """Same per-step losses and final parameters (float tolerance: sums run in another order on other meshes)."""
+    np.testing.assert_allclose(train_losses(workdir), train_losses(reference), rtol=1e-5)
+    a, b = load_workdir(workdir).params, load_workdir(reference).params
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-4, atol=2e-5), a, b)
+
+
+def resume_from_step_2(workdir, copy) -> None:
+    """A copy of `workdir` as if the run had stopped right after its step-2 checkpoint."""
+    shutil.copytree(workdir, copy)
+    shutil.rmtree(copy / CHECKPOINT_DIR / str(STEPS))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A folder with the corpus and the one-device reference run in `one/`."""
+    root = tmp_path_factory.mktemp("sharded")
+    write_corpus(root / "text.txt")
+    train_here(root / "text.txt", (1, 1, 1), root / "one")
+    return root
+
+
+@pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 2, 2), (1, 1, 8)], ids=lambda m: "x".join(map(str, m)))
+def test_mesh_trains_like_one_device(root, mesh):
+    workdir = root / "x".join(map(str, mesh))
+    train_here(root / "text.txt", mesh, workdir)
+    assert_same_run(workdir, root / "one")
+
+
+def test_checkpoint_resumes_under_another_mesh(root):
+    """Saved at step 2 on (2,2,2) (by the test above), resumed on (1,1,8): step 4 as in the uninterrupted run."""
+    if not (root / "2x2x2").is_dir():
+        train_here(root / "text.txt", (2, 2, 2), root / "2x2x2")
+    resume_from_step_2(root / "2x2x2", root / "resumed")
+    train_here(root / "text.txt", (1, 1, 8), root / "resumed")
+    assert_same_run(root / "resumed", root / "one")
