@@ -71,14 +71,14 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
     cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
     lq, lk = len(query_labels), len(key_labels)
-    cell = min(0.3, 8.0 / max(lq, lk))  # inches per token: labels readable, figures bounded
-    fontsize = max(4.0, min(9.0, 26.0 * cell))
+    cell = min(0.3, 10.0 / max(lq, lk))  # inches per token: labels readable, figures bounded
+    fontsize = max(4.0, min(9.0, 0.6 * 72 * cell))  # a label takes 60% of its cell's height (72 points an inch)
     norm = matplotlib.colors.PowerNorm(0.5, vmin=0.0, vmax=1.0)  # sqrt colour scale: weak weights stay visible
     fig, axes = plt.subplots(rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)),
                              squeeze=False, constrained_layout=True)
     for ax, (name, w_QxK) in zip(axes.flat, panels):
         im = ax.imshow(w_QxK, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
-        ax.set_title(name, fontsize=fontsize + 1)
+        ax.set_title(name, fontsize=10)
         ax.set_xticks(range(lk), key_labels, rotation=90, fontsize=fontsize)
         ax.set_yticks(range(lq), query_labels, fontsize=fontsize)
         ax.set_xlabel("keys", fontsize=fontsize)
