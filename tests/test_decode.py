@@ -245,8 +245,8 @@ def test_lm_beam_size_one_equals_greedy():
     assert beam.ids == lm_greedy().ids
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_beam_search_scores_at_least_greedy(alpha):
+def test_beam_search_scores_at_least_greedy():
+    alpha = 0.6
     model, params = seq2seq("rope")
     greedy = seq2seq_greedy()
     beam = decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS,
@@ -279,3 +279,45 @@ def test_unencodable_prompt_is_a_value_error():
     from txjax.data import CharTokenizer
     with pytest.raises(ValueError, match="not in the char tokenizer"):
         decode.encode_prompt(CharTokenizer("abc"), "abz")
+
+
+# ---------------------------------------------------------------- beyond the context, from a workdir
+
+
+def test_generate_windowed_is_generate_while_it_fits_then_slides():
+    model, params = lm("rope")  # max_len 24
+    prompt = list(LM_PROMPTS[1])  # 6 tokens: the first chunk generates 24 - 6 + 1 = 19, then chunks of 24 - 12 + 1
+    (long,) = decode.generate_windowed(model, params, prompt, max_new_tokens=19 + 13, keep=12)
+    assert len(long) == 32 and long[:19] == decode.generate(model, params, [prompt], max_new_tokens=19).ids[0]
+    restart = (prompt + long[:19])[-12:]  # the second chunk continues from the last 12 tokens alone
+    assert long[19:] == decode.generate(model, params, [restart], max_new_tokens=13).ids[0]
+
+
+def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
+    """`run.py generate` and the BLEU/chrF of evaluation on an (untrained) encoder-decoder run."""
+    import run
+    from txjax import config as config_lib, evaluate, experiment
+    from txjax.data import CharTokenizer, ParallelDataset
+
+    pairs = [("a cat", "un gato"), ("the dog", "el perro"), ("a dog", "un perro"), ("the cat", "el gato")]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    tokenizer = CharTokenizer.from_text("".join(s + t for s, t in pairs), specials=True)
+    config = config_lib.base_config()
+    config.unlock()
+    config.update(family="encoder_decoder")
+    config.data.update(kind="parallel")
+    config.decode.update(max_new_tokens=8, beam_size=2)
+    model = EncoderDecoder(tiny(vocab_size=tokenizer.vocab_size))
+    params = random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
+    fake_run = experiment.Run(config, model, tokenizer, params, step=0)
+    monkeypatch.setattr(experiment, "load_workdir", lambda workdir: fake_run)
+
+    assert run.main(["generate", "--workdir=unused", "--prompt=the cat"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1  # one translation (beam search; maybe empty, untrained)
+    assert run.main(["generate", "--workdir=unused", "--prompt=the cat!"]) == 2  # '!' is not in the vocab
+    assert capsys.readouterr().err.count("\n") == 1
+
+    dataset = ParallelDataset(tmp_path / "pairs.tsv", tokenizer, max_src_len=12, max_tgt_len=12)
+    metrics = evaluate.generation_metrics(fake_run, dataset, batch_size=4)
+    assert capsys.readouterr().out.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100 and metrics["bleu_signature"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Sequence
 
 import flax.struct
@@ -459,6 +460,7 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
     if kwargs.get("num_samples", 1) != 1:
         raise ValueError("decode_all gives one output per input: num_samples must be 1")
     model, params = for_decoding(model, params)
+    batch_size = min(batch_size, len(inputs))
     run = translate if isinstance(model, EncoderDecoder) else generate
     length = {"src_len" if run is translate else "prompt_len": max(map(len, inputs))}
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
@@ -472,6 +474,38 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
         for j, i in enumerate(rows):
             ids[i], stopped[i], scores[i] = out.ids[j], out.stopped[j], out.scores[j]
     return Generation(ids=ids, scores=scores, stopped=stopped, steps=max(out.steps for _, out in outs))
+
+
+def generate_windowed(model: DecoderLM, params, prompt: Sequence[int], *, max_new_tokens: int, keep: int | None = None,
+                      num_samples: int = 1, seed: int = 0, pad_id: int | None = None, **strategy) -> list[list[int]]:
+    """Sampling beyond the model's context (nanoGPT's sample.py crops the sequence to its last max_len tokens):
+    generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
+    with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
+    which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the num_samples
+    continuations (ids, cut at EOS). Chunks after the first have one shape: at most three compilations."""
+    max_len = model.cfg.max_len
+    keep = keep or max_len // 2
+    if not 0 < keep < max_len:
+        raise ValueError(f"keep={keep} must be in [1, {max_len - 1}] (the context is max_len={max_len})")
+    prompt = list(prompt)[-max_len:]
+    model, params = for_decoding(model, params)
+    new = min(max_new_tokens, max_len - len(prompt) + 1)
+    out = generate(model, params, [prompt], max_new_tokens=new, num_samples=num_samples, seed=seed, pad_id=pad_id,
+                   **strategy)
+    seqs, stopped, generated = [prompt + ids for ids in out.ids], list(out.stopped), [list(ids) for ids in out.ids]
+    for chunk in itertools.count(1):
+        remaining = max_new_tokens - max(map(len, generated))
+        if remaining <= 0 or all(stopped):
+            break
+        new = min(remaining, max_len - keep + 1)
+        out = generate(model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk,
+                       pad_id=pad_id, **strategy)
+        for i, ids in enumerate(out.ids):
+            if not stopped[i]:  # a stopped row's continuation is computed (fixed shapes) and dropped
+                seqs[i] += ids
+                generated[i] += ids
+                stopped[i] = out.stopped[i]
+    return generated
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -493,8 +527,8 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
 
 def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list[str]:
     """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
-    include it), the encoder-decoder translates it. `overrides`: Strategy fields (None = the config's decode value).
-    One text per sample."""
+    include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
+    `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
     tokenizer, family = run.tokenizer, run.config.family
     seq2seq = family == "encoder_decoder"
     ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and not seq2seq, eos=seq2seq)
@@ -503,8 +537,11 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list
         out = translate(run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed,
                         **strategy)
         return [tokenizer.decode(row) for row in out.ids]
-    out = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy)
-    return [text + tokenizer.decode(row) for row in out.ids]
+    if strategy["beam_size"] is None:  # sampling may run past the context (generate_windowed)
+        rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
+    else:
+        rows = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy).ids
+    return [text + tokenizer.decode(row) for row in rows]
 
 
 def main(argv: list[str]) -> None:
