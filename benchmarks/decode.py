@@ -53,21 +53,23 @@ def build(shape: str, dtype: str):
     return model, params
 
 
-def median_s(fn, repeats: int) -> float:
-    """Median wall time of fn() (blocked on) over `repeats` calls after one untimed call (compilation)."""
+def timed_s(fn, repeats: int) -> tuple[float, float]:
+    """Median wall time and median CPU time (all threads of this process; steadier when other processes load the
+    cores) of fn() (blocked on) over `repeats` calls after one untimed call (compilation)."""
     jax.block_until_ready(fn())
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
-def cached_generation_s(model, params, n: int, repeats: int) -> float:
+def cached_generation_s(model, params, n: int, repeats: int) -> tuple[float, float]:
     strategy = decode.Strategy(max_new_tokens=n)
     prompt_1x1, lengths_1 = jnp.zeros((1, 1), jnp.int32), jnp.ones((1,), jnp.int32)
-    return median_s(lambda: decode.lm_generate_ids(model, params, strategy, 0, prompt_1x1, lengths_1,
+    return timed_s(lambda: decode.lm_generate_ids(model, params, strategy, 0, prompt_1x1, lengths_1,
                                                    jax.random.key(0)), repeats)
 
 
@@ -125,7 +127,7 @@ def recompute_generation(model, params, n: int) -> jax.Array:
 def recompute_step_s(model, params, length: int, repeats: int) -> float:
     """One recompute step (a full forward pass over `length` slots, as recompute_generation runs it)."""
     fn = recompute_fns(model, length)
-    return median_s(lambda: fn(params, jnp.zeros((1, length), jnp.int32), length - 1, length), repeats)
+    return timed_s(lambda: fn(params, jnp.zeros((1, length), jnp.int32), length - 1, length), repeats)[0]
 
 
 def recompute_estimate_s(model, params, n: int, repeats: int) -> float:
@@ -150,12 +152,13 @@ def main():
 
     rows = []
     for n in lengths:
-        cached = cached_generation_s(model, params, n, args.repeats)
+        cached, cached_cpu = cached_generation_s(model, params, n, args.repeats)
         estimate = recompute_estimate_s(model, params, n, 3)
         measured = estimate <= args.recompute_budget_s
         if measured:
-            recompute = median_s(lambda: recompute_generation(model, params, n), max(1, args.repeats // 2))
+            recompute = timed_s(lambda: recompute_generation(model, params, n), max(1, args.repeats // 2))[0]
         rows.append({"new_tokens": n, "cached_tokens_per_s": n / cached,
+                     "cached_cpu_us_per_token": 1e6 * cached_cpu / n,
                      "recompute_tokens_per_s": n / (recompute if measured else estimate),
                      "recompute": "measured" if measured else "est",
                      "speedup": (recompute if measured else estimate) / cached})
@@ -171,6 +174,7 @@ def main():
     summary = {
         "shape": args.shape, "dtype": args.dtype, "new_tokens": result["new_tokens"],
         "cached_tokens_per_s": result["cached_tokens_per_s"],
+        "cached_cpu_us_per_token": result["cached_cpu_us_per_token"],
         "recompute_tokens_per_s": result["recompute_tokens_per_s"],
         "recompute": result["recompute"],
         "cost_ratio_1024_vs_64": costs[1]["cached_ms_per_token"] / costs[0]["cached_ms_per_token"],
