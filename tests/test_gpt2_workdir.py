@@ -54,6 +54,11 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     assert len(out.ids[0]) == 5
     assert run.main(["attention", f"--workdir={workdir}", "--text=the lazy dog", "--head=1"]) == 0
     assert (workdir / "attention.png").read_bytes()[:4] == b"\x89PNG"
+    # fine-tuning starts from the imported weights and config (no --config: the workdir's config.json)
+    assert run.main(["train", f"--workdir={workdir}", "--config.train.steps=2", "--config.train.eval_batches=1"]) == 0
+    tuned = load_workdir(workdir)
+    assert tuned.step == 2 and tuned.model.cfg == CFG
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(tuned.params), jax.tree.leaves(params)))
 
 
 @pytest.mark.parametrize("flags, message", [

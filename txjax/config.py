@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 FAMILIES = ("decoder_lm", "encoder_decoder")
 DATA_KINDS = ("text", "parallel", "synthetic")
-TOKENIZERS = ("char", "byte", "sentencepiece", "task")
+TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe")  # byte_bpe: GPT-2's, from the workdir (import-gpt2)
 CONFIG_FILE = "config.json"
 
 
@@ -193,9 +193,12 @@ def resolve_data_path(path: str) -> Path:
     return p.resolve() if p.is_absolute() or p.exists() else (REPO / p).resolve()
 
 
-def from_command_line(experiment: str | None, overrides: list[str]) -> ml_collections.ConfigDict:
-    """Experiment file + overrides, validated: the config a run starts from."""
-    config = load_config(experiment)
+def from_command_line(experiment: str | None, overrides: list[str], workdir: Path | None = None
+                      ) -> ml_collections.ConfigDict:
+    """Experiment file + overrides, validated: the config a run starts from. Without an experiment file, a workdir
+    that already holds a config.json (a resumed or imported run, e.g. `run.py import-gpt2`) starts from that one."""
+    from_workdir = experiment is None and workdir is not None and (Path(workdir) / CONFIG_FILE).is_file()
+    config = load(workdir) if from_workdir else load_config(experiment)
     for flag in overrides:
         apply_override(config, flag)
     validate(config)

@@ -51,6 +51,9 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> Tokeniz
     elif kind == "char":  # seq2seq needs pad/bos/eos; a char LM keeps exactly the corpus' characters (nanoGPT)
         tokenizer = CharTokenizer.from_text(read_text(data_file(config, "train")),
                                             specials=config.data.kind == "parallel")
+    elif kind == "byte_bpe":
+        raise config_lib.ConfigError(f"data.tokenizer='byte_bpe' is read from {directory.resolve()}, which has no "
+                                     f"{TOKENIZER_FILE}: create the workdir with `run.py import-gpt2`")
     else:  # one SentencePiece model shared by both sides of a parallel file (every tab-separated field)
         tokenizer = SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)
     tokenizer.save(directory)

@@ -196,7 +196,7 @@ def main(argv: list[str]) -> None:
     for flag in overrides:
         if not flag.startswith("--config."):
             parser.error(f"unrecognized argument {flag}")
-    config = config_lib.from_command_line(args.config, overrides)
+    config = config_lib.from_command_line(args.config, overrides, args.workdir)
     distributed.initialize(args)
     workdir = args.workdir or Path("runs") / Path(args.config or config_lib.DEFAULT_EXPERIMENT).stem
     result = train(config, workdir)
