@@ -1,14 +1,14 @@
 """Number of attention heads at fixed d_model = 128: 1, 2, 4, 8 heads of d_k = 128, 64, 32, 16 (the same
 parameter count and FLOPs for the projections).
 
-shakespeare_char shape with 1000 instead of 2000 steps (CPU time), 3 seeds.
+shakespeare_char shape with 500 instead of 2000 steps (CPU time), 3 seeds.
 """
 
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "fixed": {"train.steps": 1000},
+        "fixed": {"train.steps": 500},
         "grid": {"model.num_heads": [1, 2, 4, 8]},
         "seeds": [0, 1, 2],
     }
