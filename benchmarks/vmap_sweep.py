@@ -1,19 +1,20 @@
 """Throughput of K runs trained together (jax.vmap over stacked train states) against the same K runs one by one.
 
-    python benchmarks/vmap_sweep.py [--steps=20] [--ks=4,8] [--experiment=experiments/shakespeare_char.py]
+    python benchmarks/vmap_sweep.py [--calls=10] [--ks=4,8] [--experiment=experiments/shakespeare_char.py]
 
-The runs are the experiment's shape (default shakespeare_char: 4 layers, 4 heads, d_model 128, context 64,
-batch 12) with different seeds and learning rates, on random tokens (no data file needed). Both ways use the same
-train_step function (txjax.train.train_step_function); timings exclude compilation (one warm-up step each).
-Prints a table, then one JSON line.
+The runs have the experiment's shape (default shakespeare_char: 4 layers, 4 heads, d_model 128, context 64,
+batch 12) and different seeds and learning rates, on random tokens (no data file needed). Both ways use the same
+train_step function (txjax.train.train_step_function): 'sequential' is one jitted step of each run in turn,
+'vmapped' one step of jit(vmap(train_step)) over the K stacked states. Calls are interleaved (common.time_calls),
+compilation excluded. Prints a table, writes results/vmap_sweep_PLATFORM.json and ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,59 +25,67 @@ from txjax.multirun import stack
 from txjax.train import train_step_function
 from txjax.train_state import init_state, make_optimizer, run_keys
 
+VOCAB = 65
 
-def random_batch(rng, batch_size: int, seq_len: int, vocab: int) -> dict:
-    tokens = rng.integers(0, vocab, (batch_size, seq_len + 1), dtype=np.int32)
+
+def random_batch(rng, batch_size: int, seq_len: int) -> dict:
+    tokens = rng.integers(0, VOCAB, (batch_size, seq_len + 1), dtype=np.int32)
     ones = np.ones((batch_size, seq_len), np.int32)
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": ones.astype(np.float32),
             "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)).copy(),
             "segment_ids": ones}
 
 
-def timed(step, state, batches, keys) -> float:
-    """Seconds per call of step over the batches, after one warm-up call (compilation)."""
-    state, metrics = step(state, batches[0], keys)
-    jax.block_until_ready(metrics)
-    began = time.perf_counter()
-    for batch in batches[1:]:
-        state, metrics = step(state, batch, keys)
-    jax.block_until_ready((state, metrics))
-    return (time.perf_counter() - began) / (len(batches) - 1)
+def variants(config, k: int) -> dict:
+    """{'sequential': one step of each of the K runs, 'vmapped': one vmapped step of all K}, each a fn()."""
+    t = config.train
+    model = build_model(config)
+    train_step = train_step_function(model, make_optimizer(t), t)
+    one_step = jax.jit(train_step, donate_argnums=0)
+    all_steps = jax.jit(jax.vmap(train_step), donate_argnums=0)
+    runs = [{**t.to_dict(), "seed": i, "learning_rate": t.learning_rate * (1 + i / k)} for i in range(k)]
+    states = [jax.jit(lambda r=r: init_state(model, make_optimizer(r), r["seed"]))() for r in runs]
+    keys = [run_keys(r["seed"])[1] for r in runs]
+    rng = np.random.default_rng(0)
+    batches = [jax.device_put(random_batch(rng, t.batch_size, config.data.seq_len)) for _ in runs]
+    stacked = {"state": stack(states), "batch": stack(batches), "keys": jnp.stack(keys)}
+
+    def sequential():
+        for i in range(k):
+            states[i], _ = one_step(states[i], batches[i], keys[i])
+        return states
+
+    def vmapped():
+        stacked["state"], _ = all_steps(stacked["state"], stacked["batch"], stacked["keys"])
+        return stacked["state"]
+
+    return {"sequential": sequential, "vmapped": vmapped}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default=str(config_lib.REPO / "experiments" / "shakespeare_char.py"))
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--ks", default="4,8")
     args = parser.parse_args()
+    common.warn_if_loaded()
     config = config_lib.load_config(args.experiment)
-    config.model.update(vocab_size=65, max_len=config.data.seq_len)
-    t, B, L = config.train, config.train.batch_size, config.data.seq_len
-    model = build_model(config)
-    train_step = train_step_function(model, make_optimizer(t), t)
-    rng = np.random.default_rng(0)
-    one_step = jax.jit(train_step, donate_argnums=0)
-    many_steps = jax.jit(jax.vmap(train_step), donate_argnums=0)
-    results = {}
-    print(f"{'K':>3} {'sequential tok/s':>17} {'vmapped tok/s':>14} {'speed-up':>9}")
+    config.model.update(vocab_size=VOCAB, max_len=config.data.seq_len)
+    tokens = config.train.batch_size * config.data.seq_len  # per run and step
+    rows = []
     for k in [int(x) for x in args.ks.split(",")]:
-        configs = [config.train.copy_and_resolve_references() for _ in range(k)]
-        for i, c in enumerate(configs):
-            c.update(seed=i, learning_rate=t.learning_rate * (1 + i / k))
-        states = [jax.jit(lambda c=c: init_state(model, make_optimizer(c), c.seed))() for c in configs]
-        keys = [run_keys(c.seed)[1] for c in configs]
-        batches = [[jax.device_put(random_batch(rng, B, L, 65)) for _ in range(args.steps + 1)] for _ in configs]
-        stacked_states = stack(states)  # before the sequential runs donate the states' buffers
-        stacked_batches = [stack([b[i] for b in batches]) for i in range(args.steps + 1)]
-        sequential = sum(timed(one_step, s, b, key) for s, b, key in zip(states, batches, keys))  # s per K steps
-        vmapped = timed(many_steps, stacked_states, stacked_batches, jnp.stack(keys))
-        r = results[f"k{k}"] = {"sequential_tokens_per_s": k * B * L / sequential,
-                                "vmapped_tokens_per_s": k * B * L / vmapped, "speedup": sequential / vmapped}
-        print(f"{k:>3} {r['sequential_tokens_per_s']:>17,.0f} {r['vmapped_tokens_per_s']:>14,.0f} "
-              f"{r['speedup']:>8.2f}x")
-    print(json.dumps({"benchmark": "vmap_sweep", "shape": f"{config.model.num_layers}L/{config.model.num_heads}H/"
-                      f"d{config.model.d_model}/ctx{L}/batch{B}", "steps": args.steps, **results}))
+        timings = common.time_calls(variants(config, k), args.calls, warmup=1, rounds=2)
+        row = {"K": k}
+        for name, s in timings.items():
+            row |= {f"{name}_ms": s["median_ms"], f"{name}_tokens_per_s": k * tokens / (s["median_ms"] / 1e3),
+                    f"{name}_cpu_ms": s["cpu_ms"]}
+        rows.append(row | {"speedup": row["sequential_ms"] / row["vmapped_ms"]})
+    print(common.table(rows))
+    shape = (f"{config.model.num_layers}L/{config.model.num_heads}H/d{config.model.d_model}/ctx{config.data.seq_len}"
+             f"/batch{config.train.batch_size}")
+    payload = {"benchmark": "vmap_sweep", "shape": shape, "calls": args.calls, "rows": rows}
+    common.save("vmap_sweep", payload)
+    print(json.dumps({**payload, "load_average_1min": common.machine()["load_average_1min"]}))
 
 
 if __name__ == "__main__":
