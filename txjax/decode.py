@@ -160,8 +160,9 @@ def decode_step(model, params, cache, tokens_N, positions_N, src_segment_ids_NxS
 
 def for_decoding(model, params):
     """The same model with its layers unrolled (scan_layers=False, params via unstack_layers) for decoding: under
-    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache, which on CPU
-    costs more than the step itself (measured in benchmarks/decode.py)."""
+    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache. Measured on
+    this CPU (256 new tokens, batch 1): 1,560 -> 3,780 tokens/s for the shakespeare_char shape, 10 -> 33 for GPT-2
+    small."""
     if not model.cfg.scan_layers:
         return model, params
     return model.clone(cfg=dataclasses.replace(model.cfg, scan_layers=False)), unstack_layers(params)
@@ -313,7 +314,8 @@ def _run_search(model, params, strategy: Strategy, pad_id: int, rng, cache, firs
     """Tile the prefilled cache to K rows per prompt, search, return (tokens [B*K', T], scores [B*K'], steps) where
     K' = num_samples for sampling and 1 (the best hypothesis) for beam search; steps: loop steps taken."""
     k = strategy.rows_per_prompt
-    cache = gather_rows(cache, jnp.repeat(jnp.arange(first_logits_BxV.shape[0]), k))
+    if k > 1:
+        cache = gather_rows(cache, jnp.repeat(jnp.arange(first_logits_BxV.shape[0]), k))
     src_segment_ids_NxS = None if src_segment_ids_BxS is None else tile_rows(src_segment_ids_BxS, k)
 
     def tokens_to_logits(tokens_N, positions_N, cache):
