@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from txjax import positional
+from txjax import positional, precision
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
 
@@ -40,7 +40,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None):
 def attention_weights(q, k, mask=None, *, bias=None, scale=None):
     """The probabilities softmax(mask(q k^T * scale + bias)) over keys: [..., n_q, n_k], float32."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=jnp.float32) * scale
+    scores = precision.einsum("...qd,...kd->...qk", q, k, out_dtype=jnp.float32) * scale
     if bias is not None:
         scores = scores + bias
     if mask is None:
@@ -51,8 +51,8 @@ def attention_weights(q, k, mask=None, *, bias=None, scale=None):
 
 
 def attention_output(probs, v):
-    """probs @ v: [..., n_q, n_k] x [..., n_k, d_v] -> [..., n_q, d_v] in v's dtype."""
-    return jnp.einsum("...qk,...kd->...qd", probs.astype(v.dtype), v)
+    """probs @ v: [..., n_q, n_k] x [..., n_k, d_v] -> [..., n_q, d_v] in v's dtype (float32 sums)."""
+    return precision.einsum("...qk,...kd->...qd", probs.astype(v.dtype), v)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class MultiHeadAttention(nn.Module):
 
         def proj(name, heads, inp, spec):
             w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
-            out = jnp.einsum("bld,dhk->blhk", inp.astype(self.dtype), w.astype(self.dtype))
+            out = precision.einsum("bld,dhk->blhk", inp.astype(self.dtype), w.astype(self.dtype))
             if self.use_bias:
                 out = out + self.param(f"{name}_bias", nn.with_logical_partitioning(
                     nn.initializers.zeros, spec[1:]), (heads, self.head_dim)).astype(self.dtype)
@@ -189,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std),
                                                                ("heads", "kv", "embed")),
                            (self.num_heads, self.head_dim, d_model))
-        y_BxLxD = jnp.einsum("blhk,hkd->bld", out_BxLxHxK, w_out.astype(self.dtype))
+        y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
         if self.use_bias:
             y_BxLxD = y_BxLxD + self.param("out_bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, ("embed",)), (d_model,)).astype(self.dtype)

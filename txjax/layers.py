@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import flax.linen as nn
 
+from txjax import precision
 from txjax.attention import MultiHeadAttention
 
 ACTIVATIONS = {
@@ -25,8 +26,9 @@ NORMS = ("layernorm", "rmsnorm")
 
 
 def dense(features, axes, use_bias, dtype, name, std):
-    """A Linear layer, kernel ~ N(0, std^2), whose parameters carry logical axis names (for the sharding rules)."""
-    return nn.Dense(features, use_bias=use_bias, dtype=dtype, name=name,
+    """A Linear layer, kernel ~ N(0, std^2), whose parameters carry logical axis names (for the sharding rules);
+    in a low-precision dtype its products accumulate in float32 (txjax.precision)."""
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype, name=name, dot_general=precision.dense_dot_general,
                     kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 

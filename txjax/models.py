@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from txjax import positional
+from txjax import positional, precision
 from txjax.attention import causal_mask, segment_mask
 from txjax.layers import ACTIVATIONS, NORMS, Block, make_norm
 
@@ -131,6 +131,7 @@ class Embedder(nn.Module):
                 nn.initializers.normal(cfg.init_std), ("position", "embed")))
         if not cfg.tie_embeddings:
             self.lm_head = nn.DenseGeneral(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+                                           dot_general=precision.dense_dot_general,
                                            kernel_init=nn.with_logical_partitioning(
                                                nn.initializers.normal(cfg.init_std), ("embed", "vocab")))
 
@@ -144,11 +145,13 @@ class Embedder(nn.Module):
         return x_BxLxD.astype(cfg.compute_dtype)
 
     def logits(self, x_BxLxD):
-        """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head."""
+        """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product
+        in the compute dtype (x comes from a float32 norm), accumulated in float32."""
+        x_BxLxD = x_BxLxD.astype(self.cfg.compute_dtype)
         if not self.cfg.tie_embeddings:
             return self.lm_head(x_BxLxD).astype(jnp.float32)
-        return jnp.einsum("bld,vd->blv", x_BxLxD, self.tokens.embedding.astype(x_BxLxD.dtype),
-                          preferred_element_type=jnp.float32)
+        return precision.einsum("bld,vd->blv", x_BxLxD, self.tokens.embedding.astype(x_BxLxD.dtype),
+                                out_dtype=jnp.float32)
 
 
 class Stack(nn.Module):
