@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 
 from txjax.config import from_command_line
-from txjax.experiment import CHECKPOINT_DIR, load_workdir
+from txjax.distributed import run_mesh
+from txjax.evaluate import evaluate, make_eval_step
+from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.metrics_log import read_metrics
+from txjax.objective import init_params, params_shardings
+from txjax.sharding import global_batch
 from txjax.train import train
 
 pytestmark = [pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),
@@ -84,3 +88,19 @@ def test_checkpoint_resumes_under_another_mesh(root):
     resume_from_step_2(root / "2x2x2", root / "resumed")
     train_here(root / "text.txt", (1, 1, 8), root / "resumed")
     assert_same_run(root / "resumed", root / "one")
+
+
+def test_many_eval_steps_dispatched_at_once_do_not_deadlock():
+    """100 eval steps with every batch ready at once: without distributed.InFlight, XLA:CPU queues more than 32 on
+    each of the 8 devices and their all-reduces deadlock (the process aborts); with it they finish."""
+    config = from_command_line(None, ["--config.model.num_layers=1", "--config.model.d_model=32",
+                                      "--config.model.num_heads=2", "--config.model.d_ff=64",
+                                      "--config.model.vocab_size=16", "--config.model.max_len=8"])
+    config.mesh.data = 8
+    model, mesh = build_model(config), run_mesh(config.mesh)
+    params = jax.jit(lambda: init_params(model, jax.random.key(0)), out_shardings=params_shardings(model, mesh))()
+    tokens_8x8 = np.arange(64, dtype=np.int32).reshape(8, 8) % 16
+    batch = {"inputs": tokens_8x8, "targets": tokens_8x8, "weights": np.ones((8, 8), np.float32),
+             "positions": np.tile(np.arange(8, dtype=np.int32), (8, 1)), "segment_ids": np.ones((8, 8), np.int32)}
+    metrics = evaluate(make_eval_step(model, mesh), params, [global_batch(batch, mesh)] * 100)
+    assert metrics["tokens"] == 100 * 64

@@ -15,6 +15,7 @@ A process that dies is noticed by the others within --heartbeat_timeout seconds,
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import os
 import sys
@@ -95,3 +96,22 @@ def run_mesh(mesh_config) -> Mesh:
 def first_device_mesh() -> Mesh:
     """The one-device mesh that code given no mesh runs on (jax.devices()[0], as unsharded jax code would)."""
     return make_mesh(devices=jax.devices()[:1])
+
+
+class InFlight:
+    """Keeps at most `limit` dispatched steps unfinished: `add(outputs)` waits for the oldest beyond that.
+
+    XLA:CPU queues at most 32 computations per device; with more dispatched ahead, steps whose collectives span
+    several devices of one process deadlock (measured, jax 0.10.2 on 2 cores: a (8,1,1) mesh of simulated devices
+    with 100 train steps in flight, or 2 processes x 2 devices with 33 eval steps in flight, hang for good; 31 do
+    not). Eight steps ahead keep one device or an accelerator just as busy.
+    """
+
+    def __init__(self, limit: int = 8):
+        self.limit, self.queue = limit, collections.deque()
+
+    def add(self, outputs):
+        self.queue.append(outputs)
+        if len(self.queue) > self.limit:
+            jax.block_until_ready(self.queue.popleft())
+        return outputs

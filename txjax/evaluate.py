@@ -47,8 +47,9 @@ def make_eval_step(model, mesh: Mesh | None = None):
 
 
 def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
-    """Metrics over `batches` (an iterable of eval batches; the steps are dispatched without waiting)."""
-    per_batch = [eval_step(params, batch) for batch in batches]
+    """Metrics over `batches` (an iterable of eval batches; the steps are dispatched a few ahead)."""
+    in_flight = distributed.InFlight()
+    per_batch = [in_flight.add(eval_step(params, batch)) for batch in batches]
     total = {k: float(np.sum([np.float64(s[k]) for s in jax.device_get(per_batch)])) for k in per_batch[0]}
     loss = total["loss"] / max(total["weight"], 1.0)
     metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),

@@ -6,7 +6,8 @@ train_step(state, batch) -> (state, metrics), compiled once, the state's buffers
     theta, opt_state <- AdamW(clip(g))                 (txjax.train_state)
 Step s draws dropout masks from fold_in(dropout key, s), batch k is a pure function of (seed, k) and checkpoints
 hold the whole state, so a resumed run takes the same steps as one that never stopped (bit for bit on CPU).
-The loop reads values back from the device only every log_every steps and before a save or an eval.
+The loop reads values back from the device only every log_every steps and before a save or an eval, and runs at
+most 8 steps ahead of the device (distributed.InFlight: more deadlock XLA:CPU meshes).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from txjax import config as config_lib, distributed
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
-from txjax.distributed import barrier, first_device_mesh, is_lead, run_mesh
+from txjax.distributed import InFlight, barrier, first_device_mesh, is_lead, run_mesh
 from txjax.evaluate import eval_batches, evaluate, make_eval_step, write_metrics
 from txjax.experiment import (CHECKPOINT_DIR, build_dataset, build_model, build_tokenizer, fill_model_sizes,
                               load_workdir)
@@ -147,11 +148,11 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
                        for k in range(start, t.steps))
     tokens_key = batch_keys(model)[0][0]
     deadline = time.monotonic() + 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
-    began, step, pending, tokens, record = time.monotonic(), start, [], 0, None
+    began, step, pending, tokens, record, in_flight = time.monotonic(), start, [], 0, None, InFlight()
     try:
         for step, batch in zip(range(start + 1, t.steps + 1), batches):  # step: optimizer steps done after it
             state, metrics = train_step(state, batch)
-            pending.append(metrics)
+            pending.append(in_flight.add(metrics))
             tokens += batch[tokens_key].size
             last = step == t.steps or time.monotonic() > deadline
             save = last or step % t.checkpoint_every == 0
