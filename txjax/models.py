@@ -54,7 +54,7 @@ class ModelConfig:
     use_bias: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
-    dtype: str = "float32"  # computation dtype; parameters are always float32
+    dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
     attention_impl: str = "reference"
     attention_scale: str = "sqrt"
     scan_layers: bool = True
@@ -142,7 +142,7 @@ class Embedder(nn.Module):
             x_BxLxD = x_BxLxD + self.positions(positions_BxL)
         elif cfg.positional == "sinusoidal":
             x_BxLxD = x_BxLxD + positional.sinusoidal(positions_BxL, cfg.d_model)
-        return x_BxLxD.astype(cfg.compute_dtype)
+        return x_BxLxD  # float32: the residual stream stays float32, each matmul casts its inputs (txjax.precision)
 
     def logits(self, x_BxLxD):
         """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product
