@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # `python benchmarks/X.py` from a fresh clone, without installing txjax
+sys.path.insert(1, str(REPO))  # `python benchmarks/X.py` from a fresh clone, without installing txjax
 
 import jax  # noqa: E402
 

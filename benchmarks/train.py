@@ -45,29 +45,17 @@ SHAPES = {  # name -> (experiment file, overrides of its config)
         "model.num_heads": 12, "model.d_model": 768, "model.d_ff": 3072, "model.activation": "gelu_tanh",
         "model.use_bias": True, "train.batch_size": 8}),
     "marian_small": ("bible_en_es.py", {  # the Hugging Face MarianMTModel peer of issue 8, its size forced
-        "model.vocab_size": 0, "data.vocab_size": 8000, "model.d_model": 256, "model.num_layers": 3,
+        "model.vocab_size": 8000, "model.max_len": 128, "data.vocab_size": 8000, "model.d_model": 256, "model.num_layers": 3,
         "model.num_encoder_layers": 3, "model.num_heads": 4, "model.num_kv_heads": None, "model.d_ff": 1024,
         "model.dropout": 0.1, "model.share_embeddings": True, "model.tie_embeddings": True}),
 }
 CPU_BATCH = {"gpt2_small": 1}  # a few steps at a small batch: one GPT-2 step at batch 8 takes ~half a minute here
-MARIAN_FALLBACK = {  # bible_en_es.py's stand-in while the experiment file does not exist
-    "family": "encoder_decoder", "data.kind": "parallel", "data.path": "../shared/data/bible/train.en-es.tsv",
-    "data.tokenizer": "sentencepiece", "data.max_src_len": 128, "data.max_tgt_len": 128, "data.pack": True,
-    "train.batch_size": 12, "train.label_smoothing": 0.1, "model.positional": "sinusoidal",
-    "model.activation": "relu", "model.embed_scale": True}
-
-
 def build_config(shape: str, overrides: list[str]):
     """The experiment's config with the shape's overrides, then the command line's."""
     experiment, shape_overrides = SHAPES[shape]
-    path = EXPERIMENTS / experiment
-    config = config_lib.load_config(path if path.is_file() else None)
-    if not path.is_file():
-        shape_overrides = {**MARIAN_FALLBACK, **shape_overrides}
+    config = config_lib.load_config(EXPERIMENTS / experiment)
     for key, value in shape_overrides.items():
-        if key == "family":
-            config.family = value
-        elif value is None:
+        if value is None:
             config_lib.apply_override(config, f"--config.{key}=None")
         else:
             config_lib.apply_override(config, f"--config.{key}={json.dumps(value) if isinstance(value, bool) else value}")
@@ -92,8 +80,6 @@ def seq2seq_batches(config, n: int = 16):
     with config_lib.user_errors():
         tokenizer = build_tokenizer(config, workdir)
         data = build_dataset(config, tokenizer, "train")
-    config.model.vocab_size = config.model.vocab_size or tokenizer.vocab_size
-    config.model.max_len = config.model.max_len or max(config.data.max_src_len, config.data.max_tgt_len)
     return [data.batch(config.train.seed, k, config.train.batch_size) for k in range(n)]
 
 
@@ -164,8 +150,7 @@ def main():
     fns = {}
     for dtype, impl in variants:
         config = build_config(args.shape, overrides)
-        config.model.update(vocab_size=base.model.vocab_size, max_len=base.model.max_len, dtype=dtype,
-                            attention_impl=impl)
+        config.model.update(dtype=dtype, attention_impl=impl)
         run, cycle = stepper(config), itertools.cycle(device_batches)
         fns[(dtype, impl)] = lambda run=run, cycle=cycle: run(next(cycle))
     timings = common.time_calls(fns, steps, args.warmup, args.rounds or max(1, steps // 5))
