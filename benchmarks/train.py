@@ -1,9 +1,11 @@
 """Training throughput of txjax's own train_step (txjax.train.make_train_step): tokens/s, ms/step and MFU.
 
     python benchmarks/train.py --shape=shakespeare_char|baby_gpt|gpt2_small|marian_small
-        [--dtype=float32,bfloat16] [--attention=reference,fused] [--steps=N] [--batch_size=N] [--model.FIELD=V ...]
+        [--dtype=float32,bfloat16] [--attention=reference,fused] [--scan_layers=true,false] [--steps=N]
+        [--batch_size=N] [--model.FIELD=V ...]
 
-Every variant (dtype x attention implementation) is compiled once, then timed per step after warm-up, the
+Every variant (dtype x attention implementation x layer stacking; the stacking defaults to the experiment's) is
+compiled once, then timed per step after warm-up, the
 variants interleaved in rounds (a loaded machine slows them alike); ms/step is the median, min and max of the timed
 steps. The batches are built once and live on the device, so this measures the step, not the input pipeline
 (the training loop prefetches batches in a background thread).
@@ -50,6 +52,7 @@ SHAPES = {  # name -> (experiment file, overrides of its config)
         "model.dropout": 0.1, "model.share_embeddings": True, "model.tie_embeddings": True}),
 }
 CPU_BATCH = {"gpt2_small": 1}  # a few steps at a small batch: one GPT-2 step at batch 8 takes ~half a minute here
+CPU_STEPS = {"shakespeare_char": 50, "baby_gpt": 10, "gpt2_small": 3, "marian_small": 12}  # timed steps per variant
 def build_config(shape: str, overrides: list[str]):
     """The experiment's config with the shape's overrides, then the command line's."""
     experiment, shape_overrides = SHAPES[shape]
@@ -123,7 +126,8 @@ def main():
     parser.add_argument("--shape", required=True, choices=SHAPES)
     parser.add_argument("--dtype", default="float32,bfloat16", help="comma-separated compute dtypes")
     parser.add_argument("--attention", default="reference,fused", help="comma-separated attention_impl values")
-    parser.add_argument("--steps", type=int, help="timed steps per variant (default: 30; GPT-2 small on CPU: 3)")
+    parser.add_argument("--scan_layers", help="comma-separated true/false (default: the experiment's)")
+    parser.add_argument("--steps", type=int, help=f"timed steps per variant (default: 30; CPU: {CPU_STEPS})")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     parser.add_argument("--rounds", type=int, help="interleaving rounds (default: steps/5, at least 1)")
     parser.add_argument("--batch_size", type=int, help="rows per step (default: the shape's)")
@@ -135,31 +139,33 @@ def main():
     batch_size = args.batch_size or (CPU_BATCH[args.shape] if small else None)
     if batch_size:
         overrides.append(f"--config.train.batch_size={batch_size}")
-    steps = args.steps or (3 if small else 30)
+    steps = args.steps or (CPU_STEPS[args.shape] if on_cpu else 30)
     common.warn_if_loaded()
 
     base = build_config(args.shape, overrides)
     batches = seq2seq_batches(base) if base.family == "encoder_decoder" else lm_batches(base)
-    default = (base.model.dtype, base.model.attention_impl)
-    variants = list(itertools.product(args.dtype.split(","), args.attention.split(",")))
+    default = (base.model.dtype, base.model.attention_impl, base.model.scan_layers)
+    stacking = [s.lower() == "true" for s in args.scan_layers.split(",")] if args.scan_layers else [default[2]]
+    variants = list(itertools.product(args.dtype.split(","), args.attention.split(","), stacking))
     variants = variants if default in variants else [default, *variants]
     peak = common.peak_gflops()
     flops, tokens = flops_per_step(base, batches[0]), tokens_per_step(base, batches)
     device_batches = [jax.device_put(b) for b in batches]
 
     fns = {}
-    for dtype, impl in variants:
+    for dtype, impl, scan in variants:
         config = build_config(args.shape, overrides)
-        config.model.update(dtype=dtype, attention_impl=impl)
+        config.model.update(dtype=dtype, attention_impl=impl, scan_layers=scan)
         run, cycle = stepper(config), itertools.cycle(device_batches)
-        fns[(dtype, impl)] = lambda run=run, cycle=cycle: run(next(cycle))
+        fns[(dtype, impl, scan)] = lambda run=run, cycle=cycle: run(next(cycle))
     timings = common.time_calls(fns, steps, args.warmup, args.rounds or max(1, steps // 5))
 
     rows = []
-    for (dtype, impl), s in timings.items():
+    for (dtype, impl, scan), s in timings.items():
         seconds = s["median_ms"] / 1e3
-        rows.append({"dtype": dtype, "attention": impl, "default": (dtype, impl) == default,
-                     "ms_per_step": s["median_ms"], "min_ms": s["min_ms"], "max_ms": s["max_ms"],
+        rows.append({"dtype": dtype, "attention": impl, "layers": "scan" if scan else "loop",
+                     "default": (dtype, impl, scan) == default, "ms_per_step": s["median_ms"], "min_ms": s["min_ms"],
+                     "max_ms": s["max_ms"], "cpu_ms": s["cpu_ms"],
                      "tokens_per_s": tokens / seconds, "tflops": flops / seconds / 1e12,
                      "mfu": flops / seconds / (peak[dtype] * 1e9)})
     print(f"{args.shape}: batch {base.train.batch_size}, {tokens:,.0f} tokens/step"
@@ -173,7 +179,7 @@ def main():
     print(f"wrote {path}")
     chosen = next(r for r in rows if r["default"])
     print(json.dumps({"shape": args.shape, "dtype": chosen["dtype"], "attention": chosen["attention"],
-                      "batch_size": base.train.batch_size, **{k: chosen[k] for k in ("ms_per_step", "tokens_per_s",
+                      "layers": chosen["layers"], "batch_size": base.train.batch_size, **{k: chosen[k] for k in ("ms_per_step", "tokens_per_s",
                                                                                      "mfu")}}))
 
 
