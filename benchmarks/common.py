@@ -9,46 +9,19 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(REPO))  # `python benchmarks/X.py` from a fresh clone, without installing txjax
 
 import jax  # noqa: E402
 
+from txjax import peak  # noqa: E402
+from txjax.peak import stats_ms, time_calls  # noqa: E402, F401  (the benchmarks' timing: shared with txjax.peak)
+
 RESULTS = REPO / "benchmarks" / "results"
-
-
-def stats_ms(seconds: list[float], cpu_seconds: list[float]) -> dict:
-    """Median, min and max of per-call wall times and the median CPU time of the process (all its threads), in
-    milliseconds. On a machine other processes load, CPU time is the steadier of the two."""
-    ms = [1e3 * s for s in seconds]
-    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "calls": len(ms),
-            "cpu_ms": 1e3 * statistics.median(cpu_seconds)}
-
-
-def time_calls(fns: dict[str, Callable[[], object]], calls: int, warmup: int = 2, rounds: int = 1) -> dict:
-    """Per-call wall time of each fn() (its result is blocked on), interleaved: `rounds` rounds in which every
-    variant makes calls/rounds calls after `warmup` untimed ones, so slow phases of a loaded machine hit all variants
-    alike. Returns {name: stats_ms(...)}."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            jax.block_until_ready(fn())
-    wall: dict[str, list[float]] = {name: [] for name in fns}
-    cpu: dict[str, list[float]] = {name: [] for name in fns}
-    per_round = max(1, calls // rounds)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(per_round):
-                start, start_cpu = time.perf_counter(), time.process_time()
-                jax.block_until_ready(fn())
-                wall[name].append(time.perf_counter() - start)
-                cpu[name].append(time.process_time() - start_cpu)
-    return {name: stats_ms(wall[name], cpu[name]) for name in fns}
 
 
 def table(rows: list[dict], columns: list[str] | None = None) -> str:
@@ -96,11 +69,11 @@ def warn_if_loaded(limit: float = 1.5) -> None:
 
 def peak_gflops() -> dict:
     """The measured matmul ceiling {'float32': GFLOP/s, 'bfloat16': GFLOP/s (bf16 inputs, f32 accumulation)}:
-    results/peak_PLATFORM.json when it was measured on this device kind, else a quick measurement now."""
+    results/peak_PLATFORM.json when it was measured on this device kind, else txjax.peak's (the training loop's:
+    a quick measurement, cached per device kind)."""
     path = RESULTS / f"peak_{platform_name()}.json"
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved["machine"]["device_kind"] == jax.devices()[0].device_kind:
             return saved["peak_gflops"]
-    from peak import measure  # benchmarks/peak.py
-    return measure(quick=True)["peak_gflops"]
+    return peak.peak_gflops()

@@ -11,7 +11,8 @@ steps. The batches are built once and live on the device, so this measures the s
 (the training loop prefetches batches in a background thread).
 
     MFU = model FLOPs per step / step time / measured peak (benchmarks/peak.py) of the variant's compute dtype
-    model FLOPs per step = (6N + 12·L·d·T) per token (txjax.summary) x the positions of the batch
+    model FLOPs per step = txjax.summary.train_flops_per_batch (the training loop's count): (6N + 12·L·d·T) per
+    token x the positions of the batch
 Encoder-decoder (marian_small): 6·N_enc per source and 6·N_dec per target position, plus 12·d·(S² per encoder layer
 + T² + T·S per decoder layer) per row; tokens/s counts target tokens that are not padding (what the Hugging Face
 peer reported: 3,017 target tokens/s), over real batches of ../shared/data/bible with an 8,000-piece vocabulary.
@@ -31,7 +32,7 @@ import numpy as np
 
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_model, build_tokenizer
-from txjax.summary import summarize
+from txjax.summary import train_flops_per_batch
 from txjax.train import make_train_step
 from txjax.train_state import init_state, make_optimizer
 
@@ -86,20 +87,6 @@ def seq2seq_batches(config, n: int = 16):
     return [data.batch(config.train.seed, k, config.train.batch_size) for k in range(n)]
 
 
-def flops_per_step(config, batch) -> float:
-    """Model FLOPs of one training step on `batch` (every position, padding included)."""
-    cfg = config_lib.model_config(config.model.to_dict())
-    if config.family == "decoder_lm":
-        b, t = batch["inputs"].shape
-        return summarize(cfg, context=t).train_flops_per_token * b * t
-    (b, s), t = batch["src"].shape, batch["tgt_inputs"].shape[1]
-    summary = summarize(cfg, "encoder_decoder", context=t)
-    n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
-    n_dec = summary.flop_params - n_enc
-    attention = 12 * cfg.d_model * (cfg.encoder_layers * s * s + cfg.num_layers * (t * t + t * s))
-    return b * (6 * n_enc * s + 6 * n_dec * t + attention)
-
-
 def tokens_per_step(config, batches) -> float:
     """LM: every position; encoder-decoder: the target tokens that are not padding (mean over the batches)."""
     if config.family == "decoder_lm":
@@ -149,7 +136,9 @@ def main():
     variants = list(itertools.product(args.dtype.split(","), args.attention.split(","), stacking))
     variants = variants if default in variants else [default, *variants]
     peak = common.peak_gflops()
-    flops, tokens = flops_per_step(base, batches[0]), tokens_per_step(base, batches)
+    cfg = config_lib.model_config(base.model.to_dict())
+    flops = train_flops_per_batch(cfg, base.family, batches[0])
+    tokens = tokens_per_step(base, batches)
     device_batches = [jax.device_put(b) for b in batches]
 
     fns = {}

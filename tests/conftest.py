@@ -1,5 +1,5 @@
-"""Test session setup: 8 simulated CPU devices (for the sharding tests), set before anything imports jax, and a
-per-module persistent compilation cache fixture.
+"""Test session setup: 8 simulated CPU devices (for the sharding tests), set before anything imports jax, the
+measured matmul peak (txjax.peak) cached in a temporary folder, and a per-module persistent compilation cache fixture.
 
 Every other test runs on the first device as it would on a one-device machine.
 """
@@ -11,6 +11,20 @@ import pytest
 _DEVICES_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}=8".strip()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def peak_cache_dir(tmp_path_factory) -> str:
+    """TXJAX_CACHE_DIR for the whole session (run.py subprocesses included): training runs measure the matmul peak
+    once, there, and never write to ~/.cache."""
+    directory = str(tmp_path_factory.mktemp("txjax_cache"))
+    before = os.environ.get("TXJAX_CACHE_DIR")
+    os.environ["TXJAX_CACHE_DIR"] = directory
+    yield directory
+    if before is None:
+        del os.environ["TXJAX_CACHE_DIR"]
+    else:
+        os.environ["TXJAX_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

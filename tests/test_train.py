@@ -19,6 +19,7 @@ from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
+from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
 from txjax.train import Diverged, make_train_step, train
 from txjax.train_state import init_state, make_optimizer
@@ -168,6 +169,22 @@ def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another model \(model.d_model 32 -> 64\)"):
         train(tiny_config("--config.model.d_model=64"), tmp_path)
     assert (tmp_path / "config.json").read_text() == saved
+
+
+def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkeypatch, capsys):
+    """mfu = model FLOPs per step / seconds per step / measured peak: in (0, 1) for every logged interval; when
+    measuring the peak fails, training goes on and logs no mfu."""
+    train(tiny_config(), tmp_path / "measured")
+    mfu = [r.get("mfu") for r in read_metrics(tmp_path / "measured") if r["split"] == "train"]
+    assert len(mfu) == 3 and all(0 < m < 1 for m in mfu), mfu
+
+    def broken_peak():
+        raise RuntimeError("no matmul today")
+
+    monkeypatch.setattr(txjax.train, "peak_gflops", broken_peak)
+    assert train(tiny_config(), tmp_path / "failed")["step"] == 6
+    assert not any("mfu" in r for r in read_metrics(tmp_path / "failed"))
+    assert "mfu not logged: measuring the matmul peak failed (RuntimeError: no matmul today)" in capsys.readouterr().err
 
 
 def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):

@@ -29,9 +29,13 @@ def read_metrics(workdir: str | Path) -> list[dict]:
 class MetricsLog:
     """Writes what a training run measures; `train()` is the loop's only host-device synchronisation."""
 
-    def __init__(self, workdir: str | Path, steps: int, start_step: int, lead: bool = True):
-        """Only the `lead` process of a multi-process run writes; the others compute the same records."""
+    def __init__(self, workdir: str | Path, steps: int, start_step: int, lead: bool = True,
+                 flops_per_step: float | None = None, peak_flops_per_s: float | None = None):
+        """Only the `lead` process of a multi-process run writes; the others compute the same records. With the
+        model FLOPs of a step and the peak FLOP/s of the run's devices (all of them together) given, every train
+        record also holds mfu."""
         self.workdir, self.lead = Path(workdir), lead
+        self.flops_per_step, self.peak_flops_per_s = flops_per_step, peak_flops_per_s
         if lead:
             kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
             self.file = (self.workdir / METRICS_FILE).open("w")
@@ -50,17 +54,22 @@ class MetricsLog:
 
     def train(self, step: int, pending: list[dict], tokens: int) -> dict:
         """Logs the mean of the per-step metrics since the last call (device arrays, fetched now) and the speed
-        over the interval (the first one includes the compilation): ms/step, and tokens/s of the `tokens` input
-        positions its steps processed."""
+        over the interval (the first one includes the compilation): ms/step, tokens/s of the `tokens` input
+        positions its steps processed, and the model FLOPs utilisation when the constructor was given its terms:
+            mfu = flops_per_step · steps / seconds / peak_flops_per_s"""
         host = jax.device_get(pending)
         now = time.perf_counter()
         n, dt = step - self.last_step, now - self.last_time
         record = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
         record |= {"ms_per_step": 1000.0 * dt / n, "tokens_per_s": tokens / dt}
+        postfix = {"loss": f"{record['loss']:.4f}", "tok_s": f"{record['tokens_per_s']:,.0f}"}
+        if self.flops_per_step and self.peak_flops_per_s:
+            record["mfu"] = self.flops_per_step * n / dt / self.peak_flops_per_s
+            postfix["mfu"] = f"{record['mfu']:.2%}"
         self.last_step, self.last_time = step, now
         self.ms_per_step.append(record["ms_per_step"])
         self.bar.update(n)
-        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
+        self.bar.set_postfix(postfix)
         self.write(step, "train", record)
         return record
 

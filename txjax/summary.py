@@ -8,6 +8,11 @@
   looked up (an untied head, a separate source table). L is the number of attention layers. Encoder-decoder: a
   training token is one source plus one target token, L counts encoder self-attention and decoder self- and
   cross-attention; decoding a target token skips the encoder (its N and its L) and attends over T source tokens.
+- FLOPs per training step (`train_flops_per_batch`, the training loop's MFU numerator) for a batch of B rows:
+      decoder LM, inputs [B, T]:               B·T·(6N + 12·L·d·T)
+      encoder-decoder, src [B, S], tgt [B, T]: B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_dec·(T² + T·S)))
+  with N_enc the encoder's weights and N_dec = N - N_enc (every decoder weight, cross-attention's key and value
+  included, counted once per target position). Every position counts, padding included.
 - memory: parameters and gradients (float32), AdamW's two moments (2x the parameters), and the KV cache
   (keys, values and slot positions of every layer) at the given batch and context, in the compute dtype.
 """
@@ -137,6 +142,20 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
         param_bytes=4 * total, optimizer_bytes=8 * total,
         kv_cache_bytes=sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(cache)),
         batch_size=batch_size, context=context, scanned=cfg.scan_layers)
+
+
+def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:
+    """Model FLOPs of one training step on `batch` (arrays or shapes; only `.shape` is read): B·T·(6N + 12·L·d·T)
+    for a decoder LM, B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_dec·(T² + T·S))) for an encoder-decoder."""
+    if family == "decoder_lm":
+        b, t = batch["inputs"].shape
+        return summarize(cfg, context=t).train_flops_per_token * b * t
+    (b, s), t = batch["src"].shape, batch["tgt_inputs"].shape[1]
+    summary = summarize(cfg, "encoder_decoder", context=t)
+    n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
+    n_dec = summary.flop_params - n_enc
+    attention = 12 * cfg.d_model * (cfg.encoder_layers * s * s + cfg.num_layers * (t * t + t * s))
+    return b * (6 * n_enc * s + 6 * n_dec * t + attention)
 
 
 def _config(args, overrides):

@@ -7,7 +7,11 @@ train_step(state, batch) -> (state, metrics), compiled once, the state's buffers
 Step s draws dropout masks from fold_in(dropout key, s), batch k is a pure function of (seed, k) and checkpoints
 hold the whole state, so a resumed run takes the same steps as one that never stopped (bit for bit on CPU).
 The loop reads values back from the device only every log_every steps and before a save or an eval, and runs at
-most 8 steps ahead of the device (distributed.InFlight: more deadlock XLA:CPU meshes).
+most 8 steps ahead of the device (distributed.InFlight: more deadlock XLA:CPU meshes). Each logged interval
+records ms_per_step, tokens_per_s and
+    mfu = model FLOPs per step / seconds per step / (devices x peak FLOP/s of one device in model.dtype)
+with the FLOPs from the batch shape (summary.train_flops_per_batch) and the peak measured once per device kind
+(txjax.peak.peak_gflops, cached).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -33,12 +38,14 @@ from txjax.experiment import (CHECKPOINT_DIR, build_dataset, build_model, build_
                               load_workdir)
 from txjax.metrics_log import MetricsLog
 from txjax.objective import batch_keys, forward, token_sums
+from txjax.peak import peak_gflops
 from txjax.sharding import batch_sharding, global_batch, process_rows
+from txjax.summary import train_flops_per_batch
 from txjax.train_state import (TrainState, current_learning_rate, init_state, make_optimizer, run_keys,
                                state_shardings)
 
 __all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train_step_function", "prepare",
-           "save_config", "train", "main"]
+           "save_config", "peak_flops_per_s", "train", "main"]
 
 
 class Diverged(RuntimeError):
@@ -131,9 +138,21 @@ def save_config(config: ml_collections.ConfigDict, workdir: Path, ckpt: Checkpoi
         config_lib.save(config, workdir)
 
 
+def peak_flops_per_s(dtype: str, devices: int) -> float | None:
+    """The MFU denominator: `devices` x the measured matmul ceiling of one device in the compute `dtype`
+    (txjax.peak.peak_gflops, FLOP/s); None, with a warning, when measuring it fails (the run then logs no mfu)."""
+    try:
+        return 1e9 * peak_gflops()[dtype] * devices
+    except Exception as e:  # a diagnostic: never a reason to stop training
+        print(f"warning: mfu not logged: measuring the matmul peak failed ({type(e).__name__}: {e})",
+              file=sys.stderr, flush=True)
+        return None
+
+
 def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> dict:
     t = config.train
     model, tx, mesh = build_model(config), make_optimizer(t), run_mesh(config.mesh)
+    peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
     init = jax.jit(lambda: init_state(model, tx, t.seed), out_shardings=state_shardings(model, tx, t.seed, mesh))
     saved = ckpt.latest_step()
     state = init() if saved is None else ckpt.restore(jax.eval_shape(init))
@@ -142,7 +161,8 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
         print(f"resuming {workdir} from step {start}", flush=True)
     train_step, eval_step = make_train_step(model, tx, t, mesh), make_eval_step(model, mesh)
     exact_match = config.data.kind == "synthetic"
-    log = MetricsLog(workdir, t.steps, start, lead=is_lead())
+    flops = train_flops_per_batch(model.cfg, config.family, train_data.batch(t.seed, start, t.batch_size))
+    log = MetricsLog(workdir, t.steps, start, lead=is_lead(), flops_per_step=flops, peak_flops_per_s=peak)
     rows = process_rows(mesh, t.batch_size)  # this process builds only its rows of each global batch
     batches = prefetch(global_batch(train_data.batch(t.seed, k, t.batch_size, rows), mesh)
                        for k in range(start, t.steps))
