@@ -249,6 +249,31 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params_of(tmp_path)))
 
 
+def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_path, monkeypatch):
+    """A fake clock: 1 s per reading, 1000 s per evaluation. With a 30 s budget and an eval every 3 s of training,
+    the run must still take all its steps (were the evals counted, the first would end it), and each eval must
+    carry the generated exact match and the training minutes so far."""
+    now = [0.0]
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    def slow_evaluate(*args, **kwargs):
+        now[0] += 1000.0
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(txjax.train, "monotonic", clock)
+    monkeypatch.setattr(txjax.train, "evaluate", slow_evaluate)
+    config = tiny_config("--config.train.max_minutes=0.5", "--config.train.eval_every_minutes=0.05",
+                         "--config.train.eval_generation=true")
+    result = train(config, tmp_path)
+    valid = [r for r in read_metrics(tmp_path) if r["split"] == "valid"]
+    assert result["step"] == 6 and result["train_minutes"] < 0.5 < result["wall_minutes"]
+    assert len(valid) >= 3 and all("generated_exact_match" in r and r["train_minutes"] < 0.5 for r in valid)
+    assert [r["train_minutes"] for r in valid] == sorted(r["train_minutes"] for r in valid)
+
+
 def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
     result = train(tiny_config("--config.train.max_minutes=1e-9"), tmp_path)
     assert result["step"] == 1 and "valid_loss" in result

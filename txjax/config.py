@@ -73,7 +73,10 @@ def base_config() -> ml_collections.ConfigDict:
             "eval_batches": 20,  # batches of the valid split per periodic eval; the final eval reads it all
             "checkpoint_every": 500,
             "keep_checkpoints": 3,
-            "max_minutes": 0.0,  # wall-time budget; 0 = none. Stops cleanly: checkpoint + final eval
+            "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
+            # checkpoint + final eval
+            "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
+            "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
         },
         "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
         "decode": {"max_new_tokens": 64, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "beam_size": 1,

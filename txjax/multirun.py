@@ -35,8 +35,10 @@ VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
 
 def group_key(config: ml_collections.ConfigDict) -> str | None:
     """Runs whose configs have equal keys can be trained together: they differ only in VMAPPABLE fields. None for a
-    run that cannot share a program (a mesh of several devices: vmapped runs live on one device)."""
-    if math.prod(config.mesh.values()) > 1 or jax.process_count() > 1:
+    run that cannot share a program (a mesh of several devices: vmapped runs live on one device) or that asks for
+    what only the single-run loop does (evals by training time, decoding during training)."""
+    t = config.train
+    if math.prod(config.mesh.values()) > 1 or jax.process_count() > 1 or t.eval_every_minutes or t.eval_generation:
         return None
     shared = config.to_dict()
     for field in VMAPPABLE:
@@ -52,7 +54,7 @@ def train_group(configs: list[ml_collections.ConfigDict], workdirs: list[str | P
         raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
     workdirs = [Path(w) for w in workdirs]
     prepared = [prepare(c, w) for c, w in zip(configs, workdirs)]  # each folder gets its tokenizer
-    train_data, valid_data = prepared[0]  # the runs share their data
+    _, train_data, valid_data = prepared[0]  # the runs share their data
     ckpts = [Checkpointer(w / CHECKPOINT_DIR, c.train.keep_checkpoints) for c, w in zip(configs, workdirs)]
     try:
         for config, workdir, ckpt in zip(configs, workdirs, ckpts):

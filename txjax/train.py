@@ -20,7 +20,7 @@ import argparse
 import json
 import math
 import sys
-import time
+from time import monotonic
 from pathlib import Path
 
 import jax
@@ -33,8 +33,8 @@ from txjax import config as config_lib, distributed
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, first_device_mesh, is_lead, run_mesh
-from txjax.evaluate import eval_batches, evaluate, make_eval_step, write_metrics
-from txjax.experiment import (CHECKPOINT_DIR, build_dataset, build_model, build_tokenizer, fill_model_sizes,
+from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
+from txjax.experiment import (CHECKPOINT_DIR, Run, build_dataset, build_model, build_tokenizer, fill_model_sizes,
                               load_workdir)
 from txjax.metrics_log import MetricsLog
 from txjax.objective import batch_keys, forward, token_sums
@@ -108,17 +108,17 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Trains the run in `workdir`, resuming from its latest checkpoint; returns the final metrics."""
     workdir = Path(workdir)
-    train_data, valid_data = prepare(config, workdir)
+    tokenizer, train_data, valid_data = prepare(config, workdir)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     try:
         save_config(config, workdir, ckpt)
-        return _loop(config, workdir, train_data, valid_data, ckpt)
+        return _loop(config, workdir, tokenizer, train_data, valid_data, ckpt)
     finally:
         ckpt.close()
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: Path):
-    """(train, valid) datasets of a run; its tokenizer saved in `workdir`, the model sizes filled into `config`."""
+    """(tokenizer, train, valid) of a run; the tokenizer saved in `workdir`, the model sizes filled into `config`."""
     workdir.mkdir(parents=True, exist_ok=True)
     with config_lib.user_errors():
         tokenizer = build_tokenizer(config, workdir) if is_lead() else None
@@ -127,7 +127,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path):
         train_data = build_dataset(config, tokenizer, "train")
         valid_data = build_dataset(config, tokenizer, "valid")
         fill_model_sizes(config, tokenizer, train_data)
-    return train_data, valid_data
+    return tokenizer, train_data, valid_data
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: Path, ckpt: Checkpointer) -> None:
@@ -149,7 +149,7 @@ def peak_flops_per_s(dtype: str, devices: int) -> float | None:
         return None
 
 
-def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> dict:
+def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkpointer) -> dict:
     t = config.train
     model, tx, mesh = build_model(config), make_optimizer(t), run_mesh(config.mesh)
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
@@ -167,16 +167,34 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
     batches = prefetch(global_batch(train_data.batch(t.seed, k, t.batch_size, rows), mesh)
                        for k in range(start, t.steps))
     tokens_key = batch_keys(model)[0][0]
-    deadline = time.monotonic() + 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
-    began, step, pending, tokens, record, in_flight = time.monotonic(), start, [], 0, None, InFlight()
+    budget_s = 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
+    every_s = 60.0 * t.eval_every_minutes if t.eval_every_minutes > 0 else math.inf
+    began, paused, next_eval_s = monotonic(), 0.0, every_s  # paused: seconds of evals and saves
+
+    def valid_metrics(batches_to_read: int) -> dict:
+        """Loss metrics over the valid split (or its first batches) and, with eval_generation, greedy BLEU/chrF or
+        exact match of the whole split; the minutes trained so far (evals and saves not counted)."""
+        trained_minutes = (monotonic() - began - paused) / 60.0
+        batches = eval_batches(valid_data, t.batch_size, batches_to_read, mesh)
+        metrics = evaluate(eval_step, state.params, batches, exact_match)
+        if t.eval_generation:
+            run = Run(config, model, tokenizer, state.params, step)
+            generated = generation_metrics(run, valid_data, beam_size=1)
+            metrics |= {k: v for k, v in generated.items() if not k.endswith("_signature")}
+        return metrics | {"train_minutes": trained_minutes}
+
+    step, pending, tokens, record, in_flight = start, [], 0, None, InFlight()
     try:
         for step, batch in zip(range(start + 1, t.steps + 1), batches):  # step: optimizer steps done after it
             state, metrics = train_step(state, batch)
             pending.append(in_flight.add(metrics))
             tokens += batch[tokens_key].size
-            last = step == t.steps or time.monotonic() > deadline
+            trained_s = monotonic() - began - paused
+            last = step == t.steps or trained_s > budget_s
             save = last or step % t.checkpoint_every == 0
-            eval_now = not last and t.eval_every > 0 and step % t.eval_every == 0
+            timed_eval = trained_s >= next_eval_s
+            next_eval_s += every_s * math.ceil((trained_s - next_eval_s) / every_s + 1e-9) if timed_eval else 0.0
+            eval_now = not last and (timed_eval or (t.eval_every > 0 and step % t.eval_every == 0))
             if save or eval_now or step % t.log_every == 0:
                 record, pending, tokens = log.train(step, pending, tokens), [], 0
                 if record["finite"] < 1:
@@ -185,24 +203,27 @@ def _loop(config, workdir: Path, train_data, valid_data, ckpt: Checkpointer) -> 
                                    f"{record['loss']}); training stopped and the last good "
                                    f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
                                    "--config.train.learning_rate or set --config.train.grad_clip")
+            paused_from = monotonic()
             if eval_now:
-                valid = eval_batches(valid_data, t.batch_size, t.eval_batches, mesh)
-                log.write(step, "valid", evaluate(eval_step, state.params, valid, exact_match))
-                log.restart_clock()
+                log.write(step, "valid", valid_metrics(t.eval_batches))
             if save:
                 ckpt.save(step, state)
                 saved = step
+            if eval_now or save:
+                paused += monotonic() - paused_from
+                log.restart_clock()
             if last:
                 break
     finally:
         batches.close()
-    final = evaluate(eval_step, state.params, eval_batches(valid_data, t.batch_size, mesh=mesh), exact_match)
+    final = valid_metrics(0)
     log.write(step, "valid", final)
     log.close()
     if is_lead():
         write_metrics(workdir, "valid", {"split": "valid", "step": step, **final})
     return {"step": step, **({"train_loss": record["loss"]} if record else {}),
-            **{f"valid_{k}": v for k, v in final.items()}, "wall_minutes": (time.monotonic() - began) / 60.0,
+            **{f"valid_{k}": v for k, v in final.items() if k != "train_minutes"},
+            "wall_minutes": (monotonic() - began) / 60.0, "train_minutes": final["train_minutes"],
             "ms_per_step_median": log.median_ms_per_step(),
             "train_step_compiles": train_step._cache_size(), "eval_step_compiles": eval_step._cache_size()}
 
