@@ -1,0 +1,115 @@
+"""The Hugging Face peers of issue 8, measured on this machine today, the way issue 8 describes them.
+
+    python benchmarks/peer_hf.py [--what=train,decode] [--steps=20] [--repeats=3]
+
+Needs the `interop` extra (torch CPU, transformers). The issue's figures were taken on a day this machine ran
+faster (its matmul peak then: 250-400 float32 GFLOP/s; `benchmarks/peak.py` measures today's), so txjax's figures
+are compared with these same-day ones as well as with the issue's.
+- train: MarianMTModel from scratch (d_model 256, 3+3 layers, 4 heads, FFN 1024, dropout 0.1, shared and tied
+  embeddings), the 8,000-piece SentencePiece vocabulary txjax trains on both sides of the Bible corpus
+  (runs/benchmarks/marian_small, made by `benchmarks/train.py --shape=marian_small`), AdamW 5e-4, label smoothing
+  0.1, batches of 32 random sentence pairs padded to their longest; target tokens/s = non-padding target tokens
+  of the timed steps / their wall time (median of per-step rates after 3 warm-up steps).
+- decode: `generate(do_sample=False)` with its KV cache, batch 1, a 1-token prompt, exactly 256 new tokens, random
+  weights: GPT-2 small and the shakespeare_char shape (4 layers, 4 heads, d_model 128, vocabulary 65).
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import common
+import numpy as np
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+
+from train import build_config
+from txjax import config as config_lib
+from txjax.experiment import build_dataset, build_tokenizer
+
+PEER_ISSUE = {"marian_target_tokens_per_s": 3017, "gpt2_small_tokens_per_s": 34.6, "shakespeare_char_tokens_per_s": 1063}
+
+
+def marian_throughput(steps: int) -> float:
+    """Median target tokens/s of MarianMTModel training steps on random batches of 32 Bible verse pairs."""
+    config = build_config("marian_small", [])
+    with config_lib.user_errors():
+        tokenizer = build_tokenizer(config, config_lib.REPO / "runs" / "benchmarks" / "marian_small")
+        pairs = list(build_dataset(config, tokenizer, "train").raw_pairs())
+    pad, eos, vocab = tokenizer.pad_id, tokenizer.eos_id, tokenizer.vocab_size
+    model = MarianMTModel(MarianConfig(
+        vocab_size=vocab, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1, max_position_embeddings=512,
+        pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=0.1)
+    rng = np.random.default_rng(0)
+
+    def padded(seqs):
+        out = torch.full((len(seqs), max(map(len, seqs))), pad, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            out[i, :len(s)] = torch.tensor(s)
+        return out
+
+    rates = []
+    for step in range(steps + 3):
+        batch = [pairs[i] for i in rng.integers(0, len(pairs), 32)]
+        src = padded([tokenizer.encode(s)[:127] + [eos] for s, _ in batch])
+        tgt = padded([tokenizer.encode(t)[:127] + [eos] for _, t in batch])
+        labels = tgt.masked_fill(tgt == pad, -100)
+        began = time.perf_counter()
+        logits = model(input_ids=src, attention_mask=(src != pad).long(), labels=labels).logits
+        loss = loss_fn(logits.reshape(-1, vocab), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step >= 3:
+            rates.append(int((labels != -100).sum()) / (time.perf_counter() - began))
+    return statistics.median(rates)
+
+
+def generate_throughput(config: GPT2Config, repeats: int, new_tokens: int = 256) -> float:
+    """Median tokens/s of greedy cached generation of exactly `new_tokens` tokens, batch 1, random weights."""
+    model = GPT2LMHeadModel(config).eval()
+    prompt = torch.zeros((1, 1), dtype=torch.long)
+    kwargs = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    times = []
+    with torch.no_grad():
+        model.generate(prompt, **kwargs)  # warm-up
+        for _ in range(repeats):
+            began = time.perf_counter()
+            model.generate(prompt, **kwargs)
+            times.append(time.perf_counter() - began)
+    return new_tokens / statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--what", default="train,decode")
+    parser.add_argument("--steps", type=int, default=20, help="timed Marian training steps")
+    parser.add_argument("--repeats", type=int, default=3, help="timed generations per shape")
+    args = parser.parse_args()
+    common.warn_if_loaded()
+    torch.manual_seed(0)
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    if "train" in args.what:
+        result["marian_target_tokens_per_s"] = marian_throughput(args.steps)
+    if "decode" in args.what:
+        result["shakespeare_char_tokens_per_s"] = generate_throughput(
+            GPT2Config(vocab_size=65, n_positions=1024, n_embd=128, n_layer=4, n_head=4, bos_token_id=0,
+                       eos_token_id=0), args.repeats)
+        result["gpt2_small_tokens_per_s"] = generate_throughput(GPT2Config(), args.repeats)
+    rows = [{"figure": k, "today": v, "issue 8": PEER_ISSUE.get(k)} for k, v in result.items() if k in PEER_ISSUE]
+    print(common.table(rows))
+    print(f"wrote {common.save('peer_hf', result)}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
