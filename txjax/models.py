@@ -58,7 +58,8 @@ class ModelConfig:
     attention_impl: str = "reference"
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    remat: bool = False
+    remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
+    # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, sec. 3.4)
