@@ -38,10 +38,12 @@ def char_lm_flags(text_path, mesh: tuple[int, int, int]) -> list[str]:
     """experiments/shakespeare_char.py's shape (4 layers, 4 heads, d_model 128, context 64) on `text_path`, batch 16
     (divisible by 8 devices), STEPS steps, a checkpoint every 2, laid out on `mesh` = (data, fsdp, tensor); in
     float32 (the experiment computes in bfloat16, whose rounding of sums taken in another order on another mesh
-    moves a few parameters past the tolerance)."""
-    fields = {"data.path": text_path, "model.dtype": "float32", "train.steps": STEPS, "train.batch_size": 16,
-              "train.warmup_steps": 2, "train.log_every": 1, "train.eval_every": 0, "train.checkpoint_every": 2, "train.keep_checkpoints": 5,
-              "mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]}
+    moves a few parameters past the tolerance) and with GELU (at ReLU's kink such float differences switch a
+    hidden unit on in one run and off in the other: a whole column of W_out then moves past the tolerance)."""
+    fields = {"data.path": text_path, "model.dtype": "float32", "model.activation": "gelu", "train.steps": STEPS,
+              "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 1, "train.eval_every": 0,
+              "train.checkpoint_every": 2, "train.keep_checkpoints": 5, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
+              "mesh.tensor": mesh[2]}
     return [f"--config.{name}={value}" for name, value in fields.items()]
 
 
