@@ -36,9 +36,10 @@ VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
 def group_key(config: ml_collections.ConfigDict) -> str | None:
     """Runs whose configs have equal keys can be trained together: they differ only in VMAPPABLE fields. None for a
     run that cannot share a program (a mesh of several devices: vmapped runs live on one device) or that asks for
-    what only the single-run loop does (evals by training time, decoding during training)."""
+    what only the single-run loop does (a training-time budget, evals by training time, decoding during training)."""
     t = config.train
-    if math.prod(config.mesh.values()) > 1 or jax.process_count() > 1 or t.eval_every_minutes or t.eval_generation:
+    if (math.prod(config.mesh.values()) > 1 or jax.process_count() > 1 or t.max_minutes or t.eval_every_minutes
+            or t.eval_generation):
         return None
     shared = config.to_dict()
     for field in VMAPPABLE:
@@ -115,7 +116,6 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
     batches = prefetch(jax.device_put(_stack_batches([train_data.batch(s, k, t.batch_size) for s in seeds]))
                        for k in range(start, t.steps))
     tokens_key = batch_keys(model)[0][0]
-    deadline = time.monotonic() + 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
     began, step, pending, tokens, records, failed = time.monotonic(), start, [], 0, {}, {}
     alive = lambda: [k for k in runs if k not in failed]
     try:
@@ -123,7 +123,7 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
             states, metrics_K = train_step(states, batch, dropout_keys)
             pending.append(metrics_K)
             tokens += batch[tokens_key][0].size
-            last = step == t.steps or time.monotonic() > deadline
+            last = step == t.steps
             save = last or step % t.checkpoint_every == 0
             eval_now = not last and t.eval_every > 0 and step % t.eval_every == 0
             if save or eval_now or step % t.log_every == 0:

@@ -193,7 +193,8 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
             last = step == t.steps or trained_s > budget_s
             save = last or step % t.checkpoint_every == 0
             timed_eval = trained_s >= next_eval_s
-            next_eval_s += every_s * math.ceil((trained_s - next_eval_s) / every_s + 1e-9) if timed_eval else 0.0
+            if timed_eval:  # the next multiple of every_s after now
+                next_eval_s = every_s * (trained_s // every_s + 1)
             eval_now = not last and (timed_eval or (t.eval_every > 0 and step % t.eval_every == 0))
             if save or eval_now or step % t.log_every == 0:
                 record, pending, tokens = log.train(step, pending, tokens), [], 0
