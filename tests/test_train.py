@@ -135,6 +135,19 @@ def test_label_smoothing_matches_optax_smoothed_labels():
                                rtol=1e-6)
 
 
+def test_token_sums_match_numpy_cross_entropy_and_argmax():
+    logits_BxLxV = np.asarray(jax.random.normal(jax.random.key(0), (4, 5, 11)) * 3)
+    targets_BxL = np.array(jax.random.randint(jax.random.key(1), (4, 5), 0, 11))
+    targets_BxL[0, :] = logits_BxLxV[0].argmax(-1)  # some hits for sure
+    weights_BxL = (np.arange(5)[None, :] < np.array([5, 3, 1, 0])[:, None]).astype(np.float32)
+    log_p_BxLxV = logits_BxLxV - np.log(np.exp(logits_BxLxV).sum(-1, keepdims=True))
+    ce_BxL = -np.take_along_axis(log_p_BxLxV, targets_BxL[..., None], -1)[..., 0]
+    sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL)
+    np.testing.assert_allclose(sums["loss"], (weights_BxL * ce_BxL).sum(), rtol=1e-5)
+    assert sums["correct"] == (weights_BxL * (logits_BxLxV.argmax(-1) == targets_BxL)).sum() >= 5
+    assert sums["weight"] == 9
+
+
 @pytest.mark.parametrize("family", ["decoder_lm", "encoder_decoder"])
 def test_eval_over_padded_batches_equals_one_unbatched_pass(tmp_path, family):
     """10 examples in batches of 3 (the last one padded with 2 empty rows) and all 10 in one batch: same sums."""
