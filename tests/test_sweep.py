@@ -1,6 +1,7 @@
 """Tests of sweeps: failures are recorded and the sweep goes on, a re-run skips finished runs and resumes the others,
 vmapped runs equal the same runs trained one by one (tiny models, a few steps each)."""
 
+import csv
 import json
 
 import jax
@@ -12,6 +13,7 @@ from txjax import config as config_lib
 from txjax.experiment import load_workdir
 from txjax.metrics_log import MetricsLog, read_metrics
 from txjax.sweep import expand, load_sweep, run_sweep
+from txjax.sweep_report import write_report
 from txjax.train import train
 
 TINY = {"model.num_layers": 1, "model.num_heads": 2, "model.d_model": 16, "model.d_ff": 32, "data.max_digits": 3,
@@ -98,3 +100,20 @@ def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, mo
     assert [(r["split"], r["step"]) for r in together] == [(r["split"], r["step"]) for r in one]
     for key in ("loss", "learning_rate"):
         np.testing.assert_allclose([r.get(key, 0) for r in together], [r.get(key, 0) for r in one], rtol=1e-5)
+
+
+def test_report_shows_the_final_evals_generation_metrics(tmp_path):
+    """A translation sweep's table and summary carry the final eval's BLEU (eval_valid.json), per run and per
+    setting; runs without it leave the cell empty."""
+    runs = []
+    for name, bleu in (("a", 10.0), ("b", 14.0), ("c", None)):
+        run = txjax.sweep.Run(name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)},
+                              tmp_path / name)
+        run.workdir.mkdir()
+        run.result = {"status": "done", "wall_s": 1.0}
+        (run.workdir / "eval_valid.json").write_text(json.dumps({"loss": 3.0, **({"bleu": bleu} if bleu else {})}))
+        runs.append(run)
+    write_report(tmp_path, runs, ["valid_bleu"])
+    rows = {row["run"]: row for row in csv.DictReader((tmp_path / "results.csv").open())}
+    assert [rows[n]["valid_bleu"] for n in "abc"] == ["10.0", "14.0", ""]
+    assert "| dropout=0 | 2/2 | 3.0000 ± 0.0000 | 12.0000 ± 2.8284 |" in (tmp_path / "results.md").read_text()

@@ -19,6 +19,7 @@ import numpy as np
 from txjax.metrics_log import read_metrics
 
 RESULTS_CSV, RESULTS_MD, RESULTS_PNG = "results.csv", "results.md", "results.png"
+GENERATION_METRICS = ("bleu", "chrf", "generated_exact_match")  # in eval_valid.json when train.eval_generation
 
 
 def run_row(run) -> dict:
@@ -33,7 +34,8 @@ def run_row(run) -> dict:
     return {"run": run.name, **{k.rpartition(".")[2]: v for k, v in run.settings.items()}, "status": status,
             "steps": valid.get("step", train[-1]["step"] if train else 0),
             "train_loss": train[-1]["loss"] if train else math.nan, "valid_loss": valid.get("loss", math.nan),
-            "valid_accuracy": valid.get("token_accuracy", math.nan), **probes,
+            "valid_accuracy": valid.get("token_accuracy", math.nan),
+            **{f"valid_{k}": valid[k] for k in GENERATION_METRICS if k in valid}, **probes,
             "wall_s": result.get("wall_s", math.nan), "tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
             "runs_vmapped": result.get("runs_vmapped", 0), "error": result.get("error", "")}
 
