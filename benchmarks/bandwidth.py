@@ -1,0 +1,70 @@
+"""Memory bandwidth: what bounds batch-1 decoding. Each variant reads GPT-2 small's output matrix E [50257, 768]
+once (154 MB in float32) and is timed per call (median, interleaved); GB/s = bytes of E / time.
+
+    python benchmarks/bandwidth.py [--calls=N]
+
+- numpy sum, jax sum: a plain reduction, the machine's streaming rate with no arithmetic to speak of
+- numpy / jax matvec float32: E x, what a cached decoding step does with each weight matrix (BLAS / XLA dot)
+- jax matvec bfloat16: bf16(E) bf16(x) accumulated in float32 (XLA:CPU's dot)
+- jax convert-multiply-reduce bfloat16: sum_d f32(E[v, d]) x[d] written as one fused elementwise + reduce, the
+  way to read half the bytes when the dot is slow
+A float32 GPT-2 token reads 497 MB of weights, so at G GB/s decoding is bounded by G / 0.497 tokens/s.
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import common
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+GPT2_FLOAT32_BYTES = 497e6  # every weight of GPT-2 small, read once per decoded token
+
+
+def numpy_gbps(fn, nbytes: int, calls: int) -> float:
+    seconds = []
+    for _ in range(calls + 2):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return nbytes / statistics.median(seconds[2:]) / 1e9
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=30, help="timed calls per variant")
+    args = parser.parse_args()
+    common.warn_if_loaded()
+    rng = np.random.default_rng(0)
+    e_VxD = rng.standard_normal((50257, 768), np.float32)
+    x_D = rng.standard_normal(768, np.float32)
+    e32, e16, x = jnp.asarray(e_VxD), jnp.asarray(e_VxD, jnp.bfloat16), jnp.asarray(x_D)
+    matvec = jax.jit(lambda e, x: jnp.einsum("vd,d->v", e, x, preferred_element_type=jnp.float32))
+    widen_reduce = jax.jit(lambda e, x: (e.astype(jnp.float32) * x).sum(-1))
+    total = jax.jit(jnp.sum)
+    jax_variants = {"jax sum float32": (lambda: total(e32), e32),
+                    "jax matvec float32": (lambda: matvec(e32, x), e32),
+                    "jax matvec bfloat16": (lambda: matvec(e16, x.astype(jnp.bfloat16)), e16),
+                    "jax convert-multiply-reduce bfloat16": (lambda: widen_reduce(e16, x), e16)}
+    timed = common.time_calls({k: fn for k, (fn, _) in jax_variants.items()}, args.calls, rounds=3)
+    rows = [{"variant": "numpy sum float32", "GB/s": numpy_gbps(e_VxD.sum, e_VxD.nbytes, args.calls)},
+            {"variant": "numpy matvec float32", "GB/s": numpy_gbps(lambda: e_VxD @ x_D, e_VxD.nbytes, args.calls)}]
+    rows += [{"variant": k, "GB/s": e.nbytes / timed[k]["median_ms"] * 1e-6} for k, (_, e) in jax_variants.items()]
+    for row in rows:
+        row["G values/s"] = row["GB/s"] / (2 if "bfloat16" in row["variant"] else 4)
+    print(common.table(rows))
+    best_float32 = max(r["GB/s"] for r in rows if "float32" in r["variant"])
+    result = {"rows": rows, "gpt2_float32_tokens_per_s_bound": best_float32 * 1e9 / GPT2_FLOAT32_BYTES}
+    print(f"wrote {common.save('bandwidth', result)}")
+    print(json.dumps({"gpt2_float32_tokens_per_s_bound": result["gpt2_float32_tokens_per_s_bound"],
+                      **{r["variant"]: r["GB/s"] for r in rows}}))
+
+
+if __name__ == "__main__":
+    main()
