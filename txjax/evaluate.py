@@ -25,7 +25,7 @@ from txjax.config import user_errors
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.experiment import build_dataset, load_workdir
 from txjax.models import EncoderDecoder
-from txjax.objective import forward, params_shardings, token_sums
+from txjax.objective import forward, hits, params_shardings, token_sums
 from txjax.sharding import batch_sharding, global_batch, process_rows
 
 
@@ -38,7 +38,7 @@ def make_eval_step(model, mesh: Mesh | None = None):
     def eval_step(params, batch):
         logits_BxLxV, targets_BxL, weights_BxL = forward(model, params, batch)
         sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL)
-        right_BxL = (logits_BxLxV.argmax(-1) == targets_BxL) | (weights_BxL == 0)
+        right_BxL = hits(logits_BxLxV, targets_BxL) | (weights_BxL == 0)
         real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
         return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
 

@@ -56,17 +56,22 @@ def forward(model, params, batch, dropout_rng=None):
     return logits_BxLxV, batch[targets], batch[weights]
 
 
+def hits(logits_BxLxV, targets_BxL):
+    """bool[B, L]: the target is the argmax, read as z_y = max_v z_v (a max-reduce, which XLA:CPU runs several times
+    faster than argmax's variadic reduce; a tie for first place counts as a hit)."""
+    target_logit_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+    return target_logit_BxL >= logits_BxLxV.max(axis=-1)
+
+
 def token_sums(logits_BxLxV, targets_BxL, weights_BxL, label_smoothing: float = 0.0) -> dict:
     """Weighted sums over the batch's tokens: loss (CE), objective (CE with label smoothing), correct (argmax
-    hits, read as z_y = max_v z_v: a max-reduce, which XLA:CPU runs several times faster than argmax's variadic
-    reduce; it also counts a tie for first place as a hit), weight (tokens counted)."""
+    hits), weight (tokens counted)."""
     logits_BxLxV = logits_BxLxV.astype(jnp.float32)
     ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
     objective_BxL = ce_BxL
     if label_smoothing:
         uniform_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1) - logits_BxLxV.mean(axis=-1)
         objective_BxL = (1.0 - label_smoothing) * ce_BxL + label_smoothing * uniform_BxL
-    target_logit_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-    correct_BxL = (target_logit_BxL >= logits_BxLxV.max(axis=-1)).astype(jnp.float32)
+    correct_BxL = hits(logits_BxLxV, targets_BxL).astype(jnp.float32)
     return {"loss": (weights_BxL * ce_BxL).sum(), "objective": (weights_BxL * objective_BxL).sum(),
             "correct": (weights_BxL * correct_BxL).sum(), "weight": weights_BxL.sum()}
