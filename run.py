@@ -20,8 +20,9 @@ COMMANDS = {  # name -> (module, function(argv: list[str]))
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python run.py {{{','.join(COMMANDS)}}} [flags]   (python run.py COMMAND --help)",
-              file=sys.stderr)
+        print(
+            f"usage: python run.py {{{','.join(COMMANDS)}}} [flags]   (python run.py COMMAND --help)", file=sys.stderr
+        )
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
     from txjax.config import ConfigError
     from txjax.train import Diverged

@@ -37,19 +37,35 @@ def main():
     matvec = jax.jit(lambda e, x: jnp.einsum("vd,d->v", e, x, preferred_element_type=jnp.float32))
     widen_reduce = jax.jit(lambda e, x: (e.astype(jnp.float32) * x).sum(-1))
     total = jax.jit(jnp.sum)
-    variants = {"numpy sum float32": (e_VxD.sum, e_VxD), "numpy matvec float32": (lambda: e_VxD @ x_D, e_VxD),
-                "jax sum float32": (lambda: total(e32), e32), "jax matvec float32": (lambda: matvec(e32, x), e32),
-                "jax matvec bfloat16": (lambda: matvec(e16, x.astype(jnp.bfloat16)), e16),
-                "jax convert-multiply-reduce bfloat16": (lambda: widen_reduce(e16, x), e16)}
+    variants = {
+        "numpy sum float32": (e_VxD.sum, e_VxD),
+        "numpy matvec float32": (lambda: e_VxD @ x_D, e_VxD),
+        "jax sum float32": (lambda: total(e32), e32),
+        "jax matvec float32": (lambda: matvec(e32, x), e32),
+        "jax matvec bfloat16": (lambda: matvec(e16, x.astype(jnp.bfloat16)), e16),
+        "jax convert-multiply-reduce bfloat16": (lambda: widen_reduce(e16, x), e16),
+    }
     timed = common.time_calls({k: fn for k, (fn, _) in variants.items()}, args.calls, rounds=3)
-    rows = [{"variant": k, "GB/s": e.nbytes / timed[k]["median_ms"] * 1e-6,
-             "G values/s": e.size / timed[k]["median_ms"] * 1e-6} for k, (_, e) in variants.items()]
+    rows = [
+        {
+            "variant": k,
+            "GB/s": e.nbytes / timed[k]["median_ms"] * 1e-6,
+            "G values/s": e.size / timed[k]["median_ms"] * 1e-6,
+        }
+        for k, (_, e) in variants.items()
+    ]
     print(common.table(rows))
     best_float32 = max(r["GB/s"] for r in rows if "float32" in r["variant"])
     result = {"rows": rows, "gpt2_float32_tokens_per_s_bound": best_float32 * 1e9 / GPT2_FLOAT32_BYTES}
     print(f"wrote {common.save('bandwidth', result)}")
-    print(json.dumps({"gpt2_float32_tokens_per_s_bound": result["gpt2_float32_tokens_per_s_bound"],
-                      **{r["variant"]: r["GB/s"] for r in rows}}))
+    print(
+        json.dumps(
+            {
+                "gpt2_float32_tokens_per_s_bound": result["gpt2_float32_tokens_per_s_bound"],
+                **{r["variant"]: r["GB/s"] for r in rows},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

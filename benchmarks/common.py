@@ -42,10 +42,16 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
 def machine() -> dict:
     """Where and under what load this ran."""
     device = jax.devices()[0]
-    return {"platform": device.platform, "device_kind": device.device_kind, "devices": jax.device_count(),
-            "cpu_cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-            "jax": jax.__version__, "load_average_1min": os.getloadavg()[0],
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "devices": jax.device_count(),
+        "cpu_cores": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+        "load_average_1min": os.getloadavg()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def platform_name() -> str:
@@ -63,8 +69,10 @@ def save(name: str, payload: dict, out: str | None = None) -> Path:
 def warn_if_loaded(limit: float = 1.5) -> None:
     load = os.getloadavg()[0]
     if platform_name() == "cpu" and load > limit:
-        print(f"warning: load average {load:.1f} > {limit}: other processes share the cores, timings are noisy",
-              file=sys.stderr)
+        print(
+            f"warning: load average {load:.1f} > {limit}: other processes share the cores, timings are noisy",
+            file=sys.stderr,
+        )
 
 
 def peak_gflops() -> dict:

@@ -14,8 +14,8 @@ import time
 
 import common
 import jax
-
 from train import SHAPES, build_config, lm_batches
+
 from txjax.experiment import build_model
 from txjax.train import make_train_step
 from txjax.train_state import init_state, make_optimizer
@@ -43,8 +43,9 @@ def main():
     rows = []
     for layers in map(int, args.layers.split(",")):
         for scan in (True, False):
-            config = build_config(args.shape, [f"--config.model.num_layers={layers}",
-                                               f"--config.model.scan_layers={scan}"])
+            config = build_config(
+                args.shape, [f"--config.model.num_layers={layers}", f"--config.model.scan_layers={scan}"]
+            )
             rows.append({"layers": layers, "stack": "scan" if scan else "loop", **compile_seconds(config)})
             rows[-1]["total_s"] = rows[-1]["trace_s"] + rows[-1]["compile_s"]
             print(common.table(rows[-1:]), flush=True)

@@ -37,8 +37,16 @@ SHAPES = {
     # nanoGPT's shakespeare_char model, with a context long enough for 1024 new tokens
     "shakespeare_char": ModelConfig(vocab_size=65, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=1024),
     # GPT-2 small (124M parameters)
-    "gpt2_small": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12, max_len=1024,
-                              activation="gelu_tanh", use_bias=True),
+    "gpt2_small": ModelConfig(
+        vocab_size=50257,
+        d_model=768,
+        num_heads=12,
+        d_ff=3072,
+        num_layers=12,
+        max_len=1024,
+        activation="gelu_tanh",
+        use_bias=True,
+    ),
 }
 BUCKET = 64  # recompute pads the sequence to a multiple of this
 STEPS_TIMED = 32  # decode steps per per-token cost measurement
@@ -69,8 +77,9 @@ def timed_s(fn, repeats: int) -> tuple[float, float]:
 def cached_generation_s(model, params, n: int, repeats: int) -> tuple[float, float]:
     strategy = decode.Strategy(max_new_tokens=n)
     prompt_1x1, lengths_1 = jnp.zeros((1, 1), jnp.int32), jnp.ones((1,), jnp.int32)
-    return timed_s(lambda: decode.lm_generate_ids(model, params, strategy, 0, prompt_1x1, lengths_1,
-                                                   jax.random.key(0)), repeats)
+    return timed_s(
+        lambda: decode.lm_generate_ids(model, params, strategy, 0, prompt_1x1, lengths_1, jax.random.key(0)), repeats
+    )
 
 
 def cached_step_s(model, params, p: int, repeats: int) -> float:
@@ -83,10 +92,14 @@ def cached_step_s(model, params, p: int, repeats: int) -> float:
             cache, token_1 = carry
             logits_1xV, cache = decode.extend(model, params, cache, token_1[:, None], jnp.full((1, 1), t))
             return cache, jnp.argmax(logits_1xV, -1).astype(jnp.int32)
+
         return jax.lax.fori_loop(first, p, body, (cache, token_1))
 
-    prefill = jax.jit(lambda params, cache: decode.extend(model, params, cache, jnp.zeros((1, first), jnp.int32),
-                                                          jnp.arange(first)[None])[1])
+    prefill = jax.jit(
+        lambda params, cache: decode.extend(
+            model, params, cache, jnp.zeros((1, first), jnp.int32), jnp.arange(first)[None]
+        )[1]
+    )
     fresh = lambda: prefill(params, init_cache(model, 1, p))
     jax.block_until_ready(steps(params, fresh(), jnp.zeros((1,), jnp.int32)))  # compile
     times = []
@@ -102,11 +115,14 @@ def cached_step_s(model, params, p: int, repeats: int) -> float:
 def recompute_fns(model, length: int):
     """jit(params, tokens [1, length], first, last) -> tokens with positions first..last-1 filled greedily, each
     by a full forward pass over all `length` slots (causal: the slots after the current token do not matter)."""
+
     def run(params, tokens_1xL, first, last):
         def body(t, tokens_1xL):
             logits_1xLxV = model.apply({"params": params}, tokens_1xL)
             return tokens_1xL.at[0, t].set(jnp.argmax(logits_1xLxV[0, t - 1]).astype(jnp.int32))
+
         return jax.lax.fori_loop(first, last, body, tokens_1xL)
+
     return jax.jit(run, donate_argnums=1)
 
 
@@ -133,8 +149,9 @@ def recompute_step_s(model, params, length: int, repeats: int) -> float:
 def recompute_estimate_s(model, params, n: int, repeats: int) -> float:
     """Sum over the new tokens of the measured step time at their padded length."""
     lengths = [padded_length(t) for t in range(1, n + 1)]
-    return sum(recompute_step_s(model, params, length, repeats) * lengths.count(length)
-               for length in sorted(set(lengths)))
+    return sum(
+        recompute_step_s(model, params, length, repeats) * lengths.count(length) for length in sorted(set(lengths))
+    )
 
 
 def main():
@@ -156,31 +173,45 @@ def main():
         estimate = recompute_estimate_s(model, params, n, 3)
         measured = estimate <= args.recompute_budget_s
         if measured:
-            recompute = timed_s(lambda: recompute_generation(model, params, n), max(1, args.repeats // 2))[0]
-        rows.append({"new_tokens": n, "cached_tokens_per_s": n / cached,
-                     "cached_cpu_us_per_token": 1e6 * cached_cpu / n,
-                     "recompute_tokens_per_s": n / (recompute if measured else estimate),
-                     "recompute": "measured" if measured else "est",
-                     "speedup": (recompute if measured else estimate) / cached})
+            recompute = timed_s(lambda n=n: recompute_generation(model, params, n), max(1, args.repeats // 2))[0]
+        rows.append(
+            {
+                "new_tokens": n,
+                "cached_tokens_per_s": n / cached,
+                "cached_cpu_us_per_token": 1e6 * cached_cpu / n,
+                "recompute_tokens_per_s": n / (recompute if measured else estimate),
+                "recompute": "measured" if measured else "est",
+                "speedup": (recompute if measured else estimate) / cached,
+            }
+        )
     costs = []
     for p in (64, 1024):
-        costs.append({"position": p, "cached_ms_per_token": 1e3 * cached_step_s(model, params, p, args.repeats),
-                      "recompute_ms_per_token": 1e3 * recompute_step_s(model, params, p, args.repeats)})
+        costs.append(
+            {
+                "position": p,
+                "cached_ms_per_token": 1e3 * cached_step_s(model, params, p, args.repeats),
+                "recompute_ms_per_token": 1e3 * recompute_step_s(model, params, p, args.repeats),
+            }
+        )
     print(f"{args.shape}, {args.dtype} weights, batch 1, greedy; median of {args.repeats} runs")
     print(common.table(rows))
     print()
     print(common.table(costs))
     result = next(r for r in rows if r["new_tokens"] == 256) if 256 in lengths else rows[-1]
     summary = {
-        "shape": args.shape, "dtype": args.dtype, "new_tokens": result["new_tokens"],
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "new_tokens": result["new_tokens"],
         "cached_tokens_per_s": result["cached_tokens_per_s"],
         "cached_cpu_us_per_token": result["cached_cpu_us_per_token"],
         "recompute_tokens_per_s": result["recompute_tokens_per_s"],
         "recompute": result["recompute"],
         "cost_ratio_1024_vs_64": costs[1]["cached_ms_per_token"] / costs[0]["cached_ms_per_token"],
         "recompute_cost_ratio_1024_vs_64": costs[1]["recompute_ms_per_token"] / costs[0]["recompute_ms_per_token"],
-        "repeats": args.repeats, "load_average_before": load_before,
-        "load_average_after": common.machine()["load_average_1min"]}
+        "repeats": args.repeats,
+        "load_average_before": load_before,
+        "load_average_after": common.machine()["load_average_1min"],
+    }
     common.save(f"decode_{args.shape}_{args.dtype}", {"rows": rows, "costs": costs, "summary": summary})
     print(json.dumps(summary))
 

@@ -23,8 +23,8 @@ import sys
 
 import common
 import jax
-
 from train import SHAPES, build_config, lm_batches
+
 from txjax.experiment import build_model
 from txjax.train import make_train_step
 from txjax.train_state import init_state, make_optimizer
@@ -46,8 +46,11 @@ def case(shape: str, overrides: list[str], max_gb: float) -> dict:
     batch = jax.device_put(lm_batches(config, 1)[0])
     step = make_train_step(model, tx, config.train).lower(state, batch).compile()
     m = step.memory_analysis()
-    out = {"xla_estimate_gb": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / GB,
-           "base_gb": base, "peak_gb": None}
+    out = {
+        "xla_estimate_gb": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / GB,
+        "base_gb": base,
+        "peak_gb": None,
+    }
     if out["xla_estimate_gb"] <= max_gb:
         for _ in range(2):
             state, metrics = step(state, batch)
@@ -74,19 +77,30 @@ def main():
     rows = []
     for context in map(int, args.contexts.split(",")):
         for remat in (False, True):
-            overrides = [f"--config.model.max_len={context}", f"--config.data.seq_len={context}",
-                         f"--config.model.remat={remat}", f"--config.train.batch_size={args.batch_size}",
-                         "--config.model.scan_layers=true"]
-            child = subprocess.run([sys.executable, __file__, f"--shape={args.shape}",
-                                    f"--case={json.dumps([overrides, args.max_gb])}"],
-                                   capture_output=True, text=True, env={**common.os.environ,
-                                                                        "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
-            result = json.loads(child.stdout.splitlines()[-1]) if child.returncode == 0 else {
-                "error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:120]}
+            overrides = [
+                f"--config.model.max_len={context}",
+                f"--config.data.seq_len={context}",
+                f"--config.model.remat={remat}",
+                f"--config.train.batch_size={args.batch_size}",
+                "--config.model.scan_layers=true",
+            ]
+            child = subprocess.run(
+                [sys.executable, __file__, f"--shape={args.shape}", f"--case={json.dumps([overrides, args.max_gb])}"],
+                capture_output=True,
+                text=True,
+                env={**common.os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+            )
+            result = (
+                json.loads(child.stdout.splitlines()[-1])
+                if child.returncode == 0
+                else {"error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:120]}
+            )
             rows.append({"context": context, "remat": remat, **result})
             print(common.table(rows[-1:]), flush=True)
     print(common.table(rows, ["context", "remat", "peak_gb", "base_gb", "xla_estimate_gb", "error"]))
-    print(f"wrote {common.save('memory', {'shape': args.shape, 'batch_size': args.batch_size, 'rows': rows}, args.out)}")
+    print(
+        f"wrote {common.save('memory', {'shape': args.shape, 'batch_size': args.batch_size, 'rows': rows}, args.out)}"
+    )
 
 
 if __name__ == "__main__":

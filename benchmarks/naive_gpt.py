@@ -72,8 +72,11 @@ def main():
         if i >= 5:
             times.append(time.perf_counter() - began)
     ms = 1e3 * statistics.median(times)
-    print(json.dumps({"benchmark": "naive_gpt", "ms_per_step": ms, "min_ms": 1e3 * min(times),
-                      "tokens_per_s": B * T / ms * 1e3}))
+    print(
+        json.dumps(
+            {"benchmark": "naive_gpt", "ms_per_step": ms, "min_ms": 1e3 * min(times), "tokens_per_s": B * T / ms * 1e3}
+        )
+    )
 
 
 if __name__ == "__main__":

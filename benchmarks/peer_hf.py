@@ -29,14 +29,17 @@ import common
 import numpy as np
 import sacrebleu
 import torch
+from train import build_config
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
-from train import build_config
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_tokenizer
 
-PEER_ISSUE = {"marian_target_tokens_per_s": 3017, "gpt2_small_tokens_per_s": 34.6,
-              "shakespeare_char_tokens_per_s": 1063}
+PEER_ISSUE = {
+    "marian_target_tokens_per_s": 3017,
+    "gpt2_small_tokens_per_s": 34.6,
+    "shakespeare_char_tokens_per_s": 1063,
+}
 
 
 def marian_setup():
@@ -47,11 +50,25 @@ def marian_setup():
         pairs = list(build_dataset(config, tokenizer, "train").raw_pairs())
         test = list(build_dataset(config, tokenizer, "test").raw_pairs())
     pad, eos, vocab = tokenizer.pad_id, tokenizer.eos_id, tokenizer.vocab_size
-    model = MarianMTModel(MarianConfig(
-        vocab_size=vocab, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1, max_position_embeddings=512,
-        pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad, share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True))
+    model = MarianMTModel(
+        MarianConfig(
+            vocab_size=vocab,
+            d_model=256,
+            encoder_layers=3,
+            decoder_layers=3,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=1024,
+            decoder_ffn_dim=1024,
+            dropout=0.1,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            decoder_start_token_id=pad,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+        )
+    )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=0.1)
@@ -59,7 +76,7 @@ def marian_setup():
     def padded(seqs):
         out = torch.full((len(seqs), max(map(len, seqs))), pad, dtype=torch.long)
         for i, s in enumerate(seqs):
-            out[i, :len(s)] = torch.tensor(s)
+            out[i, : len(s)] = torch.tensor(s)
         return out
 
     def train_step(batch, scheduler=None) -> int:
@@ -102,7 +119,7 @@ def marian_bleu(minutes: float) -> dict:
         order = rng.permutation(len(pairs))
         for start in range(0, len(order) - 31, 32):
             began = time.perf_counter()
-            train_step([pairs[i] for i in order[start:start + 32]], scheduler)
+            train_step([pairs[i] for i in order[start : start + 32]], scheduler)
             trained, steps = trained + time.perf_counter() - began, steps + 1
             if trained >= 60 * minutes:
                 break
@@ -114,9 +131,14 @@ def marian_bleu(minutes: float) -> dict:
         hypotheses = []
         with torch.no_grad():
             for start in range(0, len(test), 32):
-                src = padded([tokenizer.encode(s)[:127] + [tokenizer.eos_id] for s, _ in test[start:start + 32]])
-                out = model.generate(input_ids=src, attention_mask=(src != tokenizer.pad_id).long(), num_beams=beams,
-                                     do_sample=False, max_new_tokens=160)
+                src = padded([tokenizer.encode(s)[:127] + [tokenizer.eos_id] for s, _ in test[start : start + 32]])
+                out = model.generate(
+                    input_ids=src,
+                    attention_mask=(src != tokenizer.pad_id).long(),
+                    num_beams=beams,
+                    do_sample=False,
+                    max_new_tokens=160,
+                )
                 hypotheses += [tokenizer.decode([i for i in row.tolist() if i not in special]) for row in out]
         result[f"bleu_{name}"] = sacrebleu.corpus_bleu(hypotheses, references).score
         result[f"chrf_{name}"] = sacrebleu.corpus_chrf(hypotheses, references).score
@@ -154,8 +176,11 @@ def main():
         result["marian_bleu"] = marian_bleu(args.minutes)
     if "decode" in args.what:
         result["shakespeare_char_tokens_per_s"] = generate_throughput(
-            GPT2Config(vocab_size=65, n_positions=1024, n_embd=128, n_layer=4, n_head=4, bos_token_id=0,
-                       eos_token_id=0), args.repeats)
+            GPT2Config(
+                vocab_size=65, n_positions=1024, n_embd=128, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0
+            ),
+            args.repeats,
+        )
         result["gpt2_small_tokens_per_s"] = generate_throughput(GPT2Config(), args.repeats)
     rows = [{"figure": k, "today": v, "issue 8": PEER_ISSUE.get(k)} for k, v in result.items() if k in PEER_ISSUE]
     print(common.table(rows))

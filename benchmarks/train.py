@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import tempfile
 
 import common
 import jax
@@ -39,21 +38,57 @@ from txjax.train_state import init_state, make_optimizer
 EXPERIMENTS = config_lib.REPO / "experiments"
 SHAPES = {  # name -> (experiment file, overrides of its config)
     "shakespeare_char": ("shakespeare_char.py", {"model.vocab_size": 65, "model.max_len": 64}),
-    "baby_gpt": ("shakespeare_char.py", {  # nanoGPT's train_shakespeare_char.py
-        "model.vocab_size": 65, "model.max_len": 256, "data.seq_len": 256, "model.num_layers": 6,
-        "model.num_heads": 6, "model.d_model": 384, "model.d_ff": 1536, "model.dropout": 0.2,
-        "train.batch_size": 64}),
-    "gpt2_small": ("shakespeare_char.py", {
-        "model.vocab_size": 50257, "model.max_len": 1024, "data.seq_len": 1024, "model.num_layers": 12,
-        "model.num_heads": 12, "model.d_model": 768, "model.d_ff": 3072, "model.activation": "gelu_tanh",
-        "model.use_bias": True, "train.batch_size": 8}),
-    "marian_small": ("bible_en_es.py", {  # the Hugging Face MarianMTModel peer of issue 8, its size forced
-        "model.vocab_size": 8000, "model.max_len": 128, "data.vocab_size": 8000, "model.d_model": 256, "model.num_layers": 3,
-        "model.num_encoder_layers": 3, "model.num_heads": 4, "model.num_kv_heads": None, "model.d_ff": 1024,
-        "model.dropout": 0.1, "model.share_embeddings": True, "model.tie_embeddings": True}),
+    "baby_gpt": (
+        "shakespeare_char.py",
+        {  # nanoGPT's train_shakespeare_char.py
+            "model.vocab_size": 65,
+            "model.max_len": 256,
+            "data.seq_len": 256,
+            "model.num_layers": 6,
+            "model.num_heads": 6,
+            "model.d_model": 384,
+            "model.d_ff": 1536,
+            "model.dropout": 0.2,
+            "train.batch_size": 64,
+        },
+    ),
+    "gpt2_small": (
+        "shakespeare_char.py",
+        {
+            "model.vocab_size": 50257,
+            "model.max_len": 1024,
+            "data.seq_len": 1024,
+            "model.num_layers": 12,
+            "model.num_heads": 12,
+            "model.d_model": 768,
+            "model.d_ff": 3072,
+            "model.activation": "gelu_tanh",
+            "model.use_bias": True,
+            "train.batch_size": 8,
+        },
+    ),
+    "marian_small": (
+        "bible_en_es.py",
+        {  # the Hugging Face MarianMTModel peer of issue 8, its size forced
+            "model.vocab_size": 8000,
+            "model.max_len": 128,
+            "data.vocab_size": 8000,
+            "model.d_model": 256,
+            "model.num_layers": 3,
+            "model.num_encoder_layers": 3,
+            "model.num_heads": 4,
+            "model.num_kv_heads": None,
+            "model.d_ff": 1024,
+            "model.dropout": 0.1,
+            "model.share_embeddings": True,
+            "model.tie_embeddings": True,
+        },
+    ),
 }
 CPU_BATCH = {"gpt2_small": 1}  # a few steps at a small batch: one GPT-2 step at batch 8 takes ~half a minute here
 CPU_STEPS = {"shakespeare_char": 50, "baby_gpt": 10, "gpt2_small": 3, "marian_small": 12}  # timed steps per variant
+
+
 def build_config(shape: str, overrides: list[str]):
     """The experiment's config with the shape's overrides, then the command line's."""
     experiment, shape_overrides = SHAPES[shape]
@@ -62,7 +97,9 @@ def build_config(shape: str, overrides: list[str]):
         if value is None:
             config_lib.apply_override(config, f"--config.{key}=None")
         else:
-            config_lib.apply_override(config, f"--config.{key}={json.dumps(value) if isinstance(value, bool) else value}")
+            config_lib.apply_override(
+                config, f"--config.{key}={json.dumps(value) if isinstance(value, bool) else value}"
+            )
     for flag in overrides:
         config_lib.apply_override(config, flag)
     return config
@@ -73,9 +110,16 @@ def lm_batches(config, n: int = 4):
     b, t, v = config.train.batch_size, config.data.seq_len, config.model.vocab_size
     rng = np.random.default_rng(0)
     ones = np.ones((b, t), np.int32)
-    return [{"inputs": rng.integers(0, v, (b, t), dtype=np.int32), "targets": rng.integers(0, v, (b, t), dtype=np.int32),
-             "weights": ones.astype(np.float32), "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
-             "segment_ids": ones} for _ in range(n)]
+    return [
+        {
+            "inputs": rng.integers(0, v, (b, t), dtype=np.int32),
+            "targets": rng.integers(0, v, (b, t), dtype=np.int32),
+            "weights": ones.astype(np.float32),
+            "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)),
+            "segment_ids": ones,
+        }
+        for _ in range(n)
+    ]
 
 
 def seq2seq_batches(config, n: int = 16):
@@ -152,24 +196,55 @@ def main():
     rows = []
     for (dtype, impl, scan), s in timings.items():
         seconds = s["median_ms"] / 1e3
-        rows.append({"dtype": dtype, "attention": impl, "layers": "scan" if scan else "loop",
-                     "default": (dtype, impl, scan) == default, "ms_per_step": s["median_ms"], "min_ms": s["min_ms"],
-                     "max_ms": s["max_ms"], "cpu_ms": s["cpu_ms"],
-                     "tokens_per_s": tokens / seconds, "tflops": flops / seconds / 1e12,
-                     "mfu": flops / seconds / (peak[dtype] * 1e9)})
-    print(f"{args.shape}: batch {base.train.batch_size}, {tokens:,.0f} tokens/step"
-          f"{' (target tokens, no padding)' if base.family == 'encoder_decoder' else ''}, "
-          f"{flops / 1e9:,.2f} GFLOP/step, peak GFLOP/s {peak['float32']:,.0f} (f32) / {peak['bfloat16']:,.0f} (bf16)"
-          f"{'; CPU: a few steps at a small batch' if small else ''}")
+        rows.append(
+            {
+                "dtype": dtype,
+                "attention": impl,
+                "layers": "scan" if scan else "loop",
+                "default": (dtype, impl, scan) == default,
+                "ms_per_step": s["median_ms"],
+                "min_ms": s["min_ms"],
+                "max_ms": s["max_ms"],
+                "cpu_ms": s["cpu_ms"],
+                "tokens_per_s": tokens / seconds,
+                "tflops": flops / seconds / 1e12,
+                "mfu": flops / seconds / (peak[dtype] * 1e9),
+            }
+        )
+    print(
+        f"{args.shape}: batch {base.train.batch_size}, {tokens:,.0f} tokens/step"
+        f"{' (target tokens, no padding)' if base.family == 'encoder_decoder' else ''}, "
+        f"{flops / 1e9:,.2f} GFLOP/step, peak GFLOP/s {peak['float32']:,.0f} (f32) / {peak['bfloat16']:,.0f} (bf16)"
+        f"{'; CPU: a few steps at a small batch' if small else ''}"
+    )
     print(common.table(rows))
-    path = common.save(f"train_{args.shape}", {"shape": args.shape, "config": base.to_dict(), "steps": steps,
-                                                "tokens_per_step": tokens, "flops_per_step": flops,
-                                                "peak_gflops": peak, "rows": rows}, args.out)
+    path = common.save(
+        f"train_{args.shape}",
+        {
+            "shape": args.shape,
+            "config": base.to_dict(),
+            "steps": steps,
+            "tokens_per_step": tokens,
+            "flops_per_step": flops,
+            "peak_gflops": peak,
+            "rows": rows,
+        },
+        args.out,
+    )
     print(f"wrote {path}")
     chosen = next(r for r in rows if r["default"])
-    print(json.dumps({"shape": args.shape, "dtype": chosen["dtype"], "attention": chosen["attention"],
-                      "layers": chosen["layers"], "batch_size": base.train.batch_size, **{k: chosen[k] for k in ("ms_per_step", "tokens_per_s",
-                                                                                     "mfu")}}))
+    print(
+        json.dumps(
+            {
+                "shape": args.shape,
+                "dtype": chosen["dtype"],
+                "attention": chosen["attention"],
+                "layers": chosen["layers"],
+                "batch_size": base.train.batch_size,
+                **{k: chosen[k] for k in ("ms_per_step", "tokens_per_s", "mfu")},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,13 @@ VOCAB = 65
 def random_batch(rng, batch_size: int, seq_len: int) -> dict:
     tokens = rng.integers(0, VOCAB, (batch_size, seq_len + 1), dtype=np.int32)
     ones = np.ones((batch_size, seq_len), np.int32)
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": ones.astype(np.float32),
-            "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)).copy(),
-            "segment_ids": ones}
+    return {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "weights": ones.astype(np.float32),
+        "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)).copy(),
+        "segment_ids": ones,
+    }
 
 
 def variants(config, k: int) -> dict:
@@ -77,12 +81,17 @@ def main() -> None:
         timings = common.time_calls(variants(config, k), args.calls, warmup=1, rounds=2)
         row = {"K": k}
         for name, s in timings.items():
-            row |= {f"{name}_ms": s["median_ms"], f"{name}_tokens_per_s": k * tokens / (s["median_ms"] / 1e3),
-                    f"{name}_cpu_ms": s["cpu_ms"]}
+            row |= {
+                f"{name}_ms": s["median_ms"],
+                f"{name}_tokens_per_s": k * tokens / (s["median_ms"] / 1e3),
+                f"{name}_cpu_ms": s["cpu_ms"],
+            }
         rows.append(row | {"speedup": row["sequential_ms"] / row["vmapped_ms"]})
     print(common.table(rows))
-    shape = (f"{config.model.num_layers}L/{config.model.num_heads}H/d{config.model.d_model}/ctx{config.data.seq_len}"
-             f"/batch{config.train.batch_size}")
+    shape = (
+        f"{config.model.num_layers}L/{config.model.num_heads}H/d{config.model.d_model}/ctx{config.data.seq_len}"
+        f"/batch{config.train.batch_size}"
+    )
     payload = {"benchmark": "vmap_sweep", "shape": shape, "calls": args.calls, "rows": rows}
     common.save("vmap_sweep", payload)
     print(json.dumps({**payload, "load_average_1min": common.machine()["load_average_1min"]}))

@@ -21,14 +21,44 @@ def get_config():
     config = base_config()
     config.family = "encoder_decoder"
     bible = "../shared/data/bible/{}.en-es.tsv"
-    config.data.update(kind="parallel", path=bible.format("train"), valid_path=bible.format("valid"),
-                       test_path=bible.format("test"), tokenizer="sentencepiece", vocab_size=8000, max_src_len=128,
-                       max_tgt_len=128, pack=True)
-    config.model.update(num_layers=3, num_encoder_layers=3, num_heads=4, d_model=256, d_ff=1024, dropout=0.0,
-                        positional="sinusoidal", embed_scale=True, share_embeddings=True, tie_embeddings=True,
-                        dtype="bfloat16", scan_layers=False)
-    config.train.update(steps=2100, batch_size=16, learning_rate=1e-3, warmup_steps=200, label_smoothing=0.1,
-                        max_minutes=20.0, log_every=50, eval_every=0, eval_every_minutes=5.0, eval_generation=True,
-                        eval_batches=0, checkpoint_every=250)
+    config.data.update(
+        kind="parallel",
+        path=bible.format("train"),
+        valid_path=bible.format("valid"),
+        test_path=bible.format("test"),
+        tokenizer="sentencepiece",
+        vocab_size=8000,
+        max_src_len=128,
+        max_tgt_len=128,
+        pack=True,
+    )
+    config.model.update(
+        num_layers=3,
+        num_encoder_layers=3,
+        num_heads=4,
+        d_model=256,
+        d_ff=1024,
+        dropout=0.0,
+        positional="sinusoidal",
+        embed_scale=True,
+        share_embeddings=True,
+        tie_embeddings=True,
+        dtype="bfloat16",
+        scan_layers=False,
+    )
+    config.train.update(
+        steps=2100,
+        batch_size=16,
+        learning_rate=1e-3,
+        warmup_steps=200,
+        label_smoothing=0.1,
+        max_minutes=20.0,
+        log_every=50,
+        eval_every=0,
+        eval_every_minutes=5.0,
+        eval_generation=True,
+        eval_batches=0,
+        checkpoint_every=250,
+    )
     config.decode.update(max_new_tokens=160, beam_size=4, length_penalty=0.6)
     return config

@@ -14,6 +14,13 @@ def get_config():
     config.data.task = "reverse"
     config.data.max_digits = 8
     config.model.update(num_layers=2, num_heads=4, d_model=128, d_ff=512, dropout=0.0)
-    config.train.update(steps=600, batch_size=64, learning_rate=1e-3, warmup_steps=50, log_every=50, eval_every=200,
-                        checkpoint_every=200)
+    config.train.update(
+        steps=600,
+        batch_size=64,
+        learning_rate=1e-3,
+        warmup_steps=50,
+        log_every=50,
+        eval_every=200,
+        checkpoint_every=200,
+    )
     return config

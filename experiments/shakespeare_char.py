@@ -19,12 +19,35 @@ from txjax.config import base_config
 def get_config():
     config = base_config()
     config.family = "decoder_lm"
-    config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", tokenizer="char", seq_len=64,
-                       val_fraction=0.1)
-    config.model.update(num_layers=4, num_heads=4, d_model=128, d_ff=512, dropout=0.0, positional="rope",
-                        activation="relu", attention_scale="none", tie_embeddings=True, use_bias=False,
-                        dtype="bfloat16", scan_layers=False)
-    config.train.update(steps=2000, batch_size=12, learning_rate=1e-3, min_lr_ratio=0.1, warmup_steps=100, b2=0.99,
-                        weight_decay=0.1, grad_clip=1.0, log_every=100, eval_every=250, eval_batches=20,
-                        checkpoint_every=500)
+    config.data.update(
+        kind="text", path="../shared/data/tinyshakespeare/input.txt", tokenizer="char", seq_len=64, val_fraction=0.1
+    )
+    config.model.update(
+        num_layers=4,
+        num_heads=4,
+        d_model=128,
+        d_ff=512,
+        dropout=0.0,
+        positional="rope",
+        activation="relu",
+        attention_scale="none",
+        tie_embeddings=True,
+        use_bias=False,
+        dtype="bfloat16",
+        scan_layers=False,
+    )
+    config.train.update(
+        steps=2000,
+        batch_size=12,
+        learning_rate=1e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=100,
+        b2=0.99,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        log_every=100,
+        eval_every=250,
+        eval_batches=20,
+        checkpoint_every=500,
+    )
     return config

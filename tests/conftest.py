@@ -39,8 +39,11 @@ def compilation_cache(compilation_cache_dir):
     import jax  # only now: XLA_FLAGS above must be set first
 
     directory = compilation_cache_dir
-    options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.0,
-               "jax_persistent_cache_min_entry_size_bytes": 0}
+    options = {
+        "jax_compilation_cache_dir": directory,
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
     before = {name: getattr(jax.config, name) for name in options}
     for name, value in options.items():
         jax.config.update(name, value)

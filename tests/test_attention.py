@@ -2,14 +2,13 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
 
 from txjax import attention as A
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # NumPy references (also imported by test_layers.py)
@@ -77,8 +76,9 @@ def test_sdpa_matches_numpy_dk_ne_dv_nq_ne_nk_with_mask_and_bias():
     out_b = A.scaled_dot_product_attention(q, k, v, mask, bias=bias)
     np.testing.assert_allclose(out_b, np_attention(q, k, v, mask, bias), atol=1e-5)
     np.testing.assert_allclose(A.scaled_dot_product_attention(q, k, v), np_attention(q, k, v), atol=1e-5)
-    np.testing.assert_allclose(A.scaled_dot_product_attention(q, k, v, scale=0.3),
-                               np_attention(q, k, v, scale=0.3), atol=1e-5)
+    np.testing.assert_allclose(
+        A.scaled_dot_product_attention(q, k, v, scale=0.3), np_attention(q, k, v, scale=0.3), atol=1e-5
+    )
 
 
 def test_fully_masked_row_gives_zeros_and_finite_grads():
@@ -118,28 +118,22 @@ def test_causal_mask_on_positions():
     np.testing.assert_array_equal(m1[0, 0, 0], [True, True, True, False, False])
 
 
-def test_padding_masks_from_lengths_and_pad_id():
-    valid = np.asarray(A.valid_from_lengths(jnp.array([3, 0, 5]), 5))
-    np.testing.assert_array_equal(valid, [[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
-    toks = np.array([[5, 6, 0, 0], [7, 0, 8, 0]])
-    np.testing.assert_array_equal(A.valid_from_pad_id(jnp.asarray(toks), 0), toks != 0)
+def test_padding_mask():
     qv, kv = np.array([[1, 1, 0]], bool), np.array([[1, 0, 1, 1]], bool)
     m = np.asarray(A.padding_mask(jnp.asarray(qv), jnp.asarray(kv)))
     assert m.shape == (1, 1, 3, 4)
     np.testing.assert_array_equal(m[0, 0], np.outer(qv[0], kv[0]))
 
 
-def test_segment_mask_and_combine():
+def test_segment_mask_and_causal():
     seg = np.array([[1, 1, 2, 2, 2, 0]])
     m = np.asarray(A.segment_mask(jnp.asarray(seg), jnp.asarray(seg)))[0, 0]
     ref = np.array([[seg[0, i] == seg[0, j] and seg[0, i] > 0 for j in range(6)] for i in range(6)])
     np.testing.assert_array_equal(m, ref)
     assert not m[5].any() and not m[:, 5].any()
     pos = jnp.array([[0, 1, 0, 1, 2, 0]])
-    both = np.asarray(A.combine_masks(A.causal_mask(pos, pos), None, A.segment_mask(jnp.asarray(seg), jnp.asarray(seg))))
+    both = np.asarray(A.causal_mask(pos, pos) & A.segment_mask(jnp.asarray(seg), jnp.asarray(seg)))
     np.testing.assert_array_equal(both[0, 0], ref & np.tril(np.ones((6, 6), bool)))
-    assert A.combine_masks(None, None) is None
-    np.testing.assert_array_equal(A.combine_masks(jnp.asarray(ref)), ref)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,8 +176,9 @@ def random_params(module, *args, seed=0, std=0.3, **kwargs):
     return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads,scale", [(4, 4, "sqrt"), (4, 2, "sqrt"), (4, 1, "none"),
-                                                          (4, 2, "linear")])
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,scale", [(4, 4, "sqrt"), (4, 2, "sqrt"), (4, 1, "none"), (4, 2, "linear")]
+)
 def test_mha_self_attention_matches_numpy(num_heads, num_kv_heads, scale):
     d_model, head_dim, b, l = 10, 3, 2, 5  # head_dim * heads != d_model on purpose
     mod = A.MultiHeadAttention(num_heads, num_kv_heads, head_dim, use_bias=True, scale=scale)
@@ -208,7 +203,7 @@ def test_mha_cross_attention_different_lengths_matches_numpy(num_kv_heads):
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.normal(size=(2, 3, d_model)), jnp.float32)  # Lq = 3
     enc = jnp.asarray(rng.normal(size=(2, 7, d_model)), jnp.float32)  # Lk = 7
-    src_valid = A.valid_from_lengths(jnp.array([7, 4]), 7)
+    src_valid = jnp.arange(7)[None, :] < jnp.array([7, 4])[:, None]
     mask = A.padding_mask(jnp.ones((2, 3), bool), src_valid)
     q_pos = jnp.zeros((2, 3), jnp.int32)
     p = random_params(mod, x, mask, q_pos=q_pos, kv=enc)
@@ -257,7 +252,7 @@ def test_fused_equals_reference_with_causal_padding_segments(num_kv_heads, alibi
     d_model, heads, head_dim = 8, 4, 4
     seg = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])  # packed row with a pad; padded row
     pos = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]])
-    mask = A.combine_masks(A.causal_mask(pos, pos), A.segment_mask(seg, seg))
+    mask = A.causal_mask(pos, pos) & A.segment_mask(seg, seg)
     x = jnp.asarray(np.random.default_rng(8).normal(size=(2, 6, d_model)), jnp.float32)
     kw = dict(num_heads=heads, num_kv_heads=num_kv_heads, head_dim=head_dim, alibi=alibi)
     ref_mod, fused_mod = A.MultiHeadAttention(**kw), A.MultiHeadAttention(**kw, impl="fused")

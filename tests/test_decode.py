@@ -17,8 +17,16 @@ VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
 
 def tiny(positional="rope", **overrides):
     """2 layers, GQA (4 query heads on 2 KV heads)."""
-    fields = dict(vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64, num_layers=2, max_len=24,
-                  positional=positional)
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        num_heads=4,
+        num_kv_heads=2,
+        d_ff=64,
+        num_layers=2,
+        max_len=24,
+        positional=positional,
+    )
     return ModelConfig(**{**fields, **overrides})
 
 
@@ -51,10 +59,12 @@ def random_ids(seed, shape, low=3):
 
 def teacher_forced_steps(model, params, cache, tokens_BxL, first, src_segment_ids_BxS=None):
     """Logits [L - first, B, V] of decode steps feeding tokens first..L-1 one at a time (a lax.scan of `extend`)."""
+
     def step(cache, t):
         token_Bx1 = jax.lax.dynamic_slice_in_dim(tokens_BxL, t, 1, axis=1)
-        logits_BxV, cache = decode.extend(model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t),
-                                          src_segment_ids_NxS=src_segment_ids_BxS)
+        logits_BxV, cache = decode.extend(
+            model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t), src_segment_ids_NxS=src_segment_ids_BxS
+        )
         return cache, logits_BxV
 
     return jax.lax.scan(step, cache, jnp.arange(first, tokens_BxL.shape[1]))[1]
@@ -88,8 +98,15 @@ def test_seq2seq_cached_steps_equal_full_forward(positional):
         full_BxTxV = model.apply({"params": params}, src_BxS, tgt_BxT, src_segment_ids=src_seg_BxS)
         encoded = model.apply({"params": params}, src_BxS, None, src_seg_BxS, method=EncoderDecoder.encode)
         cache = init_cache(model, 2, 6, 7)
-        prefill_BxV, cache = decode.extend(model, params, cache, tgt_BxT[:, :1], jnp.zeros((2, 1), jnp.int32),
-                                           src_segment_ids_NxS=src_seg_BxS, encoded_NxSxD=encoded)
+        prefill_BxV, cache = decode.extend(
+            model,
+            params,
+            cache,
+            tgt_BxT[:, :1],
+            jnp.zeros((2, 1), jnp.int32),
+            src_segment_ids_NxS=src_seg_BxS,
+            encoded_NxSxD=encoded,
+        )
         # the steps reuse the cross-attention keys/values cached by the prefill (encoded=None)
         return full_BxTxV, prefill_BxV, teacher_forced_steps(model, params, cache, tgt_BxT, 1, src_seg_BxS)
 
@@ -115,10 +132,24 @@ def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
     model = EncoderDecoder(tiny(scan_layers=scan_layers))
     cache = init_cache(model, 3, 5, 4)
     marked = jax.tree_util.tree_map_with_path(  # every per-row leaf holds its row number
-        lambda path, x: x if path[-1].key == "cache_index" else jnp.moveaxis(
-            jnp.broadcast_to(jnp.arange(3), (*x.shape[:x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]],
-                                             *x.shape[x.ndim - decode._CACHE_LEAF_NDIM[path[-1].key]:], 3)), -1,
-            x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]).astype(x.dtype), cache)
+        lambda path, x: (
+            x
+            if path[-1].key == "cache_index"
+            else jnp.moveaxis(
+                jnp.broadcast_to(
+                    jnp.arange(3),
+                    (
+                        *x.shape[: x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]],
+                        *x.shape[x.ndim - decode._CACHE_LEAF_NDIM[path[-1].key] :],
+                        3,
+                    ),
+                ),
+                -1,
+                x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key],
+            ).astype(x.dtype)
+        ),
+        cache,
+    )
     rows = jnp.array([2, 2, 0, 1])
     for path, leaf in jax.tree_util.tree_leaves_with_path(decode.gather_rows(marked, rows)):
         if path[-1].key != "cache_index":
@@ -149,13 +180,13 @@ def greedy_by_recomputing(apply_fn, prefix, n, total):
     """Greedy reference without a cache: each step runs the full model on the whole sequence so far (padded to a
     fixed length `total`; causal attention makes the padding irrelevant) and takes the argmax at the last token."""
     seq_1xT = np.zeros((1, total), np.int32)
-    seq_1xT[0, :len(prefix)] = prefix
+    seq_1xT[0, : len(prefix)] = prefix
     for t in range(len(prefix), len(prefix) + n):
         token = int(jnp.argmax(apply_fn(seq_1xT)[0, t - 1]))
         seq_1xT[0, t] = token
         if token == EOS:
-            return seq_1xT[0, len(prefix):t].tolist()
-    return seq_1xT[0, len(prefix):len(prefix) + n].tolist()
+            return seq_1xT[0, len(prefix) : t].tolist()
+    return seq_1xT[0, len(prefix) : len(prefix) + n].tolist()
 
 
 def test_left_padded_batch_rows_equal_generating_alone():
@@ -200,8 +231,9 @@ def test_top_k_filter_keeps_k_largest():
     assert kept.tolist() == [[False, True, False, True]]
 
 
-@pytest.mark.parametrize("p, expected", [(0.3, {2}), (0.65, {2, 4}), (0.8, {2, 4, 0}), (0.99, {0, 1, 2, 3, 4}),
-                                         (1.0, {0, 1, 2, 3, 4})])
+@pytest.mark.parametrize(
+    "p, expected", [(0.3, {2}), (0.65, {2, 4}), (0.8, {2, 4, 0}), (0.99, {0, 1, 2, 3, 4}), (1.0, {0, 1, 2, 3, 4})]
+)
 def test_top_p_keeps_smallest_set_reaching_p(p, expected):
     probs = jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]])  # sorted: 0.5 (id 2), 0.2 (4), 0.15 (0), 0.1 (3), 0.05 (1)
     kept = decode.top_p_filter(jnp.log(probs), p) > decode.NEG_INF
@@ -223,8 +255,9 @@ def test_top_k_one_equals_greedy():
 
 def test_sampling_same_seed_same_text():
     model, params = lm("rope")
-    sample = functools.partial(decode.generate, model, params, LM_PROMPTS[:1], max_new_tokens=12, temperature=1.5,
-                               top_p=0.95, num_samples=3)
+    sample = functools.partial(
+        decode.generate, model, params, LM_PROMPTS[:1], max_new_tokens=12, temperature=1.5, top_p=0.95, num_samples=3
+    )
     a, b, c = sample(seed=0), sample(seed=0), sample(seed=1)
     assert a.ids == b.ids and len(a.ids) == 3
     assert a.ids != c.ids and len({tuple(ids) for ids in a.ids}) > 1
@@ -249,8 +282,9 @@ def test_beam_search_scores_at_least_greedy():
     alpha = 0.6
     model, params = seq2seq("rope")
     greedy = seq2seq_greedy()
-    beam = decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS,
-                            beam_size=4, length_penalty=alpha)
+    beam = decode.translate(
+        model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, beam_size=4, length_penalty=alpha
+    )
     for logp, ids, stopped, beam_score in zip(greedy.scores, greedy.ids, greedy.stopped, beam.scores):
         greedy_score = logp / decode.length_penalty(len(ids) + stopped, alpha)  # EOS counts in the length
         assert beam_score >= greedy_score - 1e-5
@@ -260,14 +294,17 @@ def test_beam_search_scores_at_least_greedy():
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("prompts, max_new, match", [
-    ([[]], 4, "prompt 0 is empty"),
-    ([], 4, "no prompts"),
-    ([[3] * 25], 1, "more than the model's context max_len=24"),
-    ([[3] * 10], 16, r"lower max_new_tokens to <= 15"),
-    ([[3, 99]], 4, "outside the vocab"),
-    ([[3]], 0, "max_new_tokens=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "prompts, max_new, match",
+    [
+        ([[]], 4, "prompt 0 is empty"),
+        ([], 4, "no prompts"),
+        ([[3] * 25], 1, "more than the model's context max_len=24"),
+        ([[3] * 10], 16, r"lower max_new_tokens to <= 15"),
+        ([[3, 99]], 4, "outside the vocab"),
+        ([[3]], 0, "max_new_tokens=0 must be >= 1"),
+    ],
+)
 def test_bad_input_is_a_one_line_value_error(prompts, max_new, match):
     model, params = lm("rope")
     with pytest.raises(ValueError, match=match) as info:
@@ -277,6 +314,7 @@ def test_bad_input_is_a_one_line_value_error(prompts, max_new, match):
 
 def test_unencodable_prompt_is_a_value_error():
     from txjax.data import CharTokenizer
+
     with pytest.raises(ValueError, match="not in the char tokenizer"):
         decode.encode_prompt(CharTokenizer("abc"), "abz")
 
@@ -296,7 +334,8 @@ def test_generate_windowed_is_generate_while_it_fits_then_slides():
 def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     """`run.py generate` and the BLEU/chrF of evaluation on an (untrained) encoder-decoder run."""
     import run
-    from txjax import config as config_lib, evaluate, experiment
+    from txjax import config as config_lib
+    from txjax import evaluate, experiment
     from txjax.data import CharTokenizer, ParallelDataset
 
     pairs = [("a cat", "un gato"), ("the dog", "el perro"), ("a dog", "un perro"), ("the cat", "el gato")]

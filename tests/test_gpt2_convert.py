@@ -3,19 +3,32 @@
 import dataclasses
 import json
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
 from safetensors.numpy import load_file, save_file
 
 from txjax.convert import load_gpt2, load_gpt2_tokenizer, save_gpt2
 from txjax.models import DecoderLM, ModelConfig
 
-CFG = ModelConfig(vocab_size=50, d_model=16, num_heads=2, d_ff=64, num_layers=2, max_len=12, positional="learned",
-                  norm="layernorm", norm_placement="pre", activation="gelu_tanh", use_bias=True,
-                  tie_embeddings=True, dropout=0.1, attention_dropout=0.1)
+CFG = ModelConfig(
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    d_ff=64,
+    num_layers=2,
+    max_len=12,
+    positional="learned",
+    norm="layernorm",
+    norm_placement="pre",
+    activation="gelu_tanh",
+    use_bias=True,
+    tie_embeddings=True,
+    dropout=0.1,
+    attention_dropout=0.1,
+)
 
 
 def random_params(cfg, seed=0):
@@ -53,25 +66,38 @@ def test_export_then_import_is_identity(tmp_path):
 def test_looped_layers_export_like_scanned(tmp_path):
     params = random_params(CFG)
     looped_cfg = dataclasses.replace(CFG, scan_layers=False)
-    looped = {**params, "decoder": {"final_norm": params["decoder"]["final_norm"],
-                                    **{f"layers_{i}": jax.tree.map(lambda a, i=i: a[i], params["decoder"]["layers"])
-                                       for i in range(CFG.num_layers)}}}
+    looped = {
+        **params,
+        "decoder": {
+            "final_norm": params["decoder"]["final_norm"],
+            **{
+                f"layers_{i}": jax.tree.map(lambda a, i=i: a[i], params["decoder"]["layers"])
+                for i in range(CFG.num_layers)
+            },
+        },
+    }
     scanned_files = load_file(save_gpt2(tmp_path / "s", CFG, params) / "model.safetensors")
     looped_files = load_file(save_gpt2(tmp_path / "l", looped_cfg, looped) / "model.safetensors")
     jax.tree.map(np.testing.assert_array_equal, scanned_files, looped_files)
     tokens = jnp.arange(10)[None] % CFG.vocab_size
-    np.testing.assert_allclose(DecoderLM(looped_cfg).apply({"params": looped}, tokens),
-                               DecoderLM(CFG).apply({"params": params}, tokens), atol=1e-5)
+    np.testing.assert_allclose(
+        DecoderLM(looped_cfg).apply({"params": looped}, tokens),
+        DecoderLM(CFG).apply({"params": params}, tokens),
+        atol=1e-5,
+    )
 
 
-@pytest.mark.parametrize("changes, field", [
-    ({"model_type": "llama"}, "model_type"),
-    ({"activation_function": "silu"}, "activation_function"),
-    ({"tie_word_embeddings": False}, "tie_word_embeddings"),
-    ({"n_embd": 32}, "has shape"),
-    ({"n_layer": 3}, "h.2.attn.c_attn.weight. is missing"),
-    ({"n_head": "2"}, "n_head"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"model_type": "llama"}, "model_type"),
+        ({"activation_function": "silu"}, "activation_function"),
+        ({"tie_word_embeddings": False}, "tie_word_embeddings"),
+        ({"n_embd": 32}, "has shape"),
+        ({"n_layer": 3}, "h.2.attn.c_attn.weight. is missing"),
+        ({"n_head": "2"}, "n_head"),
+    ],
+)
 def test_bad_config_is_one_line_error(folder, changes, field):
     edit_config(folder, **changes)
     with pytest.raises(ValueError, match=field) as e:
@@ -79,12 +105,15 @@ def test_bad_config_is_one_line_error(folder, changes, field):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda t: t.pop("transformer.wpe.weight"), "wpe.weight"),
-    (lambda t: t.update({"lm_head.weight": t["transformer.wte.weight"] + 1}), "lm_head.weight"),
-    (lambda t: t.update({"transformer.h.0.attn.q_attn.weight": t["transformer.wpe.weight"]}), "q_attn"),
-    (lambda t: t.update({"transformer.h.0.mlp.c_fc.bias": t["transformer.h.0.mlp.c_fc.bias"][:-1]}), "c_fc.bias"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda t: t.pop("transformer.wpe.weight"), "wpe.weight"),
+        (lambda t: t.update({"lm_head.weight": t["transformer.wte.weight"] + 1}), "lm_head.weight"),
+        (lambda t: t.update({"transformer.h.0.attn.q_attn.weight": t["transformer.wpe.weight"]}), "q_attn"),
+        (lambda t: t.update({"transformer.h.0.mlp.c_fc.bias": t["transformer.h.0.mlp.c_fc.bias"][:-1]}), "c_fc.bias"),
+    ],
+)
 def test_bad_tensors_are_one_line_errors(folder, change, field):
     edit_tensors(folder, change)
     with pytest.raises(ValueError, match=field):
@@ -99,8 +128,16 @@ def test_not_a_checkpoint(tmp_path):
         load_gpt2(tmp_path)
 
 
-@pytest.mark.parametrize("field, value", [("positional", "rope"), ("activation", "swiglu"), ("use_bias", False),
-                                          ("tie_embeddings", False), ("num_kv_heads", 1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("positional", "rope"),
+        ("activation", "swiglu"),
+        ("use_bias", False),
+        ("tie_embeddings", False),
+        ("num_kv_heads", 1),
+    ],
+)
 def test_unexportable_config_writes_nothing(tmp_path, field, value):
     cfg = dataclasses.replace(CFG, **{field: value})
     with pytest.raises(ValueError, match=field):

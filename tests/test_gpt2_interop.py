@@ -1,8 +1,8 @@
 """GPT-2 interop against transformers' PyTorch GPT2LMHeadModel (skipped without the `interop` extra)."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-import jax.numpy as jnp
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,8 +20,9 @@ def hf_model():
     """A small random GPT-2 with logits of order 10: LayerNorm gains ~ N(1, 0.3^2), every other weight (biases too)
     ~ N(0, 0.3^2), so a mis-mapped tensor shows."""
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=CTX,
-                                     bos_token_id=None, eos_token_id=None)
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=CTX, bos_token_id=None, eos_token_id=None
+    )
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -65,7 +66,7 @@ def test_greedy_matches_generate(hf_model, hf_folder):
     for prompt, ids in zip(prompts, out.ids):
         with torch.no_grad():
             ref = hf_model.generate(torch.as_tensor([prompt]), do_sample=False, max_new_tokens=20)[0].tolist()
-        assert ids == ref[len(prompt):]
+        assert ids == ref[len(prompt) :]
 
 
 def test_sharded_checkpoint_imports(hf_model, hf_folder, tmp_path):
@@ -73,8 +74,9 @@ def test_sharded_checkpoint_imports(hf_model, hf_folder, tmp_path):
     assert (tmp_path / "model.safetensors.index.json").is_file()
     _, sharded = load_gpt2(tmp_path)
     _, single = load_gpt2(hf_folder)
-    np.testing.assert_array_equal(sharded["decoder"]["layers"]["ffn"]["wi"]["kernel"],
-                                  single["decoder"]["layers"]["ffn"]["wi"]["kernel"])
+    np.testing.assert_array_equal(
+        sharded["decoder"]["layers"]["ffn"]["wi"]["kernel"], single["decoder"]["layers"]["ffn"]["wi"]["kernel"]
+    )
 
 
 def test_export_loads_in_transformers(hf_model, hf_folder, tmp_path):
@@ -92,8 +94,9 @@ def bpe_folder(tmp_path_factory):
     tokenizers = pytest.importorskip("tokenizers")
     folder = tmp_path_factory.mktemp("bpe")
     bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 5, vocab_size=290,
-                            special_tokens=["<|endoftext|>"])
+    bpe.train_from_iterator(
+        ["the quick brown fox jumps over the lazy dog"] * 5, vocab_size=290, special_tokens=["<|endoftext|>"]
+    )
     bpe.save_model(str(folder))
     return folder
 
@@ -105,7 +108,7 @@ def test_tokenizer_matches_transformers(bpe_folder, tmp_path, saved_by):
         hf.save_pretrained(tmp_path)
         bpe_folder = tmp_path
     tok = load_gpt2_tokenizer(bpe_folder)
-    text = "the lazy fox<|endoftext|> jumps ünïcode 日本 \U0001F600\n  over"
+    text = "the lazy fox<|endoftext|> jumps ünïcode 日本 \U0001f600\n  over"
     assert tok.encode(text) == hf(text)["input_ids"]
     assert tok.eos_id == hf.eos_token_id
     tok.save(tmp_path / "txjax_tok")

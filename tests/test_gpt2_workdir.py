@@ -8,18 +8,32 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
+from test_gpt2_convert import random_params  # noqa: E402
+
 import run  # noqa: E402
 from txjax.convert import save_gpt2  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.evaluate import main as eval_main  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 from txjax.models import ModelConfig  # noqa: E402
-from test_gpt2_convert import random_params  # noqa: E402
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 40
-CFG = ModelConfig(vocab_size=300, d_model=16, num_heads=2, d_ff=64, num_layers=2, max_len=32, positional="learned",
-                  norm="layernorm", norm_placement="pre", activation="gelu_tanh", use_bias=True, tie_embeddings=True,
-                  dropout=0.1, attention_dropout=0.1)
+CFG = ModelConfig(
+    vocab_size=300,
+    d_model=16,
+    num_heads=2,
+    d_ff=64,
+    num_layers=2,
+    max_len=32,
+    positional="learned",
+    norm="layernorm",
+    norm_placement="pre",
+    activation="gelu_tanh",
+    use_bias=True,
+    tie_embeddings=True,
+    dropout=0.1,
+    attention_dropout=0.1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +54,18 @@ def gpt2(tmp_path_factory):
 def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     folder, params = gpt2
     workdir = tmp_path / "run"
-    assert run.main(["import-gpt2", f"--from={folder}", f"--workdir={workdir}",
-                     f"--config.data.path={folder.parent / 'text.txt'}", "--config.data.seq_len=16"]) == 0
+    assert (
+        run.main(
+            [
+                "import-gpt2",
+                f"--from={folder}",
+                f"--workdir={workdir}",
+                f"--config.data.path={folder.parent / 'text.txt'}",
+                "--config.data.seq_len=16",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["params"] == sum(a.size for a in jax.tree.leaves(params))
     loaded = load_workdir(workdir)
@@ -61,10 +85,13 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(tuned.params), jax.tree.leaves(params)))
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--config.model.d_model=32"], "params"),
-    (["--config.model.nope=1"], "nope"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--config.model.d_model=32"], "params"),
+        (["--config.model.nope=1"], "nope"),
+    ],
+)
 def test_bad_override_writes_nothing(gpt2, tmp_path, capsys, flags, message):
     folder, _ = gpt2
     assert run.main(["import-gpt2", f"--from={folder}", f"--workdir={tmp_path / 'run'}", *flags]) == 2

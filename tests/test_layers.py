@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from test_attention import np_mha, random_params
+
 from txjax.attention import causal_mask, segment_mask
 from txjax.layers import Block, FeedForward, make_norm
 from txjax.models import ModelConfig
@@ -64,8 +64,9 @@ def test_norm_matches_numpy(norm):
     np.testing.assert_allclose(out, NP_NORMS[norm](np.asarray(x, np.float64), _np(p)), atol=1e-4)
 
 
-@pytest.mark.parametrize("activation,use_bias", [("relu", True), ("gelu", True), ("gelu_tanh", False),
-                                                 ("swiglu", False), ("swiglu", True)])
+@pytest.mark.parametrize(
+    "activation,use_bias", [("relu", True), ("gelu", True), ("gelu_tanh", False), ("swiglu", False), ("swiglu", True)]
+)
 def test_ffn_matches_numpy(activation, use_bias):
     cfg = _cfg(activation=activation, use_bias=use_bias)
     x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 3, 8)), jnp.float32)
@@ -74,8 +75,9 @@ def test_ffn_matches_numpy(activation, use_bias):
     assert set(p) == ({"wi", "wi_gate", "wo"} if activation == "swiglu" else {"wi", "wo"})
     assert p["wi"]["kernel"].shape == (8, 12) and p["wo"]["kernel"].shape == (12, 8)
     assert ("bias" in p["wi"]) == use_bias
-    np.testing.assert_allclose(mod.apply({"params": p}, x), np_ffn(np.asarray(x, np.float64), _np(p), activation),
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        mod.apply({"params": p}, x), np_ffn(np.asarray(x, np.float64), _np(p), activation), atol=1e-4
+    )
 
 
 def np_block(x, p, cfg, mask, enc=None, enc_mask=None):
@@ -95,12 +97,15 @@ def np_block(x, p, cfg, mask, enc=None, enc_mask=None):
     return x
 
 
-@pytest.mark.parametrize("placement,norm,activation,cross,kv_heads", [
-    ("pre", "layernorm", "gelu", False, None),
-    ("post", "layernorm", "relu", False, None),
-    ("pre", "rmsnorm", "swiglu", True, 1),
-    ("post", "layernorm", "relu", True, None),
-])
+@pytest.mark.parametrize(
+    "placement,norm,activation,cross,kv_heads",
+    [
+        ("pre", "layernorm", "gelu", False, None),
+        ("post", "layernorm", "relu", False, None),
+        ("pre", "rmsnorm", "swiglu", True, 1),
+        ("post", "layernorm", "relu", True, None),
+    ],
+)
 def test_block_matches_numpy(placement, norm, activation, cross, kv_heads):
     cfg = _cfg(norm_placement=placement, norm=norm, activation=activation, use_bias=True, num_kv_heads=kv_heads)
     rng = np.random.default_rng(4)
@@ -117,9 +122,14 @@ def test_block_matches_numpy(placement, norm, activation, cross, kv_heads):
     out, _ = block.apply({"params": p}, x, ctx)
     pn = _np(p)
     for b in range(2):
-        ref = np_block(np.asarray(x[b], np.float64), pn, cfg, np.asarray(ctx["mask"][b, 0]),
-                       None if not cross else np.asarray(ctx["enc"][b], np.float64),
-                       None if not cross else np.asarray(ctx["enc_mask"][b, 0]))
+        ref = np_block(
+            np.asarray(x[b], np.float64),
+            pn,
+            cfg,
+            np.asarray(ctx["mask"][b, 0]),
+            None if not cross else np.asarray(ctx["enc"][b], np.float64),
+            None if not cross else np.asarray(ctx["enc_mask"][b, 0]),
+        )
         np.testing.assert_allclose(out[b], ref, atol=1e-4)
 
 
@@ -132,7 +142,8 @@ def test_block_dropout_only_when_not_deterministic():
     no_drop, _ = Block(_cfg()).apply(v, x, ctx)
     det, _ = Block(cfg).apply(v, x, ctx)
     np.testing.assert_allclose(det, no_drop, atol=1e-6)
-    train = jax.jit(lambda seed: Block(cfg, deterministic=False).apply(
-        v, x, ctx, rngs={"dropout": jax.random.key(seed)})[0])
+    train = jax.jit(
+        lambda seed: Block(cfg, deterministic=False).apply(v, x, ctx, rngs={"dropout": jax.random.key(seed)})[0]
+    )
     assert not np.allclose(train(1), det, atol=1e-4)
     np.testing.assert_allclose(train(1), train(1))

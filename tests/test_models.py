@@ -3,13 +3,13 @@ remat, fused == reference, bfloat16. Tiny models; one compiled model per (family
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
-
 from test_attention import random_params
+
 from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache, stack_layers, unstack_layers
 
 POSITIONALS = ("none", "sinusoidal", "learned", "rope", "alibi")
@@ -36,8 +36,11 @@ class LM:
         self.cfg, self.model = cfg, DecoderLM(cfg)
         self.params = random_params(self.model, jnp.ones((1, 4), jnp.int32))
         self.forward = jax.jit(lambda p, t, pos, seg: self.model.apply({"params": p}, t, pos, seg))
-        self.step = jax.jit(lambda p, cache, t, pos, seg: self.model.apply(
-            {"params": p, "cache": cache}, t, pos, seg, decode=True, mutable=["cache"]))
+        self.step = jax.jit(
+            lambda p, cache, t, pos, seg: self.model.apply(
+                {"params": p, "cache": cache}, t, pos, seg, decode=True, mutable=["cache"]
+            )
+        )
 
 
 class Seq2Seq:
@@ -46,13 +49,26 @@ class Seq2Seq:
         one = jnp.ones((1, 4), jnp.int32)
         self.params = random_params(self.model, one, one)
         m = self.model
-        self.forward = jax.jit(lambda p, src, tgt, src_seg, tgt_seg: m.apply(
-            {"params": p}, src, tgt, src_segment_ids=src_seg, tgt_segment_ids=tgt_seg))
-        self.encode = jax.jit(lambda p, src, src_seg: m.apply(
-            {"params": p}, src, src_segment_ids=src_seg, method=EncoderDecoder.encode))
-        self.step = jax.jit(lambda p, cache, tgt, enc, src_seg, pos: m.apply(
-            {"params": p, "cache": cache}, tgt, enc, src_seg, tgt_positions=pos, decode=True, mutable=["cache"],
-            method=EncoderDecoder.decode))
+        self.forward = jax.jit(
+            lambda p, src, tgt, src_seg, tgt_seg: m.apply(
+                {"params": p}, src, tgt, src_segment_ids=src_seg, tgt_segment_ids=tgt_seg
+            )
+        )
+        self.encode = jax.jit(
+            lambda p, src, src_seg: m.apply({"params": p}, src, src_segment_ids=src_seg, method=EncoderDecoder.encode)
+        )
+        self.step = jax.jit(
+            lambda p, cache, tgt, enc, src_seg, pos: m.apply(
+                {"params": p, "cache": cache},
+                tgt,
+                enc,
+                src_seg,
+                tgt_positions=pos,
+                decode=True,
+                mutable=["cache"],
+                method=EncoderDecoder.decode,
+            )
+        )
 
 
 _BUILT = {}
@@ -69,21 +85,24 @@ def built(kind, **kw):
 # Config validation
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("activation", "tanh", ["activation", "'tanh'", "relu", "gelu", "swiglu"]),
-    ("norm", "batchnorm", ["norm", "layernorm", "rmsnorm"]),
-    ("positional", "xpos", ["positional", "sinusoidal", "learned", "rope", "alibi", "none"]),
-    ("norm_placement", "middle", ["norm_placement", "pre", "post"]),
-    ("attention_impl", "flash", ["attention_impl", "reference", "fused"]),
-    ("dtype", "float16", ["dtype", "float32", "bfloat16"]),
-    ("d_model", 18, ["d_model", "num_heads"]),
-    ("num_heads", 0, ["num_heads"]),
-    ("num_kv_heads", 3, ["num_kv_heads"]),
-    ("num_kv_heads", 0, ["num_kv_heads"]),
-    ("num_encoder_layers", 0, ["num_encoder_layers"]),
-    ("vocab_size", -1, ["vocab_size"]),
-    ("dropout", 1.5, ["dropout"]),
-])
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("activation", "tanh", ["activation", "'tanh'", "relu", "gelu", "swiglu"]),
+        ("norm", "batchnorm", ["norm", "layernorm", "rmsnorm"]),
+        ("positional", "xpos", ["positional", "sinusoidal", "learned", "rope", "alibi", "none"]),
+        ("norm_placement", "middle", ["norm_placement", "pre", "post"]),
+        ("attention_impl", "flash", ["attention_impl", "reference", "fused"]),
+        ("dtype", "float16", ["dtype", "float32", "bfloat16"]),
+        ("d_model", 18, ["d_model", "num_heads"]),
+        ("num_heads", 0, ["num_heads"]),
+        ("num_kv_heads", 3, ["num_kv_heads"]),
+        ("num_kv_heads", 0, ["num_kv_heads"]),
+        ("num_encoder_layers", 0, ["num_encoder_layers"]),
+        ("vocab_size", -1, ["vocab_size"]),
+        ("dropout", 1.5, ["dropout"]),
+    ],
+)
 def test_config_validation_names_field_and_allowed_values(field, value, words):
     with pytest.raises(ValueError) as err:
         make_cfg(**{field: value})
@@ -127,14 +146,17 @@ def expected_params(cfg, family):
     return embeds + encoder + decoder
 
 
-@pytest.mark.parametrize("family,kw", [
-    ("lm", {}),
-    ("lm", dict(tie_embeddings=False, use_bias=True, activation="swiglu", norm="rmsnorm")),
-    ("lm", dict(num_kv_heads=1, positional="rope", norm_placement="post", scan_layers=False, num_layers=3)),
-    ("ed", dict(positional="sinusoidal")),
-    ("ed", dict(share_embeddings=False, tie_embeddings=False, num_encoder_layers=3, use_bias=True)),
-    ("ed", dict(share_embeddings=False, activation="swiglu", num_kv_heads=4, norm_placement="post")),
-])
+@pytest.mark.parametrize(
+    "family,kw",
+    [
+        ("lm", {}),
+        ("lm", dict(tie_embeddings=False, use_bias=True, activation="swiglu", norm="rmsnorm")),
+        ("lm", dict(num_kv_heads=1, positional="rope", norm_placement="post", scan_layers=False, num_layers=3)),
+        ("ed", dict(positional="sinusoidal")),
+        ("ed", dict(share_embeddings=False, tie_embeddings=False, num_encoder_layers=3, use_bias=True)),
+        ("ed", dict(share_embeddings=False, activation="swiglu", num_kv_heads=4, norm_placement="post")),
+    ],
+)
 def test_parameter_count_matches_closed_form(family, kw):
     cfg = make_cfg(**kw)
     model = DecoderLM(cfg) if family == "lm" else EncoderDecoder(cfg)
@@ -168,7 +190,7 @@ def test_decoder_lm_causal_and_packed_segments(positional):
     rng = np.random.default_rng(0)
     l, i = 8, 3
     base = _seq(rng, 1, l)
-    changed = base.at[0, i + 1:].set((base[0, i + 1:] % (V - 1)) + 1)  # every later token different
+    changed = base.at[0, i + 1 :].set((base[0, i + 1 :] % (V - 1)) + 1)  # every later token different
     pos, seg = _arange(2, l), jnp.ones((2, l), jnp.int32)
     logits = lm.forward(lm.params, jnp.concatenate([base, changed]), pos, seg)
     assert logits.shape == (2, l, V) and logits.dtype == jnp.float32
@@ -180,8 +202,7 @@ def test_decoder_lm_causal_and_packed_segments(positional):
     packed = lm.forward(lm.params, jnp.concatenate([base, changed]), pos, seg)
     np.testing.assert_allclose(packed[1, :4], packed[0, :4], atol=1e-5)
     # segment 2 sees nothing of segment 1: it equals the same tokens alone at positions 0..3 (prefix of a row)
-    alone = lm.forward(lm.params, jnp.concatenate([changed[:, 4:], changed[:, 4:]], axis=1)[:1].repeat(2, 0),
-                       pos, seg)
+    alone = lm.forward(lm.params, jnp.concatenate([changed[:, 4:], changed[:, 4:]], axis=1)[:1].repeat(2, 0), pos, seg)
     np.testing.assert_allclose(packed[1, 4:], alone[0, :4], atol=1e-5)
 
 
@@ -192,7 +213,7 @@ def test_encoder_decoder_decoder_side_causal(positional):
     src = jnp.repeat(_seq(rng, 1, 6), 2, axis=0)
     tgt = _seq(rng, 1, 6)
     i = 2
-    changed = tgt.at[0, i + 1:].set((tgt[0, i + 1:] % (V - 1)) + 1)
+    changed = tgt.at[0, i + 1 :].set((tgt[0, i + 1 :] % (V - 1)) + 1)
     ones = jnp.ones((2, 6), jnp.int32)
     logits = s2s.forward(s2s.params, src, jnp.concatenate([tgt, changed]), ones, ones)
     assert logits.shape == (2, 6, V)
@@ -241,13 +262,14 @@ def test_lm_cached_decoding_equals_full_forward(positional):
     out, upd = lm.step(lm.params, cache, toks[:, :prompt], _arange(b, prompt), jnp.ones((b, prompt), jnp.int32))
     got = [out]
     for t in range(prompt, total):
-        out, upd = lm.step(lm.params, upd["cache"], toks[:, t:t + 1], ones * t, ones)
+        out, upd = lm.step(lm.params, upd["cache"], toks[:, t : t + 1], ones * t, ones)
         got.append(out)
     np.testing.assert_allclose(jnp.concatenate(got, axis=1), full, atol=1e-4)
 
 
-@pytest.mark.parametrize("kw", [dict(positional=p) for p in POSITIONALS] + [dict(positional="alibi",
-                                                                                  attention_impl="fused")])
+@pytest.mark.parametrize(
+    "kw", [dict(positional=p) for p in POSITIONALS] + [dict(positional="alibi", attention_impl="fused")]
+)
 def test_lm_left_padded_prompt_equals_unpadded(kw):
     lm = built("lm", **kw)
     rng = np.random.default_rng(4)
@@ -285,7 +307,7 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(positional):
     out, upd = s2s.step(s2s.params, cache, tgt[:, :prompt], enc, src_seg, _arange(b, prompt))
     got = [out]
     for t in range(prompt, total):
-        out, upd = s2s.step(s2s.params, upd["cache"], tgt[:, t:t + 1], None, src_seg, jnp.full((b, 1), t, jnp.int32))
+        out, upd = s2s.step(s2s.params, upd["cache"], tgt[:, t : t + 1], None, src_seg, jnp.full((b, 1), t, jnp.int32))
         got.append(out)
     np.testing.assert_allclose(jnp.concatenate(got, axis=1), full, atol=1e-4)
 
@@ -320,8 +342,7 @@ def test_scan_equals_loop(positional):
     src, tgt = _seq(rng, 2, 6), _seq(rng, 2, 6)
     src_seg = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
     exp = s2s.forward(s2s.params, src, tgt, src_seg, jnp.ones((2, 6), jnp.int32))
-    got = jax.jit(lambda p: ed_loop.apply({"params": p}, src, tgt, src_segment_ids=src_seg))(
-        unstack_layers(s2s.params))
+    got = jax.jit(lambda p: ed_loop.apply({"params": p}, src, tgt, src_segment_ids=src_seg))(unstack_layers(s2s.params))
     np.testing.assert_allclose(got, exp, atol=1e-5)
 
 
@@ -339,8 +360,9 @@ def test_remat_same_outputs_and_gradients():
         remat = DecoderLM(dataclasses.replace(cfg, remat=True, scan_layers=scan))
         l1, g1 = value_and_grad(remat, params if scan else unstack_layers(params))
         np.testing.assert_allclose(l1, l0, rtol=1e-6)
-        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
-                               g1 if scan else stack_layers(g1), g0)
+        jax.tree_util.tree_map(
+            lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1 if scan else stack_layers(g1), g0
+        )
 
 
 @pytest.mark.parametrize("positional", ["alibi"])
@@ -360,8 +382,9 @@ def test_fused_equals_reference_models(positional):
     src_seg = jnp.array([[1, 1, 1, 0, 0, 0], [1, 1, 2, 2, 2, 2]])  # padded row; packed row (2 pairs)
     tgt_seg = jnp.array([[1, 1, 0, 0, 0, 0], [1, 1, 1, 2, 2, 2]])
     exp = s2s.forward(s2s.params, src, tgt, src_seg, tgt_seg)
-    got = jax.jit(lambda p: ed_fused.apply({"params": p}, src, tgt, src_segment_ids=src_seg,
-                                           tgt_segment_ids=tgt_seg))(s2s.params)
+    got = jax.jit(lambda p: ed_fused.apply({"params": p}, src, tgt, src_segment_ids=src_seg, tgt_segment_ids=tgt_seg))(
+        s2s.params
+    )
     np.testing.assert_allclose(got, exp, atol=1e-4)
 
 
@@ -387,7 +410,8 @@ def test_sown_attention_weights_per_layer():
     seg = jnp.array([[1, 1, 2, 2, 0], [1, 1, 1, 1, 1]])
     pos = jnp.array([[0, 1, 0, 1, 0], [0, 1, 2, 3, 4]])
     _, inter = jax.jit(lambda p: model.apply({"params": p}, toks, pos, seg, mutable=["intermediates"]))(
-        built("lm", positional="rope").params)
+        built("lm", positional="rope").params
+    )
     (w,) = inter["intermediates"]["decoder"]["layers"]["self_attention"]["attention_weights"]
     assert w.shape == (NL, 2, H, 5, 5)
     w = np.asarray(w)

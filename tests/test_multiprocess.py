@@ -14,12 +14,19 @@ from pathlib import Path
 
 import jax
 import pytest
+from test_sharded_training import (
+    EXPERIMENT,
+    assert_same_run,
+    char_lm_flags,
+    resume_from_step_2,
+    train_here,
+    write_corpus,
+)
 
-from test_sharded_training import (EXPERIMENT, assert_same_run, char_lm_flags, resume_from_step_2, train_here,
-                                   write_corpus)
-
-pytestmark = [pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)"),
-              pytest.mark.usefixtures("compilation_cache")]
+pytestmark = [
+    pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)"),
+    pytest.mark.usefixtures("compilation_cache"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300  # per multi-process run, then its processes are killed
@@ -31,25 +38,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_on_loopback(flags: list[str], workdir, num_processes: int = 2, devices_per_process: int = 2,
-                      heartbeat_timeout: int = 30):
+def start_on_loopback(
+    flags: list[str], workdir, num_processes: int = 2, devices_per_process: int = 2, heartbeat_timeout: int = 30
+):
     """`run.py train FLAGS` in `num_processes` processes joined on 127.0.0.1: (processes, their log files)."""
     port = free_port()
-    env = {name: value for name, value in os.environ.items()  # both would write the same cache entries at once
-           if name not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    env = {
+        name: value
+        for name, value in os.environ.items()  # both would write the same cache entries at once
+        if name not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+    }
     env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
     logs = [workdir.parent / f"{workdir.name}.process{i}.log" for i in range(num_processes)]
-    procs = [subprocess.Popen(
-        [sys.executable, "run.py", "train", f"--workdir={workdir}", *flags,
-         f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}", f"--process_id={i}",
-         "--initialization_timeout=60", f"--heartbeat_timeout={heartbeat_timeout}"],
-        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "run.py",
+                "train",
+                f"--workdir={workdir}",
+                *flags,
+                f"--coordinator_address=127.0.0.1:{port}",
+                f"--num_processes={num_processes}",
+                f"--process_id={i}",
+                "--initialization_timeout=60",
+                f"--heartbeat_timeout={heartbeat_timeout}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for i, log in enumerate(logs)
+    ]
     return procs, logs
 
 
 def outputs(procs, logs) -> str:
-    return "\n".join(f"--- process {i} (exit {p.returncode}):\n{log.read_text()[-3000:]}"
-                     for i, (p, log) in enumerate(zip(procs, logs)))
+    return "\n".join(
+        f"--- process {i} (exit {p.returncode}):\n{log.read_text()[-3000:]}"
+        for i, (p, log) in enumerate(zip(procs, logs))
+    )
 
 
 def train_on_loopback(text_path, mesh, workdir) -> None:
@@ -97,8 +126,9 @@ def test_checkpoint_of_two_processes_resumes_in_one(root, mesh):
 def test_a_dead_process_stops_the_other(tmp_path):
     """SIGKILL one process once both have joined: the other exits with an error within the heartbeat timeout."""
     heartbeat_timeout = 5
-    procs, logs = start_on_loopback(["--config.train.steps=100000", "--config.mesh.data=4"], tmp_path / "run",
-                                    heartbeat_timeout=heartbeat_timeout)
+    procs, logs = start_on_loopback(
+        ["--config.train.steps=100000", "--config.mesh.data=4"], tmp_path / "run", heartbeat_timeout=heartbeat_timeout
+    )
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while "[Gloo]" not in logs[0].read_text():  # printed once the processes share a collective

@@ -19,8 +19,10 @@ from txjax.objective import init_params, params_shardings
 from txjax.sharding import global_batch
 from txjax.train import train
 
-pytestmark = [pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),
-              pytest.mark.usefixtures("compilation_cache")]
+pytestmark = [
+    pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),
+    pytest.mark.usefixtures("compilation_cache"),
+]
 
 STEPS = 4
 EXPERIMENT = "experiments/shakespeare_char.py"
@@ -31,7 +33,7 @@ def write_corpus(path, num_chars: int = 20_000) -> None:
     chars = np.array(list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"))
     rng = np.random.default_rng(0)
     words = ["".join(rng.choice(chars, size=rng.integers(1, 8))) for _ in range(num_chars // 5)]
-    path.write_text(" ".join(words)[:num_chars - 1] + "\n")
+    path.write_text(" ".join(words)[: num_chars - 1] + "\n")
 
 
 def char_lm_flags(text_path, mesh: tuple[int, int, int]) -> list[str]:
@@ -40,10 +42,21 @@ def char_lm_flags(text_path, mesh: tuple[int, int, int]) -> list[str]:
     float32 (the experiment computes in bfloat16, whose rounding of sums taken in another order on another mesh
     moves a few parameters past the tolerance) and with GELU (at ReLU's kink such float differences switch a
     hidden unit on in one run and off in the other: a whole column of W_out then moves past the tolerance)."""
-    fields = {"data.path": text_path, "model.dtype": "float32", "model.activation": "gelu", "train.steps": STEPS,
-              "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 1, "train.eval_every": 0,
-              "train.checkpoint_every": 2, "train.keep_checkpoints": 5, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
-              "mesh.tensor": mesh[2]}
+    fields = {
+        "data.path": text_path,
+        "model.dtype": "float32",
+        "model.activation": "gelu",
+        "train.steps": STEPS,
+        "train.batch_size": 16,
+        "train.warmup_steps": 2,
+        "train.log_every": 1,
+        "train.eval_every": 0,
+        "train.checkpoint_every": 2,
+        "train.keep_checkpoints": 5,
+        "mesh.data": mesh[0],
+        "mesh.fsdp": mesh[1],
+        "mesh.tensor": mesh[2],
+    }
     return [f"--config.{name}={value}" for name, value in fields.items()]
 
 
@@ -97,14 +110,27 @@ def test_checkpoint_resumes_under_another_mesh(root):
 def test_many_eval_steps_dispatched_at_once_do_not_deadlock():
     """100 eval steps with every batch ready at once: without distributed.InFlight, XLA:CPU queues more than 32 on
     each of the 8 devices and their all-reduces deadlock (the process aborts); with it they finish."""
-    config = from_command_line(None, ["--config.model.num_layers=1", "--config.model.d_model=32",
-                                      "--config.model.num_heads=2", "--config.model.d_ff=64",
-                                      "--config.model.vocab_size=16", "--config.model.max_len=8"])
+    config = from_command_line(
+        None,
+        [
+            "--config.model.num_layers=1",
+            "--config.model.d_model=32",
+            "--config.model.num_heads=2",
+            "--config.model.d_ff=64",
+            "--config.model.vocab_size=16",
+            "--config.model.max_len=8",
+        ],
+    )
     config.mesh.data = 8
     model, mesh = build_model(config), run_mesh(config.mesh)
     params = jax.jit(lambda: init_params(model, jax.random.key(0)), out_shardings=params_shardings(model, mesh))()
     tokens_8x8 = np.arange(64, dtype=np.int32).reshape(8, 8) % 16
-    batch = {"inputs": tokens_8x8, "targets": tokens_8x8, "weights": np.ones((8, 8), np.float32),
-             "positions": np.tile(np.arange(8, dtype=np.int32), (8, 1)), "segment_ids": np.ones((8, 8), np.int32)}
+    batch = {
+        "inputs": tokens_8x8,
+        "targets": tokens_8x8,
+        "weights": np.ones((8, 8), np.float32),
+        "positions": np.tile(np.arange(8, dtype=np.int32), (8, 1)),
+        "segment_ids": np.ones((8, 8), np.int32),
+    }
     metrics = evaluate(make_eval_step(model, mesh), params, [global_batch(batch, mesh)] * 100)
     assert metrics["tokens"] == 100 * 64

@@ -7,8 +7,16 @@ import jax
 from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
 from txjax.summary import summarize
 
-GPT2_SMALL = ModelConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12, max_len=1024,
-                         activation="gelu_tanh", use_bias=True)
+GPT2_SMALL = ModelConfig(
+    vocab_size=50257,
+    d_model=768,
+    num_heads=12,
+    d_ff=3072,
+    num_layers=12,
+    max_len=1024,
+    activation="gelu_tanh",
+    use_bias=True,
+)
 TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32, num_layers=2, max_len=12)
 
 
@@ -29,8 +37,10 @@ def test_tiny_counts_by_hand():
 
 
 def test_cache_bytes_match_init_cache():
-    for family, model_cls, cfg in [("decoder_lm", DecoderLM, TINY),
-                                   ("encoder_decoder", EncoderDecoder, dataclasses.replace(TINY, scan_layers=False))]:
+    for family, model_cls, cfg in [
+        ("decoder_lm", DecoderLM, TINY),
+        ("encoder_decoder", EncoderDecoder, dataclasses.replace(TINY, scan_layers=False)),
+    ]:
         s = summarize(cfg, family, batch_size=3, context=10)
         cache = init_cache(model_cls(cfg), 3, 10, 10 if family == "encoder_decoder" else None)
         assert s.kv_cache_bytes == sum(a.nbytes for a in jax.tree.leaves(cache))

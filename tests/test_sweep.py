@@ -16,15 +16,27 @@ from txjax.sweep import expand, load_sweep, run_sweep
 from txjax.sweep_report import write_report
 from txjax.train import train
 
-TINY = {"model.num_layers": 1, "model.num_heads": 2, "model.d_model": 16, "model.d_ff": 32, "data.max_digits": 3,
-        "data.eval_size": 8, "train.steps": 4, "train.batch_size": 4, "train.warmup_steps": 2, "train.log_every": 2,
-        "train.eval_every": 2, "train.eval_batches": 1, "train.checkpoint_every": 2}
+TINY = {
+    "model.num_layers": 1,
+    "model.num_heads": 2,
+    "model.d_model": 16,
+    "model.d_ff": 32,
+    "data.max_digits": 3,
+    "data.eval_size": 8,
+    "train.steps": 4,
+    "train.batch_size": 4,
+    "train.warmup_steps": 2,
+    "train.log_every": 2,
+    "train.eval_every": 2,
+    "train.eval_batches": 1,
+    "train.checkpoint_every": 2,
+}
 
 
 def sweep_file(tmp_path, **spec):
     path = tmp_path / "sweep.py"
     spec = {"experiment": "experiments/reverse.py", "fixed": TINY, **spec}
-    path.write_text(f"inf = float(\"inf\")\n\n\ndef get_sweep():\n    return {spec!r}\n")
+    path.write_text(f'inf = float("inf")\n\n\ndef get_sweep():\n    return {spec!r}\n')
     return load_sweep(path)
 
 
@@ -38,8 +50,12 @@ def params_of(workdir):
 
 
 def test_grid_zip_and_seeds_expand_to_named_runs(tmp_path):
-    sweep = sweep_file(tmp_path, grid={"model.positional": ["rope", "alibi"]},
-                       zip={"model.activation": ["relu", "swiglu"], "model.d_ff": [32, 21]}, seeds=[0, 1])
+    sweep = sweep_file(
+        tmp_path,
+        grid={"model.positional": ["rope", "alibi"]},
+        zip={"model.activation": ["relu", "swiglu"], "model.d_ff": [32, 21]},
+        seeds=[0, 1],
+    )
     runs = expand(sweep, [], tmp_path)
     assert len(runs) == 8 and runs[0].name == "positional-rope_activation-relu_d_ff-32_seed-0"
     assert runs[-1].config.model.d_ff == 21 and runs[-1].config.train.seed == 1
@@ -54,10 +70,12 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
     workdir = tmp_path / "out"
     run_sweep(sweep, workdir, [], vmap=False)
     status = {name: r["status"] for name, r in results(workdir).items()}
-    assert status == {"num_heads-2_learning_rate-0.001_seed-0": "done",
-                      "num_heads-2_learning_rate-inf_seed-0": "failed",
-                      "num_heads-3_learning_rate-0.001_seed-0": "failed",
-                      "num_heads-3_learning_rate-inf_seed-0": "failed"}
+    assert status == {
+        "num_heads-2_learning_rate-0.001_seed-0": "done",
+        "num_heads-2_learning_rate-inf_seed-0": "failed",
+        "num_heads-3_learning_rate-0.001_seed-0": "failed",
+        "num_heads-3_learning_rate-inf_seed-0": "failed",
+    }
     assert "Diverged" in results(workdir)["num_heads-2_learning_rate-inf_seed-0"]["error"]
     assert "divisible" in results(workdir)["num_heads-3_learning_rate-inf_seed-0"]["error"]
     table = (workdir / "results.csv").read_text()
@@ -65,6 +83,7 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
 
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
+
     monkeypatch.setattr(txjax.sweep, "train", no_training)
     monkeypatch.setattr(txjax.sweep, "train_group", no_training)
     before = results(workdir)
@@ -75,8 +94,7 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
 
 
 def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, monkeypatch):
-    sweep = sweep_file(tmp_path, zip={"train.learning_rate": [1e-3, 3e-3], "train.warmup_steps": [2, 0]},
-                       seeds=[0, 1])
+    sweep = sweep_file(tmp_path, zip={"train.learning_rate": [1e-3, 3e-3], "train.warmup_steps": [2, 0]}, seeds=[0, 1])
     workdir = tmp_path / "out"
     log_train = MetricsLog.train
 
@@ -84,6 +102,7 @@ def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, mo
         if step == 4:
             raise KeyboardInterrupt
         return log_train(self, step, *args)
+
     monkeypatch.setattr(MetricsLog, "train", interrupt_at_step_4)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(sweep, workdir, [])
@@ -107,8 +126,9 @@ def test_report_shows_the_final_evals_generation_metrics(tmp_path):
     setting; runs without it leave the cell empty."""
     runs = []
     for name, bleu in (("a", 10.0), ("b", 14.0), ("c", None)):
-        run = txjax.sweep.Run(name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)},
-                              tmp_path / name)
+        run = txjax.sweep.Run(
+            name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)}, tmp_path / name
+        )
         run.workdir.mkdir()
         run.result = {"status": "done", "wall_s": 1.0}
         (run.workdir / "eval_valid.json").write_text(json.dumps({"loss": 3.0, **({"bleu": bleu} if bleu else {})}))

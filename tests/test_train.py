@@ -30,10 +30,20 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 def tiny_config(*flags):
     """The default experiment (reverse) at toy size: 1 layer, d_model 32, 1-4 digits."""
-    base = ["--config.data.max_digits=4", "--config.data.eval_size=20", "--config.model.num_layers=1",
-            "--config.model.num_heads=2", "--config.model.d_model=32", "--config.model.d_ff=64",
-            "--config.train.steps=6", "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-            "--config.train.log_every=2", "--config.train.eval_every=0", "--config.train.checkpoint_every=2"]
+    base = [
+        "--config.data.max_digits=4",
+        "--config.data.eval_size=20",
+        "--config.model.num_layers=1",
+        "--config.model.num_heads=2",
+        "--config.model.d_model=32",
+        "--config.model.d_ff=64",
+        "--config.train.steps=6",
+        "--config.train.batch_size=8",
+        "--config.train.warmup_steps=2",
+        "--config.train.log_every=2",
+        "--config.train.eval_every=0",
+        "--config.train.checkpoint_every=2",
+    ]
     return config_lib.from_command_line(None, base + list(flags))
 
 
@@ -47,11 +57,13 @@ def assert_trees_equal(a, b):
 
 
 def run_py(*args, **kwargs):
-    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], capture_output=True, text=True,
-                          cwd=REPO, **kwargs)
+    return subprocess.run(
+        [sys.executable, str(REPO / "run.py"), *args], capture_output=True, text=True, cwd=REPO, **kwargs
+    )
 
 
 # ---------------------------------------------------------------- configs and user errors
+
 
 def test_unknown_key_names_close_match():
     with pytest.raises(config_lib.ConfigError, match="did you mean num_layers"):
@@ -61,10 +73,12 @@ def test_unknown_key_names_close_match():
 
 
 def test_bad_values_are_one_line_errors():
-    for flag, message in [("--config.model.positional=rop", "model.positional='rop' is not one of"),
-                          ("--config.train.steps=abc", "expected int"),
-                          ("--config.model.d_model=33", "divisible by model.num_heads"),
-                          ("--config.train.grad_accum=3", "divisible by grad_accum")]:
+    for flag, message in [
+        ("--config.model.positional=rop", "model.positional='rop' is not one of"),
+        ("--config.train.steps=abc", "expected int"),
+        ("--config.model.d_model=33", "divisible by model.num_heads"),
+        ("--config.train.grad_accum=3", "divisible by grad_accum"),
+    ]:
         with pytest.raises(config_lib.ConfigError, match=message) as e:
             tiny_config(flag)
         assert "\n" not in str(e.value)
@@ -81,18 +95,21 @@ def test_cli_user_error_is_one_line_without_traceback():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: --config.model.num_layer: unknown key 'num_layer'; did you mean num_layers, scan_layers, "
-        "num_encoder_layers?"]
+        "num_encoder_layers?"
+    ]
 
 
 def test_missing_data_file_fails_before_training(tmp_path):
-    config = config_lib.from_command_line(str(REPO / "experiments/shakespeare_char.py"),
-                                          [f"--config.data.path={tmp_path}/absent.txt"])
+    config = config_lib.from_command_line(
+        str(REPO / "experiments/shakespeare_char.py"), [f"--config.data.path={tmp_path}/absent.txt"]
+    )
     with pytest.raises(config_lib.ConfigError, match=f"not found: {tmp_path}/absent.txt"):
         train(config, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 # ---------------------------------------------------------------- data feeding, steps, eval
+
 
 def test_training_batches_are_a_pure_function_of_seed_and_step(tmp_path):
     config = tiny_config()
@@ -131,8 +148,9 @@ def test_label_smoothing_matches_optax_smoothed_labels():
     weights_BxL = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
     smoothed = optax.smooth_labels(jax.nn.one_hot(targets_BxL, 7), 0.1)
     expected = (optax.softmax_cross_entropy(logits_BxLxV, smoothed) * weights_BxL).sum()
-    np.testing.assert_allclose(token_sums(logits_BxLxV, targets_BxL, weights_BxL, 0.1)["objective"], expected,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        token_sums(logits_BxLxV, targets_BxL, weights_BxL, 0.1)["objective"], expected, rtol=1e-6
+    )
 
 
 def test_token_sums_match_numpy_cross_entropy_and_argmax():
@@ -157,8 +175,9 @@ def test_eval_over_padded_batches_equals_one_unbatched_pass(tmp_path, family):
     results = {b: evaluate(eval_step, state.params, data.eval_batches(b), exact_match=True) for b in (3, 10)}
     assert eval_step._cache_size() == 2  # one per batch size
     whole = results[10]
-    assert whole["examples"] == 10 and whole["tokens"] == sum(float(b[k].sum()) for b in data.eval_batches(10)
-                                                             for k in b if k.endswith("weights"))
+    assert whole["examples"] == 10 and whole["tokens"] == sum(
+        float(b[k].sum()) for b in data.eval_batches(10) for k in b if k.endswith("weights")
+    )
     batched = results[3]
     assert batched["tokens"] == whole["tokens"] and batched["examples"] == 10
     np.testing.assert_allclose(batched["loss"], whole["loss"], rtol=1e-6)
@@ -166,6 +185,7 @@ def test_eval_over_padded_batches_equals_one_unbatched_pass(tmp_path, family):
 
 
 # ---------------------------------------------------------------- the loop: compile once, resume, stop
+
 
 def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     config = tiny_config("--config.train.eval_every=2", "--config.train.eval_batches=1")
@@ -228,15 +248,28 @@ def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
 def test_sigkill_then_rerun_gives_the_uninterrupted_parameters(tmp_path):
     """SIGKILL `run.py train` once a checkpoint is on disk, run the same command again: it resumes to the same
     final parameters, bit for bit, as a run that was never interrupted; `run.py eval` then reads the workdir."""
-    flags = ["--config.data.max_digits=4", "--config.model.num_layers=1", "--config.model.d_model=32",
-             "--config.model.d_ff=64", "--config.model.num_heads=2", "--config.train.steps=120",
-             "--config.train.batch_size=8", "--config.train.checkpoint_every=20", "--config.train.log_every=20",
-             "--config.train.eval_every=0", "--config.data.eval_size=20"]
+    flags = [
+        "--config.data.max_digits=4",
+        "--config.model.num_layers=1",
+        "--config.model.d_model=32",
+        "--config.model.d_ff=64",
+        "--config.model.num_heads=2",
+        "--config.train.steps=120",
+        "--config.train.batch_size=8",
+        "--config.train.checkpoint_every=20",
+        "--config.train.log_every=20",
+        "--config.train.eval_every=0",
+        "--config.data.eval_size=20",
+    ]
     reference = tmp_path / "reference"
     train(config_lib.from_command_line(None, flags), reference)
     workdir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and not (workdir / "checkpoints" / "20").is_dir() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -254,8 +287,12 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_parameters(tmp_path):
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    config = tiny_config("--config.train.learning_rate=1e30", "--config.train.warmup_steps=0",
-                         "--config.train.checkpoint_every=1", "--config.train.log_every=1")
+    config = tiny_config(
+        "--config.train.learning_rate=1e30",
+        "--config.train.warmup_steps=0",
+        "--config.train.checkpoint_every=1",
+        "--config.train.log_every=1",
+    )
     with pytest.raises(Diverged, match=r"NaN/inf by step 2 .* the last good checkpoint \(step 1\)"):
         train(config, tmp_path)
     assert Checkpointer(tmp_path / "checkpoints", 3).manager.all_steps() == [1]
@@ -278,8 +315,11 @@ def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_p
 
     monkeypatch.setattr(txjax.train, "monotonic", clock)
     monkeypatch.setattr(txjax.train, "evaluate", slow_evaluate)
-    config = tiny_config("--config.train.max_minutes=0.5", "--config.train.eval_every_minutes=0.05",
-                         "--config.train.eval_generation=true")
+    config = tiny_config(
+        "--config.train.max_minutes=0.5",
+        "--config.train.eval_every_minutes=0.05",
+        "--config.train.eval_generation=true",
+    )
     result = train(config, tmp_path)
     valid = [r for r in read_metrics(tmp_path) if r["split"] == "valid"]
     assert result["step"] == 6 and result["train_minutes"] < 0.5 < result["wall_minutes"]

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_train import tiny_config
 
 import run
-from test_train import tiny_config
 from txjax.data import CharTokenizer
 from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, unstack_layers
 from txjax.summary import param_shapes
@@ -40,8 +40,11 @@ def test_lm_weights_are_causal_distributions_in_both_layouts(lm_params):
     assert list(weights) == ["decoder/self_attention"] and w.shape == (2, 2, len(IDS), len(IDS))
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
     assert np.all(np.triu(w, k=1) == 0)  # no query sees a later key
-    looped = capture_attention(DecoderLM(dataclasses.replace(CFG, scan_layers=False), sow_weights=True),
-                               unstack_layers(params), jnp.asarray([IDS]))
+    looped = capture_attention(
+        DecoderLM(dataclasses.replace(CFG, scan_layers=False), sow_weights=True),
+        unstack_layers(params),
+        jnp.asarray([IDS]),
+    )
     np.testing.assert_allclose(looped["decoder/self_attention"], w, atol=1e-6)
 
 
@@ -85,8 +88,10 @@ def seq2seq_workdir(tmp_path_factory):
 def test_attention_command_on_encoder_decoder(seq2seq_workdir, tmp_path, capsys):
     out = tmp_path / "a.png"
     assert run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=1234", f"--out={out}"]) == 0  # translates
-    assert run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=12", "--target=21", "--layer=0",
-                     f"--out={out}"]) == 0
+    assert (
+        run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=12", "--target=21", "--layer=0", f"--out={out}"])
+        == 0
+    )
     files = json.loads(capsys.readouterr().out.splitlines()[-1])["files"]
     assert [Path(f).name for f in files] == ["a-encoder.png", "a-decoder.png", "a-cross.png"]
     assert run.main(["attention", f"--workdir={seq2seq_workdir}", "--text=12", "--layer=5"]) == 2

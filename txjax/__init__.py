@@ -1,7 +1,33 @@
-"""txjax: transformers in JAX/Flax Linen, every equation a function you can point at."""
+"""txjax: transformers in JAX/Flax Linen, every equation a function you can point at.
 
-from txjax.attention import (MultiHeadAttention, attention_weights, causal_mask, combine_masks, padding_mask,
-                             scaled_dot_product_attention, segment_mask, valid_from_lengths, valid_from_pad_id)
+Shape letters, used in names (`x_BxLxD`, `q_BxLxHxK`) and comments across the package:
+    B  batch rows                     L  query / target length       S  key length (source, or the KV cache)
+    D  d_model                        F  d_ff (feed-forward width)   V  vocabulary
+    H  query heads                    G  KV heads (grouped-query)    K  head dim d_k
+    N  layers                         R  stacked runs (a vmapped sweep group)
+    W  beams per row (beam search)    T  steps of a decode loop
+"""
+
+from txjax.attention import (
+    MultiHeadAttention,
+    attention_weights,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+    segment_mask,
+)
 from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
 
+__all__ = [
+    "DecoderLM",
+    "EncoderDecoder",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "attention_weights",
+    "causal_mask",
+    "init_cache",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "segment_mask",
+]
 __version__ = "0.1.0"

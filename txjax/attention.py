@@ -11,11 +11,11 @@ True meaning "may attend".
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from txjax import positional, precision
 
@@ -61,7 +61,7 @@ def attention_output(probs, v):
 
 def causal_mask(q_pos, k_pos):
     """j <= i on explicit positions: q_pos [B, Lq], k_pos [B, Lk] -> [B, 1, Lq, Lk]."""
-    return (k_pos[:, None, None, :] <= q_pos[:, None, :, None])
+    return k_pos[:, None, None, :] <= q_pos[:, None, :, None]
 
 
 def padding_mask(q_valid, k_valid):
@@ -76,27 +76,6 @@ def segment_mask(q_seg, k_seg):
     """
     same = q_seg[:, None, :, None] == k_seg[:, None, None, :]
     return same & padding_mask(q_seg > 0, k_seg > 0)
-
-
-def valid_from_lengths(lengths, length):
-    """Padding from a lengths vector: [B] -> [B, length] bool, True on the first lengths[b] slots."""
-    return jnp.arange(length)[None, :] < lengths[:, None]
-
-
-def valid_from_pad_id(tokens, pad_id):
-    """Padding from a pad id: [B, L] -> [B, L] bool."""
-    return tokens != pad_id
-
-
-def combine_masks(*masks):
-    """Logical AND of the masks that are not None (None if all are)."""
-    masks = [m for m in masks if m is not None]
-    if not masks:
-        return None
-    out = masks[0]
-    for m in masks[1:]:
-        out = out & m
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -161,8 +140,11 @@ class MultiHeadAttention(nn.Module):
             w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
             out = precision.einsum("bld,dhk->blhk", inp.astype(self.dtype), w.astype(self.dtype))
             if self.use_bias:
-                out = out + self.param(f"{name}_bias", nn.with_logical_partitioning(
-                    nn.initializers.zeros, spec[1:]), (heads, self.head_dim)).astype(self.dtype)
+                out = out + self.param(
+                    f"{name}_bias",
+                    nn.with_logical_partitioning(nn.initializers.zeros, spec[1:]),
+                    (heads, self.head_dim),
+                ).astype(self.dtype)
             return out
 
         q_BxLxHxK = proj("query", self.num_heads, x_BxLxD, ("embed", "heads", "kv"))
@@ -186,13 +168,16 @@ class MultiHeadAttention(nn.Module):
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
         out_BxLxHxK = self._attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, bias_BxHxLxS, scale, deterministic)
 
-        w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std),
-                                                               ("heads", "kv", "embed")),
-                           (self.num_heads, self.head_dim, d_model))
+        w_out = self.param(
+            "out",
+            nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std), ("heads", "kv", "embed")),
+            (self.num_heads, self.head_dim, d_model),
+        )
         y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
         if self.use_bias:
-            y_BxLxD = y_BxLxD + self.param("out_bias", nn.with_logical_partitioning(
-                nn.initializers.zeros, ("embed",)), (d_model,)).astype(self.dtype)
+            y_BxLxD = y_BxLxD + self.param(
+                "out_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d_model,)
+            ).astype(self.dtype)
         return y_BxLxD
 
     def _attend(self, q, k, v, mask, bias, scale, deterministic):

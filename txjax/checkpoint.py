@@ -17,8 +17,9 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, keep: int):
         self.directory = Path(directory).absolute()
-        self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True))
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        )
 
     def latest_step(self) -> int | None:
         """The last step whose save finished (None when there is none)."""
@@ -39,4 +40,3 @@ class Checkpointer:
         """Waits for the pending saves to be on disk."""
         self.manager.wait_until_finished()
         self.manager.close()
-

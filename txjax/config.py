@@ -35,53 +35,61 @@ def base_config() -> ml_collections.ConfigDict:
     """Every field an experiment can set, with its default (see INTERFACES.md, "Config + workdir")."""
     model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
     model |= {"vocab_size": 0, "max_len": 0}  # 0: filled in from the tokenizer and the data's longest sequence
-    config = ml_collections.ConfigDict({
-        "family": "decoder_lm",
-        "model": model,
-        "data": {
-            "kind": "synthetic",
-            "path": "",  # text / parallel training file; relative paths are resolved against the repo root
-            "valid_path": "",  # parallel: validation TSV
-            "test_path": "",  # parallel: test TSV
-            "task": "reverse",  # synthetic: copy | reverse | sort | add
-            "min_digits": 1,
-            "max_digits": 8,
-            "eval_size": 512,  # synthetic: examples in the valid (and test) set
-            "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic)
-            "vocab_size": 8000,  # sentencepiece
-            "seq_len": 64,  # text: tokens per training window
-            "val_fraction": 0.1,  # text: the last 10% of the file is the valid split (nanoGPT)
-            "max_src_len": 128,
-            "max_tgt_len": 128,
-            "pack": False,  # parallel: first-fit packing of several pairs per row
-        },
-        "train": {
-            "steps": 1000,
-            "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
-            "grad_accum": 1,
-            "learning_rate": 1e-3,
-            "min_lr_ratio": 0.1,  # cosine decays to learning_rate * min_lr_ratio at the last step
-            "warmup_steps": 100,
-            "weight_decay": 0.1,
-            "b1": 0.9,
-            "b2": 0.99,
-            "grad_clip": 1.0,  # global-norm clipping; 0 disables it
-            "label_smoothing": 0.0,
-            "seed": 0,
-            "log_every": 50,
-            "eval_every": 500,  # 0: only at the end
-            "eval_batches": 20,  # batches of the valid split per periodic eval; the final eval reads it all
-            "checkpoint_every": 500,
-            "keep_checkpoints": 3,
-            "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
-            # checkpoint + final eval
-            "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
-            "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
-        },
-        "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
-        "decode": {"max_new_tokens": 64, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "beam_size": 1,
-                   "length_penalty": 0.6},
-    })
+    config = ml_collections.ConfigDict(
+        {
+            "family": "decoder_lm",
+            "model": model,
+            "data": {
+                "kind": "synthetic",
+                "path": "",  # text / parallel training file; relative paths are resolved against the repo root
+                "valid_path": "",  # parallel: validation TSV
+                "test_path": "",  # parallel: test TSV
+                "task": "reverse",  # synthetic: copy | reverse | sort | add
+                "min_digits": 1,
+                "max_digits": 8,
+                "eval_size": 512,  # synthetic: examples in the valid (and test) set
+                "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic)
+                "vocab_size": 8000,  # sentencepiece
+                "seq_len": 64,  # text: tokens per training window
+                "val_fraction": 0.1,  # text: the last 10% of the file is the valid split (nanoGPT)
+                "max_src_len": 128,
+                "max_tgt_len": 128,
+                "pack": False,  # parallel: first-fit packing of several pairs per row
+            },
+            "train": {
+                "steps": 1000,
+                "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
+                "grad_accum": 1,
+                "learning_rate": 1e-3,
+                "min_lr_ratio": 0.1,  # cosine decays to learning_rate * min_lr_ratio at the last step
+                "warmup_steps": 100,
+                "weight_decay": 0.1,
+                "b1": 0.9,
+                "b2": 0.99,
+                "grad_clip": 1.0,  # global-norm clipping; 0 disables it
+                "label_smoothing": 0.0,
+                "seed": 0,
+                "log_every": 50,
+                "eval_every": 500,  # 0: only at the end
+                "eval_batches": 20,  # batches of the valid split per periodic eval; the final eval reads it all
+                "checkpoint_every": 500,
+                "keep_checkpoints": 3,
+                "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
+                # checkpoint + final eval
+                "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
+                "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
+            },
+            "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
+            "decode": {
+                "max_new_tokens": 64,
+                "temperature": 1.0,
+                "top_k": 0,
+                "top_p": 1.0,
+                "beam_size": 1,
+                "length_penalty": 0.6,
+            },
+        }
+    )
     config.lock()
     return config
 
@@ -167,13 +175,18 @@ def model_config(model: dict) -> ModelConfig:
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks every value that can be checked before data is read (model fields included)."""
-    choices = {"family": (config.family, FAMILIES), "data.kind": (config.data.kind, DATA_KINDS),
-               "data.tokenizer": (config.data.tokenizer, TOKENIZERS)}
+    choices = {
+        "family": (config.family, FAMILIES),
+        "data.kind": (config.data.kind, DATA_KINDS),
+        "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
+    }
     for name, (value, allowed) in choices.items():
         if value not in allowed:
             close = difflib.get_close_matches(str(value), allowed, n=1)
-            raise ConfigError(f"config.{name}={value!r} is not one of {', '.join(allowed)}"
-                              + (f"; did you mean {close[0]!r}?" if close else ""))
+            raise ConfigError(
+                f"config.{name}={value!r} is not one of {', '.join(allowed)}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+            )
     t = config.train
     for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
         if t[name] <= 0:
@@ -196,8 +209,9 @@ def resolve_data_path(path: str) -> Path:
     return p.resolve() if p.is_absolute() or p.exists() else (REPO / p).resolve()
 
 
-def from_command_line(experiment: str | None, overrides: list[str], workdir: Path | None = None
-                      ) -> ml_collections.ConfigDict:
+def from_command_line(
+    experiment: str | None, overrides: list[str], workdir: Path | None = None
+) -> ml_collections.ConfigDict:
     """Experiment file + overrides, validated: the config a run starts from. Without an experiment file, a workdir
     that already holds a config.json (a resumed or imported run, e.g. `run.py import-gpt2`) starts from that one."""
     from_workdir = experiment is None and workdir is not None and (Path(workdir) / CONFIG_FILE).is_file()
@@ -215,11 +229,16 @@ def check_resumable(saved: ml_collections.ConfigDict, config: ml_collections.Con
     """A workdir's checkpoints fit the model that wrote them: any other family or model field (but those in
     RESUMABLE_CHANGES) is an error, raised before config.json is overwritten."""
     changes = [f"family {saved.family!r} -> {config.family!r}"] if saved.family != config.family else []
-    changes += [f"model.{name} {saved.model.get(name)!r} -> {value!r}" for name, value in config.model.items()
-                if name not in RESUMABLE_CHANGES and saved.model.get(name) != value]
+    changes += [
+        f"model.{name} {saved.model.get(name)!r} -> {value!r}"
+        for name, value in config.model.items()
+        if name not in RESUMABLE_CHANGES and saved.model.get(name) != value
+    ]
     if changes:
-        raise ConfigError(f"{workdir} holds checkpoints of another model ({'; '.join(changes)}): pass a new "
-                          "--workdir, or the model flags it was trained with")
+        raise ConfigError(
+            f"{workdir} holds checkpoints of another model ({'; '.join(changes)}): pass a new "
+            "--workdir, or the model flags it was trained with"
+        )
 
 
 def save(config: ml_collections.ConfigDict, workdir: Path) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.struct
 import jax
@@ -104,8 +104,9 @@ def top_p_filter(logits_NxV, p: float):
     probs_NxV = jax.nn.softmax(jnp.take_along_axis(logits_NxV, order_NxV, axis=-1), axis=-1)
     mass_before_NxV = jnp.cumsum(probs_NxV, axis=-1) - probs_NxV
     keep_sorted_NxV = mass_before_NxV < p
-    keep_NxV = jnp.zeros_like(keep_sorted_NxV).at[jnp.arange(logits_NxV.shape[0])[:, None], order_NxV].set(
-        keep_sorted_NxV)
+    keep_NxV = (
+        jnp.zeros_like(keep_sorted_NxV).at[jnp.arange(logits_NxV.shape[0])[:, None], order_NxV].set(keep_sorted_NxV)
+    )
     return jnp.where(keep_NxV, logits_NxV, NEG_INF)
 
 
@@ -125,8 +126,17 @@ def choose_tokens(strategy: Strategy, logits_NxV, rng):
 # Model calls and the cache
 
 
-def extend(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None, *, src_segment_ids_NxS=None,
-           encoded_NxSxD=None):
+def extend(
+    model,
+    params,
+    cache,
+    tokens_NxL,
+    positions_NxL,
+    segment_ids_NxL=None,
+    *,
+    src_segment_ids_NxS=None,
+    encoded_NxSxD=None,
+):
     """Append L tokens to the cache in one call (prefill: the prompt; a decode step: L = 1).
 
     Returns (next-token logits at the last slot [N, V] float32, cache). Encoder-decoder: `src_segment_ids_NxS` is
@@ -134,28 +144,48 @@ def extend(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None
     """
     variables = {"params": params, "cache": cache}
     if isinstance(model, EncoderDecoder):
-        logits, mutated = model.apply(variables, tokens_NxL, encoded_NxSxD, src_segment_ids_NxS, positions_NxL,
-                                      segment_ids_NxL, decode=True, mutable=["cache"], method=EncoderDecoder.decode)
+        logits, mutated = model.apply(
+            variables,
+            tokens_NxL,
+            encoded_NxSxD,
+            src_segment_ids_NxS,
+            positions_NxL,
+            segment_ids_NxL,
+            decode=True,
+            mutable=["cache"],
+            method=EncoderDecoder.decode,
+        )
     else:
-        logits, mutated = model.apply(variables, tokens_NxL, positions_NxL, segment_ids_NxL, decode=True,
-                                      mutable=["cache"])
+        logits, mutated = model.apply(
+            variables, tokens_NxL, positions_NxL, segment_ids_NxL, decode=True, mutable=["cache"]
+        )
     return logits[:, -1], mutated["cache"]
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def prefill(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None, src_segment_ids_NxS=None,
-            encoded_NxSxD=None):
+def prefill(
+    model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None, src_segment_ids_NxS=None, encoded_NxSxD=None
+):
     """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [N, V], cache)."""
-    return extend(model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL,
-                  src_segment_ids_NxS=src_segment_ids_NxS, encoded_NxSxD=encoded_NxSxD)
+    return extend(
+        model,
+        params,
+        cache,
+        tokens_NxL,
+        positions_NxL,
+        segment_ids_NxL,
+        src_segment_ids_NxS=src_segment_ids_NxS,
+        encoded_NxSxD=encoded_NxSxD,
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def decode_step(model, params, cache, tokens_N, positions_N, src_segment_ids_NxS=None):
     """One token per row at its absolute position: -> (logits [N, V], cache). Jitted; the cache is donated (updated
     in place) and its shape never changes, so this compiles once for a given batch and cache size."""
-    return extend(model, params, cache, tokens_N[:, None], positions_N[:, None],
-                  src_segment_ids_NxS=src_segment_ids_NxS)
+    return extend(
+        model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
+    )
 
 
 def for_decoding(model, params):
@@ -173,6 +203,7 @@ def gather_rows(cache, rows_M):
 
     The batch axis is found from the leaf's rank (nn.scan adds a leading layer axis); cache_index is shared.
     """
+
     def gather(path, leaf):
         name = path[-1].key
         if name not in _CACHE_LEAF_NDIM:
@@ -218,18 +249,30 @@ class BeamState:
 
 
 def init_sample_state(strategy: Strategy, n: int, pad_id: int, rng) -> SampleState:
-    return SampleState(step=jnp.zeros((), jnp.int32), last_N=jnp.zeros((n,), jnp.int32),
-                       done=jnp.zeros((), bool), tokens_NxT=jnp.full((n, strategy.max_new_tokens), pad_id, jnp.int32),
-                       logp_N=jnp.zeros((n,), jnp.float32), stopped_N=jnp.zeros((n,), bool), rng=rng)
+    return SampleState(
+        step=jnp.zeros((), jnp.int32),
+        last_N=jnp.zeros((n,), jnp.int32),
+        done=jnp.zeros((), bool),
+        tokens_NxT=jnp.full((n, strategy.max_new_tokens), pad_id, jnp.int32),
+        logp_N=jnp.zeros((n,), jnp.float32),
+        stopped_N=jnp.zeros((n,), bool),
+        rng=rng,
+    )
 
 
 def init_beam_state(strategy: Strategy, b: int, pad_id: int) -> BeamState:
     k, t = strategy.beam_size, strategy.max_new_tokens
     seqs = jnp.full((b, k, t), pad_id, jnp.int32)
     alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))  # all beams start as one
-    return BeamState(step=jnp.zeros((), jnp.int32), last_N=jnp.zeros((b * k,), jnp.int32), done=jnp.zeros((), bool),
-                     alive_BxKxT=seqs, alive_logp_BxK=alive_logp, finished_BxKxT=seqs,
-                     finished_score_BxK=jnp.full((b, k), NEG_INF, jnp.float32))
+    return BeamState(
+        step=jnp.zeros((), jnp.int32),
+        last_N=jnp.zeros((b * k,), jnp.int32),
+        done=jnp.zeros((), bool),
+        alive_BxKxT=seqs,
+        alive_logp_BxK=alive_logp,
+        finished_BxKxT=seqs,
+        finished_score_BxK=jnp.full((b, k), NEG_INF, jnp.float32),
+    )
 
 
 def _is_eos(strategy: Strategy, tokens):
@@ -242,9 +285,15 @@ def sample_update(strategy: Strategy, pad_id: int, state: SampleState, logits_Nx
     token_N = jnp.where(state.stopped_N, pad_id, choose_tokens(strategy, logits_NxV, key))
     logp_N = jnp.take_along_axis(jax.nn.log_softmax(logits_NxV), token_N[:, None], axis=-1)[:, 0]
     stopped_N = state.stopped_N | _is_eos(strategy, token_N)
-    new = state.replace(step=state.step + 1, last_N=token_N, done=stopped_N.all(),
-                        tokens_NxT=state.tokens_NxT.at[:, state.step].set(token_N),
-                        logp_N=state.logp_N + jnp.where(state.stopped_N, 0.0, logp_N), stopped_N=stopped_N, rng=rng)
+    new = state.replace(
+        step=state.step + 1,
+        last_N=token_N,
+        done=stopped_N.all(),
+        tokens_NxT=state.tokens_NxT.at[:, state.step].set(token_N),
+        logp_N=state.logp_N + jnp.where(state.stopped_N, 0.0, logp_N),
+        stopped_N=stopped_N,
+        rng=rng,
+    )
     return new, cache
 
 
@@ -267,9 +316,11 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
     lp = length_penalty(state.step + 1.0, strategy.length_penalty)
     new_scores_Bx2K = jnp.where(finishes_Bx2K, top_logp_Bx2K / lp, NEG_INF)
     finished_score_BxK, pick_BxK = jax.lax.top_k(
-        jnp.concatenate([state.finished_score_BxK, new_scores_Bx2K], axis=1), k)
-    finished_BxKxT = jnp.take_along_axis(jnp.concatenate([state.finished_BxKxT, seqs_Bx2KxT], axis=1),
-                                         pick_BxK[:, :, None], axis=1)
+        jnp.concatenate([state.finished_score_BxK, new_scores_Bx2K], axis=1), k
+    )
+    finished_BxKxT = jnp.take_along_axis(
+        jnp.concatenate([state.finished_BxKxT, seqs_Bx2KxT], axis=1), pick_BxK[:, :, None], axis=1
+    )
 
     alive_logp_BxK, keep_BxK = jax.lax.top_k(jnp.where(eos_Bx2K | last, NEG_INF, top_logp_Bx2K), k)
     alive_BxKxT = jnp.take_along_axis(seqs_Bx2KxT, keep_BxK[:, :, None], axis=1)
@@ -277,10 +328,15 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
     token_BxK = jnp.take_along_axis(token_Bx2K, keep_BxK, axis=1)
     # log P only falls and lp(L) <= lp(max) for alpha >= 0, so no alive beam can beat this bound any more
     best_possible_B = alive_logp_BxK[:, 0] / length_penalty(float(strategy.max_new_tokens), strategy.length_penalty)
-    new = state.replace(step=state.step + 1, last_N=token_BxK.reshape(-1),
-                        done=(finished_score_BxK[:, 0] >= best_possible_B).all(), alive_BxKxT=alive_BxKxT,
-                        alive_logp_BxK=alive_logp_BxK, finished_BxKxT=finished_BxKxT,
-                        finished_score_BxK=finished_score_BxK)
+    new = state.replace(
+        step=state.step + 1,
+        last_N=token_BxK.reshape(-1),
+        done=(finished_score_BxK[:, 0] >= best_possible_B).all(),
+        alive_BxKxT=alive_BxKxT,
+        alive_logp_BxK=alive_logp_BxK,
+        finished_BxKxT=finished_BxKxT,
+        finished_score_BxK=finished_score_BxK,
+    )
     rows_N = (jnp.arange(b)[:, None] * k + parent_BxK).reshape(-1)
     return new, gather_rows(cache, rows_N)
 
@@ -309,8 +365,17 @@ def search(tokens_to_logits, update, state, first_logits_NxV, cache, start_posit
     return state
 
 
-def _run_search(model, params, strategy: Strategy, pad_id: int, rng, cache, first_logits_BxV, start_positions_B,
-                src_segment_ids_BxS=None):
+def _run_search(
+    model,
+    params,
+    strategy: Strategy,
+    pad_id: int,
+    rng,
+    cache,
+    first_logits_BxV,
+    start_positions_B,
+    src_segment_ids_BxS=None,
+):
     """Tile the prefilled cache to K rows per prompt, search, return (tokens [B*K', T], scores [B*K'], steps) where
     K' = num_samples for sampling and 1 (the best hypothesis) for beam search; steps: loop steps taken."""
     k = strategy.rows_per_prompt
@@ -319,8 +384,9 @@ def _run_search(model, params, strategy: Strategy, pad_id: int, rng, cache, firs
     src_segment_ids_NxS = None if src_segment_ids_BxS is None else tile_rows(src_segment_ids_BxS, k)
 
     def tokens_to_logits(tokens_N, positions_N, cache):
-        return extend(model, params, cache, tokens_N[:, None], positions_N[:, None],
-                      src_segment_ids_NxS=src_segment_ids_NxS)
+        return extend(
+            model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
+        )
 
     b = first_logits_BxV.shape[0]
     if strategy.beam_size is None:
@@ -329,8 +395,15 @@ def _run_search(model, params, strategy: Strategy, pad_id: int, rng, cache, firs
     else:
         update = functools.partial(beam_update, strategy)
         state = init_beam_state(strategy, b, pad_id)
-    state = search(tokens_to_logits, update, state, tile_rows(first_logits_BxV, k), cache,
-                   tile_rows(start_positions_B, k), strategy.max_new_tokens)
+    state = search(
+        tokens_to_logits,
+        update,
+        state,
+        tile_rows(first_logits_BxV, k),
+        cache,
+        tile_rows(start_positions_B, k),
+        strategy.max_new_tokens,
+    )
     if strategy.beam_size is None:
         return state.tokens_NxT, state.logp_N, state.step
     return state.finished_BxKxT[:, 0], state.finished_score_BxK[:, 0], state.step
@@ -355,10 +428,12 @@ def seq2seq_generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id:
     encoded_BxSxD = model.apply({"params": params}, src_BxS, None, src_segment_ids_BxS, method=EncoderDecoder.encode)
     cache = init_cache(model, b, strategy.max_new_tokens, s)
     bos_Bx1, zeros_Bx1 = jnp.full((b, 1), bos_id, jnp.int32), jnp.zeros((b, 1), jnp.int32)
-    logits_BxV, cache = extend(model, params, cache, bos_Bx1, zeros_Bx1, src_segment_ids_NxS=src_segment_ids_BxS,
-                               encoded_NxSxD=encoded_BxSxD)
-    return _run_search(model, params, strategy, pad_id, rng, cache, logits_BxV, jnp.ones((b,), jnp.int32),
-                       src_segment_ids_BxS)
+    logits_BxV, cache = extend(
+        model, params, cache, bos_Bx1, zeros_Bx1, src_segment_ids_NxS=src_segment_ids_BxS, encoded_NxSxD=encoded_BxSxD
+    )
+    return _run_search(
+        model, params, strategy, pad_id, rng, cache, logits_BxV, jnp.ones((b,), jnp.int32), src_segment_ids_BxS
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -386,7 +461,7 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = N
     out_BxL = np.full((len(seqs), length), pad_id, np.int32)
     for row_L, s in zip(out_BxL, seqs):
         if len(s):
-            (row_L[length - len(s):] if left else row_L[:len(s)])[...] = s
+            (row_L[length - len(s) :] if left else row_L[: len(s)])[...] = s
     return out_BxL, np.array([len(s) for s in seqs], np.int32)
 
 
@@ -404,9 +479,11 @@ def check_inputs(seqs: Sequence[Sequence[int]], vocab_size: int, max_len: int, w
         if len(s) + new_tokens - 1 > max_len:
             if new_tokens == 1:
                 raise ValueError(f"{what} {i} has {len(s)} tokens, more than the model's context max_len={max_len}")
-            raise ValueError(f"{what} {i} of {len(s)} tokens + max_new_tokens={new_tokens} needs "
-                             f"{len(s) + new_tokens - 1} positions, more than the model's context max_len={max_len};"
-                             f" lower max_new_tokens to <= {max_len - len(s) + 1}")
+            raise ValueError(
+                f"{what} {i} of {len(s)} tokens + max_new_tokens={new_tokens} needs "
+                f"{len(s) + new_tokens - 1} positions, more than the model's context max_len={max_len};"
+                f" lower max_new_tokens to <= {max_len - len(s) + 1}"
+            )
 
 
 def _results(strategy: Strategy, tokens_NxT, scores_N, steps) -> Generation:
@@ -419,8 +496,16 @@ def _results(strategy: Strategy, tokens_NxT, scores_N, steps) -> Generation:
     return Generation(ids=ids, scores=np.asarray(scores_N), stopped=stopped, steps=int(steps))
 
 
-def generate(model: DecoderLM, params, prompts: Sequence[Sequence[int]], *, pad_id: int | None = None,
-             prompt_len: int | None = None, seed: int = 0, **strategy) -> Generation:
+def generate(
+    model: DecoderLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int | None = None,
+    prompt_len: int | None = None,
+    seed: int = 0,
+    **strategy,
+) -> Generation:
     """Continue each prompt (a list of ids) with a DecoderLM; `strategy`: the fields of Strategy.
 
     Prompts are left-padded to `prompt_len` (default: the longest; fix it to compile once for many batches).
@@ -437,8 +522,17 @@ def generate(model: DecoderLM, params, prompts: Sequence[Sequence[int]], *, pad_
     return _results(strategy, *out)
 
 
-def translate(model: EncoderDecoder, params, sources: Sequence[Sequence[int]], *, bos_id: int, pad_id: int,
-              src_len: int | None = None, seed: int = 0, **strategy) -> Generation:
+def translate(
+    model: EncoderDecoder,
+    params,
+    sources: Sequence[Sequence[int]],
+    *,
+    bos_id: int,
+    pad_id: int,
+    src_len: int | None = None,
+    seed: int = 0,
+    **strategy,
+) -> Generation:
     """Generate a target for each source (ids, ending with EOS as in training) with an EncoderDecoder.
 
     The decoder starts from BOS; sources are right-padded to `src_len` (default: the longest). Layers unrolled as
@@ -468,7 +562,7 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     outs = []
     for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
+        rows = order[start : start + batch_size]
         batch = [inputs[i] for i in rows + rows[-1:] * (batch_size - len(rows))]
         outs.append((rows, run(model, params, batch, **length, **kwargs)))
     ids, stopped, scores = [None] * len(inputs), [None] * len(inputs), np.zeros(len(inputs), np.float32)
@@ -478,8 +572,18 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
     return Generation(ids=ids, scores=scores, stopped=stopped, steps=max(out.steps for _, out in outs))
 
 
-def generate_windowed(model: DecoderLM, params, prompt: Sequence[int], *, max_new_tokens: int, keep: int | None = None,
-                      num_samples: int = 1, seed: int = 0, pad_id: int | None = None, **strategy) -> list[list[int]]:
+def generate_windowed(
+    model: DecoderLM,
+    params,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    keep: int | None = None,
+    num_samples: int = 1,
+    seed: int = 0,
+    pad_id: int | None = None,
+    **strategy,
+) -> list[list[int]]:
     """Sampling beyond the model's context (nanoGPT's sample.py crops the sequence to its last max_len tokens):
     generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
     with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
@@ -492,16 +596,18 @@ def generate_windowed(model: DecoderLM, params, prompt: Sequence[int], *, max_ne
     prompt = list(prompt)[-max_len:]
     model, params = for_decoding(model, params)
     new = min(max_new_tokens, max_len - len(prompt) + 1)
-    out = generate(model, params, [prompt], max_new_tokens=new, num_samples=num_samples, seed=seed, pad_id=pad_id,
-                   **strategy)
+    out = generate(
+        model, params, [prompt], max_new_tokens=new, num_samples=num_samples, seed=seed, pad_id=pad_id, **strategy
+    )
     seqs, stopped, generated = [prompt + ids for ids in out.ids], list(out.stopped), [list(ids) for ids in out.ids]
     for chunk in itertools.count(1):
         remaining = max_new_tokens - max(map(len, generated))
         if remaining <= 0 or all(stopped):
             break
         new = min(remaining, max_len - keep + 1)
-        out = generate(model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk,
-                       pad_id=pad_id, **strategy)
+        out = generate(
+            model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk, pad_id=pad_id, **strategy
+        )
         for i, ids in enumerate(out.ids):
             if not stopped[i]:  # a stopped row's continuation is computed (fixed shapes) and dropped
                 seqs[i] += ids
@@ -536,8 +642,9 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list
     ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and not seq2seq, eos=seq2seq)
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
     if seq2seq:
-        out = translate(run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed,
-                        **strategy)
+        out = translate(
+            run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
+        )
         return [tokenizer.decode(row) for row in out.ids]
     if strategy["beam_size"] is None:  # sampling may run past the context (generate_windowed)
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
@@ -557,8 +664,15 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="run.py generate", description=main.__doc__)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--prompt", required=True, help="LM: the text to continue; encoder-decoder: the source")
-    for name, kind in [("max_new_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
-                       ("beam_size", int), ("length_penalty", float), ("num_samples", int)]:
+    for name, kind in [
+        ("max_new_tokens", int),
+        ("temperature", float),
+        ("top_k", int),
+        ("top_p", float),
+        ("beam_size", int),
+        ("length_penalty", float),
+        ("num_samples", int),
+    ]:
         parser.add_argument(f"--{name}", type=kind, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = vars(parser.parse_args(argv))

@@ -27,26 +27,50 @@ from jax.sharding import Mesh
 from txjax.config import ConfigError
 from txjax.sharding import make_mesh
 
-_ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
-        "process_id": "JAX_PROCESS_ID"}
+_ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """The multi-process flags of `run.py train` and `run.py eval`."""
     group = parser.add_argument_group("multi-process (jax.distributed; omit all for one process)")
-    group.add_argument("--coordinator_address", default=os.environ.get(_ENV["coordinator_address"]),
-                       help="HOST:PORT of process 0, the same for every process (env JAX_COORDINATOR_ADDRESS)")
-    group.add_argument("--num_processes", type=int, default=os.environ.get(_ENV["num_processes"]),
-                       help="processes in the run, usually one per host (env JAX_NUM_PROCESSES)")
-    group.add_argument("--process_id", type=int, default=os.environ.get(_ENV["process_id"]),
-                       help="this process, 0 .. num_processes - 1 (env JAX_PROCESS_ID)")
-    group.add_argument("--distributed", action="store_true",
-                       help="initialize jax.distributed, detecting what is not given from the cluster "
-                            "(SLURM, Cloud TPU, ...)")
-    group.add_argument("--initialization_timeout", type=int, default=300,
-                       help="seconds to wait for every process to join (default 300)")
-    group.add_argument("--heartbeat_timeout", type=int, default=60,
-                       help="seconds after which a silent process is declared dead and the others stop (default 60)")
+    group.add_argument(
+        "--coordinator_address",
+        default=os.environ.get(_ENV["coordinator_address"]),
+        help="HOST:PORT of process 0, the same for every process (env JAX_COORDINATOR_ADDRESS)",
+    )
+    group.add_argument(
+        "--num_processes",
+        type=int,
+        default=os.environ.get(_ENV["num_processes"]),
+        help="processes in the run, usually one per host (env JAX_NUM_PROCESSES)",
+    )
+    group.add_argument(
+        "--process_id",
+        type=int,
+        default=os.environ.get(_ENV["process_id"]),
+        help="this process, 0 .. num_processes - 1 (env JAX_PROCESS_ID)",
+    )
+    group.add_argument(
+        "--distributed",
+        action="store_true",
+        help="initialize jax.distributed, detecting what is not given from the cluster (SLURM, Cloud TPU, ...)",
+    )
+    group.add_argument(
+        "--initialization_timeout",
+        type=int,
+        default=300,
+        help="seconds to wait for every process to join (default 300)",
+    )
+    group.add_argument(
+        "--heartbeat_timeout",
+        type=int,
+        default=60,
+        help="seconds after which a silent process is declared dead and the others stop (default 60)",
+    )
 
 
 def initialize(args: argparse.Namespace) -> None:
@@ -55,16 +79,25 @@ def initialize(args: argparse.Namespace) -> None:
     if not given and not args.distributed:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes; no effect on GPU/TPU
-    print(f"jax.distributed: joining {', '.join(f'{k}={v}' for k, v in given.items()) or 'the detected cluster'} "
-          f"(waiting up to {args.initialization_timeout}s for every process)", file=sys.stderr, flush=True)
+    print(
+        f"jax.distributed: joining {', '.join(f'{k}={v}' for k, v in given.items()) or 'the detected cluster'} "
+        f"(waiting up to {args.initialization_timeout}s for every process)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        jax.distributed.initialize(**given, initialization_timeout=args.initialization_timeout,
-                                   heartbeat_timeout_seconds=args.heartbeat_timeout,
-                                   shutdown_timeout_seconds=args.heartbeat_timeout)
+        jax.distributed.initialize(
+            **given,
+            initialization_timeout=args.initialization_timeout,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
+            shutdown_timeout_seconds=args.heartbeat_timeout,
+        )
     except (ValueError, RuntimeError) as e:  # jax's XlaRuntimeError is a RuntimeError
-        raise ConfigError(f"jax.distributed.initialize({', '.join(f'{k}={v!r}' for k, v in given.items())}) "
-                          f"failed: {str(e).splitlines()[0]}; give every process the same --coordinator_address "
-                          "and --num_processes and a distinct --process_id, or --distributed on a cluster") from None
+        raise ConfigError(
+            f"jax.distributed.initialize({', '.join(f'{k}={v!r}' for k, v in given.items())}) "
+            f"failed: {str(e).splitlines()[0]}; give every process the same --coordinator_address "
+            "and --num_processes and a distinct --process_id, or --distributed on a cluster"
+        ) from None
 
 
 def is_lead() -> bool:
@@ -86,7 +119,7 @@ def run_mesh(mesh_config) -> Mesh:
         raise ConfigError(f"config.mesh (data, fsdp, tensor) = {shape}: every size must be a positive integer")
     devices = jax.devices()
     if jax.process_count() == 1:
-        devices = devices[:math.prod(shape)]
+        devices = devices[: math.prod(shape)]
     try:
         return make_mesh(*shape, devices=devices)
     except ValueError as e:

@@ -18,9 +18,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import sacrebleu
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from txjax import config as config_lib, decode, distributed
+from txjax import config as config_lib
+from txjax import decode, distributed
 from txjax.config import user_errors
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.experiment import build_dataset, load_workdir
@@ -42,8 +44,11 @@ def make_eval_step(model, mesh: Mesh | None = None):
         real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
         return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
 
-    return jax.jit(eval_step, in_shardings=(params_shardings(model, mesh), batch_sharding(mesh)),
-                   out_shardings=NamedSharding(mesh, P()))
+    return jax.jit(
+        eval_step,
+        in_shardings=(params_shardings(model, mesh), batch_sharding(mesh)),
+        out_shardings=NamedSharding(mesh, P()),
+    )
 
 
 def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
@@ -52,8 +57,12 @@ def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
     per_batch = [in_flight.add(eval_step(params, batch)) for batch in batches]
     total = {k: float(np.sum([np.float64(s[k]) for s in jax.device_get(per_batch)])) for k in per_batch[0]}
     loss = total["loss"] / max(total["weight"], 1.0)
-    metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
-               "token_accuracy": total["correct"] / max(total["weight"], 1.0), "tokens": int(total["weight"])}
+    metrics = {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "token_accuracy": total["correct"] / max(total["weight"], 1.0),
+        "tokens": int(total["weight"]),
+    }
     if exact_match:
         metrics |= {"exact_match": total["exact"] / max(total["examples"], 1.0), "examples": int(total["examples"])}
     return metrics
@@ -65,8 +74,10 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
     mesh = mesh or distributed.first_device_mesh()
     rows = process_rows(mesh, batch_size)
     batches = dataset.eval_batches(batch_size)
-    return prefetch(global_batch({k: x[rows] for k, x in batch.items()}, mesh)
-                    for batch in (itertools.islice(batches, max_batches) if max_batches else batches))
+    return prefetch(
+        global_batch({k: x[rows] for k, x in batch.items()}, mesh)
+        for batch in (itertools.islice(batches, max_batches) if max_batches else batches)
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -88,9 +99,12 @@ def main(argv: list[str]) -> None:
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh)
         dataset = build_dataset(run.config, run.tokenizer, args.split)
-    metrics = evaluate(make_eval_step(run.model, mesh), run.params,
-                       eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
-                       exact_match=run.config.data.kind == "synthetic")
+    metrics = evaluate(
+        make_eval_step(run.model, mesh),
+        run.params,
+        eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
+        exact_match=run.config.data.kind == "synthetic",
+    )
     metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
     if distributed.is_lead():
         write_metrics(args.workdir, args.split, metrics)
@@ -106,23 +120,42 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
         prompts, answers = dataset.eval_examples()
         bos = {"bos_id": tok.bos_id} if isinstance(run.model, EncoderDecoder) else {}
-        out = decode.decode_all(run.model, run.params, prompts, batch_size=batch_size, eos_id=tok.eos_id,
-                                pad_id=tok.pad_id, max_new_tokens=max(map(len, answers)) + 1, **bos)
+        out = decode.decode_all(
+            run.model,
+            run.params,
+            prompts,
+            batch_size=batch_size,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            max_new_tokens=max(map(len, answers)) + 1,
+            **bos,
+        )
         right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
         return {"generated_exact_match": float(np.mean(right))}
     if isinstance(dataset, ParallelDataset):
         strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, **{"temperature": 0.0, **strategy})
         strategy["max_new_tokens"] = min(strategy["max_new_tokens"], cfg.max_len)
-        out = decode.decode_all(run.model, run.params, dataset.sources, batch_size=batch_size, pad_id=tok.pad_id,
-                                bos_id=tok.bos_id, **strategy)
+        out = decode.decode_all(
+            run.model,
+            run.params,
+            dataset.sources,
+            batch_size=batch_size,
+            pad_id=tok.pad_id,
+            bos_id=tok.bos_id,
+            **strategy,
+        )
         hypotheses = [tok.decode(ids) for ids in out.ids]
         references = [[target for _, target in dataset.raw_pairs()]]
         bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
         bleu_score, chrf_score = bleu.corpus_score(hypotheses, references), chrf.corpus_score(hypotheses, references)
         print(bleu_score.format(signature=str(bleu.get_signature())))
         print(chrf_score.format(signature=str(chrf.get_signature())))
-        return {"bleu": bleu_score.score, "chrf": chrf_score.score, "bleu_signature": str(bleu.get_signature()),
-                "chrf_signature": str(chrf.get_signature())}
+        return {
+            "bleu": bleu_score.score,
+            "chrf": chrf_score.score,
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()),
+        }
     return {}
 
 

@@ -14,10 +14,21 @@ import ml_collections
 from jax.sharding import Mesh
 
 from txjax import config as config_lib
-from txjax.data import (TOKENIZER_FILE, ByteTokenizer, CharTokenizer, ParallelDataset, SentencePieceTokenizer,
-                        SyntheticTask, TextLMDataset, Tokenizer, load_tokenizer, read_text, resolve_path,
-                        task_tokenizer)
 from txjax.checkpoint import Checkpointer
+from txjax.data import (
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    CharTokenizer,
+    ParallelDataset,
+    SentencePieceTokenizer,
+    SyntheticTask,
+    TextLMDataset,
+    Tokenizer,
+    load_tokenizer,
+    read_text,
+    resolve_path,
+    task_tokenizer,
+)
 from txjax.distributed import first_device_mesh
 from txjax.models import DecoderLM, EncoderDecoder
 from txjax.train_state import init_state, make_optimizer, state_shardings
@@ -34,8 +45,11 @@ def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
     path = d.path if d.kind == "text" or split == "train" else {"valid": d.valid_path, "test": d.test_path}[split]
     if not path:
         raise config_lib.ConfigError(f"no {split} split: set --config.data.{split}_path=FILE")
-    return resolve_path(config_lib.resolve_data_path(path), f"{split} data file",
-                        "--config.data.path" if path == d.path else f"--config.data.{split}_path")
+    return resolve_path(
+        config_lib.resolve_data_path(path),
+        f"{split} data file",
+        "--config.data.path" if path == d.path else f"--config.data.{split}_path",
+    )
 
 
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> Tokenizer:
@@ -49,11 +63,14 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> Tokeniz
     elif kind == "byte":
         tokenizer = ByteTokenizer()
     elif kind == "char":  # seq2seq needs pad/bos/eos; a char LM keeps exactly the corpus' characters (nanoGPT)
-        tokenizer = CharTokenizer.from_text(read_text(data_file(config, "train")),
-                                            specials=config.data.kind == "parallel")
+        tokenizer = CharTokenizer.from_text(
+            read_text(data_file(config, "train")), specials=config.data.kind == "parallel"
+        )
     elif kind == "byte_bpe":
-        raise config_lib.ConfigError(f"data.tokenizer='byte_bpe' is read from {directory.resolve()}, which has no "
-                                     f"{TOKENIZER_FILE}: create the workdir with `run.py import-gpt2`")
+        raise config_lib.ConfigError(
+            f"data.tokenizer='byte_bpe' is read from {directory.resolve()}, which has no "
+            f"{TOKENIZER_FILE}: create the workdir with `run.py import-gpt2`"
+        )
     else:  # one SentencePiece model shared by both sides of a parallel file (every tab-separated field)
         tokenizer = SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)
     tokenizer.save(directory)
@@ -71,10 +88,16 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split
     if d.kind == "text":
         if split == "test":
             raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")
-        return TextLMDataset(data_file(config, split), tokenizer, d.seq_len, "train" if split == "train" else "val",
-                             d.val_fraction)
-    return ParallelDataset(data_file(config, split), tokenizer, max_src_len=d.max_src_len, max_tgt_len=d.max_tgt_len,
-                           pack=d.pack and split == "train")
+        return TextLMDataset(
+            data_file(config, split), tokenizer, d.seq_len, "train" if split == "train" else "val", d.val_fraction
+        )
+    return ParallelDataset(
+        data_file(config, split),
+        tokenizer,
+        max_src_len=d.max_src_len,
+        max_tgt_len=d.max_tgt_len,
+        pack=d.pack and split == "train",
+    )
 
 
 def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: Tokenizer, train_data) -> None:
@@ -91,7 +114,8 @@ def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: Tokenizer, tr
     if m.vocab_size < tokenizer.vocab_size or m.max_len < longest:
         raise config_lib.ConfigError(
             f"config.model.vocab_size={m.vocab_size}, max_len={m.max_len} are below the data's "
-            f"{tokenizer.vocab_size} tokens and {longest} positions; leave them at 0 to fill them in")
+            f"{tokenizer.vocab_size} tokens and {longest} positions; leave them at 0 to fill them in"
+        )
 
 
 def build_model(config: ml_collections.ConfigDict) -> DecoderLM | EncoderDecoder:

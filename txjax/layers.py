@@ -10,11 +10,16 @@ Dropout is applied to each residual branch before the addition and is off when d
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
+import jax.numpy as jnp
 
 from txjax import precision
 from txjax.attention import MultiHeadAttention
+
+if TYPE_CHECKING:  # the config type only; models.py imports this file
+    from txjax.models import ModelConfig
 
 ACTIVATIONS = {
     "relu": nn.relu,
@@ -28,9 +33,15 @@ NORMS = ("layernorm", "rmsnorm")
 def dense(features, axes, use_bias, dtype, name, std):
     """A Linear layer, kernel ~ N(0, std^2), whose parameters carry logical axis names (for the sharding rules);
     in a low-precision dtype its products accumulate in float32 (txjax.precision)."""
-    return nn.Dense(features, use_bias=use_bias, dtype=dtype, name=name, dot_general=precision.dense_dot_general,
-                    kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        dtype=dtype,
+        name=name,
+        dot_general=precision.dense_dot_general,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+    )
 
 
 def make_norm(cfg, name=None):
@@ -38,14 +49,19 @@ def make_norm(cfg, name=None):
     scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("embed",))
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=jnp.float32, scale_init=scale_init, name=name)
-    return nn.LayerNorm(epsilon=cfg.norm_eps, dtype=jnp.float32, scale_init=scale_init, name=name,
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+    return nn.LayerNorm(
+        epsilon=cfg.norm_eps,
+        dtype=jnp.float32,
+        scale_init=scale_init,
+        name=name,
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+    )
 
 
 class FeedForward(nn.Module):
     """act(x W1 + b1) W2 + b2, or SwiGLU; W1 [d_model, d_ff], W2 [d_ff, d_model]."""
 
-    cfg: "ModelConfig"
+    cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x_BxLxD):
@@ -60,11 +76,22 @@ class FeedForward(nn.Module):
 def make_attention(cfg, cross: bool, name: str, sow_weights=False):
     """The one attention module, configured for self- (rope/alibi apply) or cross-attention (they do not)."""
     return MultiHeadAttention(
-        num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, dtype=cfg.compute_dtype,
-        use_bias=cfg.use_bias, dropout=cfg.attention_dropout, scale=cfg.attention_scale, impl=cfg.attention_impl,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=cfg.compute_dtype,
+        use_bias=cfg.use_bias,
+        dropout=cfg.attention_dropout,
+        scale=cfg.attention_scale,
+        impl=cfg.attention_impl,
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
-        alibi=not cross and cfg.positional == "alibi", sow_weights=sow_weights, cross=cross,
-        init_std=cfg.init_std, out_init_std=cfg.out_init_std, name=name)
+        alibi=not cross and cfg.positional == "alibi",
+        sow_weights=sow_weights,
+        cross=cross,
+        init_std=cfg.init_std,
+        out_init_std=cfg.out_init_std,
+        name=name,
+    )
 
 
 class Block(nn.Module):
@@ -73,7 +100,7 @@ class Block(nn.Module):
     Signature fits nn.scan: (x, ctx) -> (x, None) with ctx (masks, positions, encoder output) broadcast.
     """
 
-    cfg: "ModelConfig"
+    cfg: ModelConfig
     cross: bool = False  # decoder block of an encoder-decoder
     sow_weights: bool = False
     deterministic: bool = True  # no dropout (eval, decode)
@@ -92,13 +119,20 @@ class Block(nn.Module):
             return make_norm(cfg, f"{name}_norm")(x + drop(branch(x), deterministic=deterministic))  # LN(x + f(x))
 
         self_attn = make_attention(cfg, False, "self_attention", self.sow_weights)
-        x = residual(x_BxLxD, lambda t: self_attn(t, ctx["mask"], q_pos=ctx["pos"], deterministic=deterministic,
-                                                  decode=decode), "self_attention")
+        x = residual(
+            x_BxLxD,
+            lambda t: self_attn(t, ctx["mask"], q_pos=ctx["pos"], deterministic=deterministic, decode=decode),
+            "self_attention",
+        )
         if self.cross:
             cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)
-            x = residual(x, lambda t: cross_attn(t, ctx["enc_mask"], q_pos=ctx["pos"], kv=ctx["enc"],
-                                                 deterministic=deterministic, decode=decode),
-                         "cross_attention")
+            x = residual(
+                x,
+                lambda t: cross_attn(
+                    t, ctx["enc_mask"], q_pos=ctx["pos"], kv=ctx["enc"], deterministic=deterministic, decode=decode
+                ),
+                "cross_attention",
+            )
         ffn = FeedForward(cfg, name="ffn")
         x = residual(x, ffn, "ffn")
         return x.astype(x_BxLxD.dtype), None

@@ -29,8 +29,15 @@ def read_metrics(workdir: str | Path) -> list[dict]:
 class MetricsLog:
     """Writes what a training run measures; `train()` is the loop's only host-device synchronisation."""
 
-    def __init__(self, workdir: str | Path, steps: int, start_step: int, lead: bool = True,
-                 flops_per_step: float | None = None, peak_flops_per_s: float | None = None):
+    def __init__(
+        self,
+        workdir: str | Path,
+        steps: int,
+        start_step: int,
+        lead: bool = True,
+        flops_per_step: float | None = None,
+        peak_flops_per_s: float | None = None,
+    ):
         """Only the `lead` process of a multi-process run writes; the others compute the same records. With the
         model FLOPs of a step and the peak FLOP/s of the run's devices (all of them together) given, every train
         record also holds mfu."""
@@ -42,8 +49,9 @@ class MetricsLog:
             self.file.writelines(json.dumps(r) + "\n" for r in kept)
             self.tb = SummaryWriter(str(self.workdir / "tb"))
         self.steps = steps
-        self.bar = tqdm(total=steps, initial=start_step, unit="step", dynamic_ncols=True,
-                        disable=not (lead and sys.stderr.isatty()))
+        self.bar = tqdm(
+            total=steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not (lead and sys.stderr.isatty())
+        )
         self.last_step = start_step
         self.ms_per_step: list[float] = []  # one per logged interval
         self.restart_clock()
@@ -100,6 +108,7 @@ class MetricsLog:
 def plot_curves(workdir: str | Path) -> Path:
     """Train and eval loss against step, from metrics.jsonl."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -14,9 +14,9 @@ import difflib
 import re
 from collections.abc import Mapping
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from txjax import positional, precision
 from txjax.attention import causal_mask, segment_mask
@@ -73,12 +73,16 @@ class ModelConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
         for name in ("num_kv_heads", "num_encoder_layers"):  # optional: None or a positive integer
-            if getattr(self, name) is not None and (not isinstance(getattr(self, name), int) or getattr(self, name) <= 0):
+            if getattr(self, name) is not None and (
+                not isinstance(getattr(self, name), int) or getattr(self, name) <= 0
+            ):
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be None or a positive integer")
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.kv_heads:
-            raise ValueError(f"model.num_heads={self.num_heads} must be a multiple of model.num_kv_heads={self.kv_heads}")
+            raise ValueError(
+                f"model.num_heads={self.num_heads} must be a multiple of model.num_kv_heads={self.kv_heads}"
+            )
         if self.positional == "rope" and self.head_dim % 2:
             raise ValueError(f"model.positional='rope' needs an even head dim, got d_model/num_heads={self.head_dim}")
         for name in ("dropout", "attention_dropout"):
@@ -86,7 +90,7 @@ class ModelConfig:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
 
     @classmethod
-    def from_dict(cls, d) -> "ModelConfig":
+    def from_dict(cls, d) -> ModelConfig:
         """Build from a mapping; an unknown key is an error that names the close matches."""
         fields = [f.name for f in dataclasses.fields(cls)]
         for key in d:
@@ -125,16 +129,27 @@ class Embedder(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        self.tokens = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.with_logical_partitioning(
-            nn.initializers.normal(cfg.init_std), ("vocab", "embed")))
+        self.tokens = nn.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
+        )
         if cfg.positional == "learned":
-            self.positions = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.with_logical_partitioning(
-                nn.initializers.normal(cfg.init_std), ("position", "embed")))
+            self.positions = nn.Embed(
+                cfg.max_len,
+                cfg.d_model,
+                embedding_init=nn.with_logical_partitioning(
+                    nn.initializers.normal(cfg.init_std), ("position", "embed")
+                ),
+            )
         if not cfg.tie_embeddings:
-            self.lm_head = nn.DenseGeneral(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
-                                           dot_general=precision.dense_dot_general,
-                                           kernel_init=nn.with_logical_partitioning(
-                                               nn.initializers.normal(cfg.init_std), ("embed", "vocab")))
+            self.lm_head = nn.DenseGeneral(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=cfg.compute_dtype,
+                dot_general=precision.dense_dot_general,
+                kernel_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("embed", "vocab")),
+            )
 
     def __call__(self, tokens_BxL, positions_BxL):
         cfg = self.cfg
@@ -151,8 +166,9 @@ class Embedder(nn.Module):
         x_BxLxD = x_BxLxD.astype(self.cfg.compute_dtype)
         if not self.cfg.tie_embeddings:
             return self.lm_head(x_BxLxD).astype(jnp.float32)
-        return precision.einsum("bld,vd->blv", x_BxLxD, self.tokens.embedding.astype(x_BxLxD.dtype),
-                                out_dtype=jnp.float32)
+        return precision.einsum(
+            "bld,vd->blv", x_BxLxD, self.tokens.embedding.astype(x_BxLxD.dtype), out_dtype=jnp.float32
+        )
 
 
 class Stack(nn.Module):
@@ -167,12 +183,18 @@ class Stack(nn.Module):
     def __call__(self, x_BxLxD, ctx, deterministic=True, decode=False):
         cfg = self.cfg
         block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
-        kwargs = dict(cfg=cfg, cross=self.cross, sow_weights=self.sow_weights, deterministic=deterministic,
-                      decode=decode)
+        kwargs = dict(
+            cfg=cfg, cross=self.cross, sow_weights=self.sow_weights, deterministic=deterministic, decode=decode
+        )
         if cfg.scan_layers:
-            scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
-                              split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
-                              length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            scanned = nn.scan(
+                block,
+                variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast,
+                length=self.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
             x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx)
         else:
             for i in range(self.num_layers):
@@ -203,7 +225,8 @@ class DecoderLM(nn.Module):
         x_BxLxD = nn.Dropout(cfg.dropout)(embedder(tokens_BxL, pos_BxL), deterministic=deterministic)
         ctx = {"mask": causal_mask(pos_BxL, pos_BxL) & segment_mask(seg_BxL, seg_BxL), "pos": pos_BxL}
         x_BxLxD = Stack(cfg, cfg.num_layers, sow_weights=self.sow_weights, name="decoder")(
-            x_BxLxD, ctx, deterministic, decode)
+            x_BxLxD, ctx, deterministic, decode
+        )
         return embedder.logits(x_BxLxD)
 
 
@@ -228,27 +251,50 @@ class EncoderDecoder(nn.Module):
         ctx = {"mask": segment_mask(seg_BxS, seg_BxS), "pos": pos_BxS}
         return self.encoder(x_BxSxD, ctx, deterministic)
 
-    def decode(self, tgt_BxT, encoded_BxSxD, src_segment_ids, tgt_positions=None, tgt_segment_ids=None, *,
-               deterministic=True, decode=False):
+    def decode(
+        self,
+        tgt_BxT,
+        encoded_BxSxD,
+        src_segment_ids,
+        tgt_positions=None,
+        tgt_segment_ids=None,
+        *,
+        deterministic=True,
+        decode=False,
+    ):
         """Masked self-attention over tgt, cross-attention over `encoded` (padding mask only) -> logits [B,T,V].
 
-        src_segment_ids [B, S]: the source's segments (0 = padding), for the cross-attention mask. In decode mode, `encoded_BxSxD=None` reuses the
-        cross-attention keys/values cached by the prefill call.
+        src_segment_ids [B, S]: the source's segments (0 = padding), for the cross-attention mask. In decode mode,
+        `encoded_BxSxD=None` reuses the cross-attention keys/values cached by the prefill call.
         """
         pos_BxT, seg_BxT = _defaults(tgt_BxT, tgt_positions, tgt_segment_ids)
         x_BxTxD = self.dropout(self.tgt_embed(tgt_BxT, pos_BxT), deterministic=deterministic)
-        ctx = {"mask": causal_mask(pos_BxT, pos_BxT) & segment_mask(seg_BxT, seg_BxT), "pos": pos_BxT,
-               "enc": encoded_BxSxD, "enc_mask": segment_mask(seg_BxT, src_segment_ids)}
+        ctx = {
+            "mask": causal_mask(pos_BxT, pos_BxT) & segment_mask(seg_BxT, seg_BxT),
+            "pos": pos_BxT,
+            "enc": encoded_BxSxD,
+            "enc_mask": segment_mask(seg_BxT, src_segment_ids),
+        }
         x_BxTxD = self.decoder(x_BxTxD, ctx, deterministic, decode)
         return self.tgt_embed.logits(x_BxTxD)
 
-    def __call__(self, src_BxS, tgt_BxT, src_positions=None, src_segment_ids=None, tgt_positions=None,
-                 tgt_segment_ids=None, *, deterministic=True):
+    def __call__(
+        self,
+        src_BxS,
+        tgt_BxT,
+        src_positions=None,
+        src_segment_ids=None,
+        tgt_positions=None,
+        tgt_segment_ids=None,
+        *,
+        deterministic=True,
+    ):
         encoded = self.encode(src_BxS, src_positions, src_segment_ids, deterministic=deterministic)
         if src_segment_ids is None:
             src_segment_ids = jnp.ones(src_BxS.shape, jnp.int32)
-        return self.decode(tgt_BxT, encoded, src_segment_ids, tgt_positions, tgt_segment_ids,
-                           deterministic=deterministic)
+        return self.decode(
+            tgt_BxT, encoded, src_segment_ids, tgt_positions, tgt_segment_ids, deterministic=deterministic
+        )
 
 
 def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):

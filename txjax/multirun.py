@@ -38,8 +38,13 @@ def group_key(config: ml_collections.ConfigDict) -> str | None:
     run that cannot share a program (a mesh of several devices: vmapped runs live on one device) or that asks for
     what only the single-run loop does (a training-time budget, evals by training time, decoding during training)."""
     t = config.train
-    if (math.prod(config.mesh.values()) > 1 or jax.process_count() > 1 or t.max_minutes or t.eval_every_minutes
-            or t.eval_generation):
+    if (
+        math.prod(config.mesh.values()) > 1
+        or jax.process_count() > 1
+        or t.max_minutes
+        or t.eval_every_minutes
+        or t.eval_generation
+    ):
         return None
     shared = config.to_dict()
     for field in VMAPPABLE:
@@ -113,8 +118,10 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
     train_step = jax.jit(jax.vmap(train_step_function(model, make_optimizer(t), t)), donate_argnums=0)
     eval_step, exact_match = make_eval_step(model), configs[0].data.kind == "synthetic"
     logs = [MetricsLog(w, t.steps, start) for w in workdirs]
-    batches = prefetch(jax.device_put(_stack_batches([train_data.batch(s, k, t.batch_size) for s in seeds]))
-                       for k in range(start, t.steps))
+    batches = prefetch(
+        jax.device_put(_stack_batches([train_data.batch(s, k, t.batch_size) for s in seeds]))
+        for k in range(start, t.steps)
+    )
     tokens_key = batch_keys(model)[0][0]
     began, step, pending, tokens, records, failed = time.monotonic(), start, [], 0, {}, {}
     alive = lambda: [k for k in runs if k not in failed]
@@ -131,8 +138,10 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
                 for k in alive():
                     records[k] = logs[k].train(step, [{n: v[k] for n, v in m.items()} for m in host], tokens)
                     if records[k]["finite"] < 1:
-                        failed[k] = Diverged(f"the loss or the parameters became NaN/inf by step {step}; the last "
-                                             f"good checkpoint is kept in {ckpts[k].directory}")
+                        failed[k] = Diverged(
+                            f"the loss or the parameters became NaN/inf by step {step}; the last "
+                            f"good checkpoint is kept in {ckpts[k].directory}"
+                        )
                         logs[k].close()
                 pending, tokens = [], 0
             if eval_now:
@@ -154,8 +163,12 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
         logs[k].write(step, "valid", final)
         logs[k].close()
         write_metrics(workdirs[k], "valid", {"split": "valid", "step": step, **final})
-        results[k] = {"step": step, **({"train_loss": records[k]["loss"]} if k in records else {}),
-                      **{f"valid_{name}": v for name, v in final.items()},
-                      "wall_minutes": (time.monotonic() - began) / 60.0,
-                      "ms_per_step_median": logs[k].median_ms_per_step(), "runs_vmapped": len(configs)}
+        results[k] = {
+            "step": step,
+            **({"train_loss": records[k]["loss"]} if k in records else {}),
+            **{f"valid_{name}": v for name, v in final.items()},
+            "wall_minutes": (time.monotonic() - began) / 60.0,
+            "ms_per_step_median": logs[k].median_ms_per_step(),
+            "runs_vmapped": len(configs),
+        }
     return [results[k] for k in runs]

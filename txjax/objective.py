@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-import flax.linen as nn
 from jax.sharding import Mesh
 
 from txjax.models import EncoderDecoder
@@ -21,8 +21,11 @@ from txjax.sharding import shardings_for
 
 _BATCH_KEYS = {  # family -> (model inputs, targets, weights)
     "decoder_lm": (("inputs", "positions", "segment_ids"), "targets", "weights"),
-    "encoder_decoder": (("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions",
-                         "tgt_segment_ids"), "tgt_targets", "tgt_weights"),
+    "encoder_decoder": (
+        ("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions", "tgt_segment_ids"),
+        "tgt_targets",
+        "tgt_weights",
+    ),
 }
 
 
@@ -51,8 +54,9 @@ def forward(model, params, batch, dropout_rng=None):
     """
     inputs, targets, weights = batch_keys(model)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    logits_BxLxV = model.apply({"params": params}, *(batch[k] for k in inputs), deterministic=dropout_rng is None,
-                               rngs=rngs)
+    logits_BxLxV = model.apply(
+        {"params": params}, *(batch[k] for k in inputs), deterministic=dropout_rng is None, rngs=rngs
+    )
     return logits_BxLxV, batch[targets], batch[weights]
 
 
@@ -73,5 +77,9 @@ def token_sums(logits_BxLxV, targets_BxL, weights_BxL, label_smoothing: float = 
         uniform_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1) - logits_BxLxV.mean(axis=-1)
         objective_BxL = (1.0 - label_smoothing) * ce_BxL + label_smoothing * uniform_BxL
     correct_BxL = hits(logits_BxLxV, targets_BxL).astype(jnp.float32)
-    return {"loss": (weights_BxL * ce_BxL).sum(), "objective": (weights_BxL * objective_BxL).sum(),
-            "correct": (weights_BxL * correct_BxL).sum(), "weight": weights_BxL.sum()}
+    return {
+        "loss": (weights_BxL * ce_BxL).sum(),
+        "objective": (weights_BxL * objective_BxL).sum(),
+        "correct": (weights_BxL * correct_BxL).sum(),
+        "weight": weights_BxL.sum(),
+    }

@@ -35,8 +35,13 @@ def stats_ms(seconds: list[float], cpu_seconds: list[float]) -> dict:
     """Median, min and max of per-call wall times and the median CPU time of the process (all its threads), in
     milliseconds. On a machine other processes load, CPU time is the steadier of the two."""
     ms = [1e3 * s for s in seconds]
-    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "calls": len(ms),
-            "cpu_ms": 1e3 * statistics.median(cpu_seconds)}
+    return {
+        "median_ms": statistics.median(ms),
+        "min_ms": min(ms),
+        "max_ms": max(ms),
+        "calls": len(ms),
+        "cpu_ms": 1e3 * statistics.median(cpu_seconds),
+    }
 
 
 def time_calls(fns: dict[str, Callable[[], object]], calls: int, warmup: int = 2, rounds: int = 1) -> dict:
@@ -84,9 +89,16 @@ def measure(quick: bool = False, repeats: int | None = None, variants: dict = VA
     rows = []
     for n in sizes(quick):
         timings = time_calls(_matmul_calls(n, variants), repeats, warmup=2, rounds=max(1, repeats // 5))
-        rows += [{"variant": name, "n": n, "gflops_median": 2 * n**3 / s["median_ms"] / 1e6,
-                  "gflops_best": 2 * n**3 / s["min_ms"] / 1e6, "ms_median": s["median_ms"]}
-                 for name, s in timings.items()]
+        rows += [
+            {
+                "variant": name,
+                "n": n,
+                "gflops_median": 2 * n**3 / s["median_ms"] / 1e6,
+                "gflops_best": 2 * n**3 / s["min_ms"] / 1e6,
+                "ms_median": s["median_ms"],
+            }
+            for name, s in timings.items()
+        ]
     best = lambda v: max(r["gflops_median"] for r in rows if r["variant"] == v)
     return {"rows": rows, "peak_gflops": {"float32": best("float32"), "bfloat16": best("bfloat16")}}
 

@@ -39,8 +39,10 @@ def apply_rope(x_BxLxHxK, positions_BxL, base=10000.0):
 def alibi_slopes(num_heads):
     """m_h for h = 1..H: the geometric sequence 2^(-8h/H) (for a power-of-two H; otherwise the paper's
     interleaving of the next power of two's slopes)."""
+
     def pow2(n):
         return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
     p = 2 ** math.floor(math.log2(num_heads))
     slopes = pow2(p) + pow2(2 * p)[0::2][: num_heads - p]
     return jnp.asarray(slopes, jnp.float32)

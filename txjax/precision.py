@@ -58,4 +58,4 @@ def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_el
     through `einsum` (float32 accumulation for low-precision operands)."""
     if tuple(map(tuple, dimension_numbers[0])) != ((x.ndim - 1,), (0,)) or any(dimension_numbers[1]):
         raise NotImplementedError(f"dense_dot_general: only x[..., d] @ kernel[d, ...], got {dimension_numbers}")
-    return einsum("...d,d" + "fghij"[:kernel.ndim - 1] + "->..." + "fghij"[:kernel.ndim - 1], x, kernel)
+    return einsum("...d,d" + "fghij"[: kernel.ndim - 1] + "->..." + "fghij"[: kernel.ndim - 1], x, kernel)

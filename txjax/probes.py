@@ -28,8 +28,9 @@ def attention_entropy(workdir: str | Path) -> dict:
     run = load_workdir(workdir)
     batch = next(iter(build_dataset(run.config, run.tokenizer, "valid").eval_batches(run.config.train.batch_size)))
     model = DecoderLM(run.model.cfg, sow_weights=True)
-    _, state = model.apply({"params": run.params}, batch["inputs"], batch["positions"], batch["segment_ids"],
-                           mutable=["intermediates"])
+    _, state = model.apply(
+        {"params": run.params}, batch["inputs"], batch["positions"], batch["segment_ids"], mutable=["intermediates"]
+    )
     weights_BxL = jnp.asarray(batch["weights"])
     entropies = []
     for p in jax.tree_util.tree_leaves(state["intermediates"]):  # [layers, B, H, Lq, Lk] (scanned) or [B, H, Lq, Lk]
@@ -49,8 +50,7 @@ def context_lengths(workdir: str | Path) -> dict:
             out[f"valid_loss_{factor}x"] = float("nan")
             continue
         model = DecoderLM(dataclasses.replace(cfg, max_len=cfg.max_len * factor))
-        data = TextLMDataset(data_file(run.config, "valid"), run.tokenizer, d.seq_len * factor, "val",
-                             d.val_fraction)
+        data = TextLMDataset(data_file(run.config, "valid"), run.tokenizer, d.seq_len * factor, "val", d.val_fraction)
         metrics = evaluate(make_eval_step(model), run.params, eval_batches(data, run.config.train.batch_size))
         out[f"valid_loss_{factor}x"] = metrics["loss"]
     return out

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 
+import flax.linen as nn
 import jax
 import numpy as np
-import flax.linen as nn
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -39,17 +40,21 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None) -> Me
     devices = jax.devices() if devices is None else devices
     shape = (data, fsdp, tensor)
     if math.prod(shape) != len(devices):
-        raise ValueError(f"mesh data*fsdp*tensor = {'*'.join(map(str, shape))} = {math.prod(shape)} does not match "
-                         f"the {len(devices)} devices; set --config.mesh.data/fsdp/tensor so the product is "
-                         f"{len(devices)}")
+        raise ValueError(
+            f"mesh data*fsdp*tensor = {'*'.join(map(str, shape))} = {math.prod(shape)} does not match "
+            f"the {len(devices)} devices; set --config.mesh.data/fsdp/tensor so the product is "
+            f"{len(devices)}"
+        )
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def _fit(spec: P, shape, mesh: Mesh) -> P:
     """Drop the mesh axes of any dimension they do not divide evenly (that dimension is then replicated)."""
+
     def size(axes):
         axes = (axes,) if isinstance(axes, str) else (axes or ())
         return math.prod(mesh.shape[a] for a in axes)
+
     return P(*(axes if dim % size(axes) == 0 else None for axes, dim in zip(spec, shape)))
 
 
@@ -59,8 +64,12 @@ def shardings_for(abstract_boxed, mesh: Mesh, rules=LOGICAL_RULES):
     counters, ...) are replicated. Returns a tree with the unboxed structure."""
     specs = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed), rules)
     shapes = nn.meta.unbox(abstract_boxed)
-    return jax.tree.map(lambda spec, s: NamedSharding(mesh, _fit(spec, s.shape, mesh)), specs, shapes,
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(
+        lambda spec, s: NamedSharding(mesh, _fit(spec, s.shape, mesh)),
+        specs,
+        shapes,
+        is_leaf=lambda x: isinstance(x, P),
+    )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -24,9 +24,9 @@ import dataclasses
 import math
 import tempfile
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
@@ -136,12 +136,18 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
     src_len = context if family == "encoder_decoder" else None
     cache = jax.eval_shape(lambda: init_cache(model, batch_size, context, src_len))
     return Summary(
-        rows=rows, total_params=total, flop_params=n,
+        rows=rows,
+        total_params=total,
+        flop_params=n,
         train_flops_per_token=6 * n + 12 * attn_layers * cfg.d_model * context,
         decode_flops_per_token=2 * n_decode + 4 * decode_attn_layers * cfg.d_model * context,
-        param_bytes=4 * total, optimizer_bytes=8 * total,
+        param_bytes=4 * total,
+        optimizer_bytes=8 * total,
         kv_cache_bytes=sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(cache)),
-        batch_size=batch_size, context=context, scanned=cfg.scan_layers)
+        batch_size=batch_size,
+        context=context,
+        scanned=cfg.scan_layers,
+    )
 
 
 def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:

@@ -71,12 +71,20 @@ def load_sweep(path: str | Path) -> dict:
     spec = importlib.util.spec_from_file_location(f"sweep_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sweep = {"fixed": {}, "grid": {}, "zip": {}, "seeds": [0], "metrics": ["valid_loss"], "probes": [],
-             **module.get_sweep()}
+    sweep = {
+        "fixed": {},
+        "grid": {},
+        "zip": {},
+        "seeds": [0],
+        "metrics": ["valid_loss"],
+        "probes": [],
+        **module.get_sweep(),
+    }
     unknown = set(sweep) - _KEYS
     if unknown:
-        raise config_lib.ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; known: "
-                                     f"{', '.join(sorted(_KEYS))}")
+        raise config_lib.ConfigError(
+            f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_KEYS))}"
+        )
     if "experiment" not in sweep:
         raise config_lib.ConfigError(f"{path}: get_sweep() must name its base 'experiment' file")
     if len({len(v) for v in sweep["zip"].values()}) > 1:
@@ -126,8 +134,9 @@ def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def run_sweep(sweep: dict, workdir: str | Path, overrides: list[str], vmap: bool = True,
-              command: str = "") -> list[Run]:
+def run_sweep(
+    sweep: dict, workdir: str | Path, overrides: list[str], vmap: bool = True, command: str = ""
+) -> list[Run]:
     """Trains every run of the sweep that has no result yet, then writes the report; returns the runs."""
     workdir = Path(workdir)
     runs = expand(sweep, overrides, workdir)
@@ -140,8 +149,11 @@ def run_sweep(sweep: dict, workdir: str | Path, overrides: list[str], vmap: bool
             _finish(run, {"status": "failed", "error": run.error})
     todo = [r for r in todo if not r.error]
     groups = _groups(todo) if vmap else [[r] for r in todo]
-    print(f"sweep {workdir}: {len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to train in "
-          f"{len(groups)} program(s)", flush=True)
+    print(
+        f"sweep {workdir}: {len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to train in "
+        f"{len(groups)} program(s)",
+        flush=True,
+    )
     try:
         for group in groups:
             _train(group, sweep["probes"])
@@ -197,8 +209,9 @@ def _finish(run: Run, result: dict) -> None:
     run.workdir.mkdir(parents=True, exist_ok=True)
     (run.workdir / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
     run.result = result
-    print(f"[sweep] {run.name}: {result['status']}" + (f" ({result['error']})" if result.get("error") else ""),
-          flush=True)
+    print(
+        f"[sweep] {run.name}: {result['status']}" + (f" ({result['error']})" if result.get("error") else ""), flush=True
+    )
 
 
 def _read_result(workdir: Path) -> dict:
@@ -211,8 +224,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="run.py sweep", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--sweep", required=True, help="sweep file (get_sweep())")
     parser.add_argument("--workdir", help="sweep folder (default: runs/sweeps/<sweep name>); resumes if it has one")
-    parser.add_argument("--vmap", action=argparse.BooleanOptionalAction, default=True,
-                        help="train runs that differ only in seed / optimizer scalars together (default: on)")
+    parser.add_argument(
+        "--vmap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train runs that differ only in seed / optimizer scalars together (default: on)",
+    )
     args, overrides = parser.parse_known_args(argv)
     for flag in overrides:
         if not flag.startswith("--config."):

@@ -31,13 +31,21 @@ def run_row(run) -> dict:
     valid = json.loads(valid_file.read_text()) if valid_file.is_file() and status == "done" else {}
     speeds = [r["tokens_per_s"] for r in train[1:]]
     probes = {k: v for k, v in result.items() if k not in ("status", "error", "wall_s", "runs_vmapped")}
-    return {"run": run.name, **{k.rpartition(".")[2]: v for k, v in run.settings.items()}, "status": status,
-            "steps": valid.get("step", train[-1]["step"] if train else 0),
-            "train_loss": train[-1]["loss"] if train else math.nan, "valid_loss": valid.get("loss", math.nan),
-            "valid_accuracy": valid.get("token_accuracy", math.nan),
-            **{f"valid_{k}": valid[k] for k in GENERATION_METRICS if k in valid}, **probes,
-            "wall_s": result.get("wall_s", math.nan), "tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
-            "runs_vmapped": result.get("runs_vmapped", 0), "error": result.get("error", "")}
+    return {
+        "run": run.name,
+        **{k.rpartition(".")[2]: v for k, v in run.settings.items()},
+        "status": status,
+        "steps": valid.get("step", train[-1]["step"] if train else 0),
+        "train_loss": train[-1]["loss"] if train else math.nan,
+        "valid_loss": valid.get("loss", math.nan),
+        "valid_accuracy": valid.get("token_accuracy", math.nan),
+        **{f"valid_{k}": valid[k] for k in GENERATION_METRICS if k in valid},
+        **probes,
+        "wall_s": result.get("wall_s", math.nan),
+        "tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
+        "runs_vmapped": result.get("runs_vmapped", 0),
+        "error": result.get("error", ""),
+    }
 
 
 def summarize(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
@@ -68,11 +76,23 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> 
         writer.writerows(rows)
     shown = list(dict.fromkeys(["valid_loss", *metrics]))
     summary = summarize(runs, rows, shown)
-    lines = [f"# Sweep {workdir.name}", "", f"Command: `{command}`" if command else "", "",
-             "## Per setting: mean ± sd over seeds", "",
-             _md_table(["setting", "n", *shown], [[s["setting"], f"{s['n']}/{s['runs']}",
-                                                   *(_pm(s[m], s[f"{m}_sd"]) for m in shown)] for s in summary]),
-             "", "## Runs", "", _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]), ""]
+    lines = [
+        f"# Sweep {workdir.name}",
+        "",
+        f"Command: `{command}`" if command else "",
+        "",
+        "## Per setting: mean ± sd over seeds",
+        "",
+        _md_table(
+            ["setting", "n", *shown],
+            [[s["setting"], f"{s['n']}/{s['runs']}", *(_pm(s[m], s[f"{m}_sd"]) for m in shown)] for s in summary],
+        ),
+        "",
+        "## Runs",
+        "",
+        _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]),
+        "",
+    ]
     (workdir / RESULTS_MD).write_text("\n".join(lines))
     plot(workdir, runs, rows, summary, metrics)
 
@@ -102,6 +122,7 @@ def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: li
     """Left: the valid loss of every run against step (one colour per setting); then one bar chart per metric:
     mean per setting, error bar = sd over seeds, dots = the seeds."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -113,18 +134,33 @@ def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: li
         points = [(r["step"], r["loss"]) for r in read_metrics(run.workdir) if r["split"] == "valid"]
         if points:
             first = run is next(r for r in runs if r.label == run.label)
-            curves.plot(*zip(*points), color=colours[run.label], alpha=0.8, marker="o", markersize=2,
-                        label=run.label if first else None)
+            curves.plot(
+                *zip(*points),
+                color=colours[run.label],
+                alpha=0.8,
+                marker="o",
+                markersize=2,
+                label=run.label if first else None,
+            )
     curves.set(xlabel="step", ylabel="valid loss (nats/token)", title="eval curves")
     curves.grid(alpha=0.3)
     curves.legend(fontsize=7)
     x = np.arange(len(labels))
     for ax, metric in zip(axes[0, 1:], metrics):
-        ax.bar(x, [s[metric] for s in summary], yerr=[_zero(s[f"{metric}_sd"]) for s in summary],
-               color=[colours[label] for label in labels], alpha=0.6, capsize=4)
+        ax.bar(
+            x,
+            [s[metric] for s in summary],
+            yerr=[_zero(s[f"{metric}_sd"]) for s in summary],
+            color=[colours[label] for label in labels],
+            alpha=0.6,
+            capsize=4,
+        )
         for i, label in enumerate(labels):
-            seeds = [row.get(metric, math.nan) for run, row in zip(runs, rows)
-                     if run.label == label and row["status"] == "done"]
+            seeds = [
+                row.get(metric, math.nan)
+                for run, row in zip(runs, rows)
+                if run.label == label and row["status"] == "done"
+            ]
             ax.plot([i] * len(seeds), seeds, "k.", markersize=4)
         ends = [s[metric] + sign * _zero(s[f"{metric}_sd"]) for s in summary for sign in (-1, 1)]
         ends = [v for v in ends if np.isfinite(v)]

@@ -20,32 +20,50 @@ import argparse
 import json
 import math
 import sys
-from time import monotonic
 from pathlib import Path
+from time import monotonic
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from txjax import config as config_lib, distributed
+from txjax import config as config_lib
+from txjax import distributed
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, first_device_mesh, is_lead, run_mesh
 from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
-from txjax.experiment import (CHECKPOINT_DIR, Run, build_dataset, build_model, build_tokenizer, fill_model_sizes,
-                              load_workdir)
+from txjax.experiment import (
+    CHECKPOINT_DIR,
+    Run,
+    build_dataset,
+    build_model,
+    build_tokenizer,
+    fill_model_sizes,
+    load_workdir,
+)
 from txjax.metrics_log import MetricsLog
 from txjax.objective import batch_keys, forward, token_sums
 from txjax.peak import peak_gflops
 from txjax.sharding import batch_sharding, global_batch, process_rows
 from txjax.summary import train_flops_per_batch
-from txjax.train_state import (TrainState, current_learning_rate, init_state, make_optimizer, run_keys,
-                               state_shardings)
+from txjax.train_state import TrainState, current_learning_rate, init_state, make_optimizer, run_keys, state_shardings
 
-__all__ = ["TrainState", "Diverged", "load_workdir", "make_train_step", "train_step_function", "prepare",
-           "save_config", "peak_flops_per_s", "train", "main"]
+__all__ = [
+    "TrainState",
+    "Diverged",
+    "load_workdir",
+    "make_train_step",
+    "train_step_function",
+    "prepare",
+    "save_config",
+    "peak_flops_per_s",
+    "train",
+    "main",
+]
 
 
 class Diverged(RuntimeError):
@@ -59,9 +77,12 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
     state_sharding = state_shardings(model, tx, t.seed, mesh)
     train_step = train_step_function(model, tx, t)
     dropout_key = run_keys(t.seed)[1]
-    return jax.jit(lambda state, batch: train_step(state, batch, dropout_key),
-                   in_shardings=(state_sharding, batch_sharding(mesh)),
-                   out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
+    return jax.jit(
+        lambda state, batch: train_step(state, batch, dropout_key),
+        in_shardings=(state_sharding, batch_sharding(mesh)),
+        out_shardings=(state_sharding, NamedSharding(mesh, P())),
+        donate_argnums=0,
+    )
 
 
 def train_step_function(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
@@ -98,9 +119,12 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
         params = optax.apply_updates(state.params, updates)
         finite = jnp.stack([jnp.isfinite(sums["loss"])] + [jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), {
-            "loss": sums["loss"] / weight, "token_accuracy": sums["correct"] / weight,
-            "grad_norm": optax.tree.norm(grads), "finite": finite.all(),
-            "learning_rate": current_learning_rate(state.opt_state, state.step)}
+            "loss": sums["loss"] / weight,
+            "token_accuracy": sums["correct"] / weight,
+            "grad_norm": optax.tree.norm(grads),
+            "finite": finite.all(),
+            "learning_rate": current_learning_rate(state.opt_state, state.step),
+        }
 
     return train_step
 
@@ -144,8 +168,11 @@ def peak_flops_per_s(dtype: str, devices: int) -> float | None:
     try:
         return 1e9 * peak_gflops()[dtype] * devices
     except Exception as e:  # a diagnostic: never a reason to stop training
-        print(f"warning: mfu not logged: measuring the matmul peak failed ({type(e).__name__}: {e})",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: mfu not logged: measuring the matmul peak failed ({type(e).__name__}: {e})",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 
@@ -164,8 +191,9 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
     flops = train_flops_per_batch(model.cfg, config.family, train_data.batch(t.seed, start, t.batch_size))
     log = MetricsLog(workdir, t.steps, start, lead=is_lead(), flops_per_step=flops, peak_flops_per_s=peak)
     rows = process_rows(mesh, t.batch_size)  # this process builds only its rows of each global batch
-    batches = prefetch(global_batch(train_data.batch(t.seed, k, t.batch_size, rows), mesh)
-                       for k in range(start, t.steps))
+    batches = prefetch(
+        global_batch(train_data.batch(t.seed, k, t.batch_size, rows), mesh) for k in range(start, t.steps)
+    )
     tokens_key = batch_keys(model)[0][0]
     budget_s = 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
     every_s = 60.0 * t.eval_every_minutes if t.eval_every_minutes > 0 else math.inf
@@ -200,10 +228,12 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
                 record, pending, tokens = log.train(step, pending, tokens), [], 0
                 if record["finite"] < 1:
                     log.close()
-                    raise Diverged(f"the loss or the parameters became NaN/inf by step {step} (recent mean loss "
-                                   f"{record['loss']}); training stopped and the last good "
-                                   f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
-                                   "--config.train.learning_rate or set --config.train.grad_clip")
+                    raise Diverged(
+                        f"the loss or the parameters became NaN/inf by step {step} (recent mean loss "
+                        f"{record['loss']}); training stopped and the last good "
+                        f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
+                        "--config.train.learning_rate or set --config.train.grad_clip"
+                    )
             paused_from = monotonic()
             if eval_now:
                 log.write(step, "valid", valid_metrics(t.eval_batches))
@@ -222,11 +252,16 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
     log.close()
     if is_lead():
         write_metrics(workdir, "valid", {"split": "valid", "step": step, **final})
-    return {"step": step, **({"train_loss": record["loss"]} if record else {}),
-            **{f"valid_{k}": v for k, v in final.items() if k != "train_minutes"},
-            "wall_minutes": (monotonic() - began) / 60.0, "train_minutes": final["train_minutes"],
-            "ms_per_step_median": log.median_ms_per_step(),
-            "train_step_compiles": train_step._cache_size(), "eval_step_compiles": eval_step._cache_size()}
+    return {
+        "step": step,
+        **({"train_loss": record["loss"]} if record else {}),
+        **{f"valid_{k}": v for k, v in final.items() if k != "train_minutes"},
+        "wall_minutes": (monotonic() - began) / 60.0,
+        "train_minutes": final["train_minutes"],
+        "ms_per_step_median": log.median_ms_per_step(),
+        "train_step_compiles": train_step._cache_size(),
+        "eval_step_compiles": eval_step._cache_size(),
+    }
 
 
 def main(argv: list[str]) -> None:

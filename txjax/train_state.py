@@ -51,9 +51,11 @@ def current_learning_rate(opt_state, step):
 
 def _decayed(params):
     """True on the parameters weight decay applies to: all but norm scales and biases."""
+
     def is_decayed(path, _):
         name = path[-1].key
         return name not in ("scale", "bias") and not name.endswith("_bias")
+
     return jax.tree_util.tree_map_with_path(is_decayed, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
 
 

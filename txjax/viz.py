@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
@@ -36,8 +36,11 @@ def capture_attention(model, params, *inputs, method=None) -> dict[str, np.ndarr
         raise ValueError("capture_attention needs a model built with sow_weights=True")
     _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"], method=method)
     stacks = stack_layers(state["intermediates"])  # looped layers_i -> one leading layer axis
-    return {f"{stack}/{kind}": np.asarray(leaf["attention_weights"][0], np.float32)[:, 0]
-            for stack, tree in stacks.items() for kind, leaf in tree["layers"].items()}
+    return {
+        f"{stack}/{kind}": np.asarray(leaf["attention_weights"][0], np.float32)[:, 0]
+        for stack, tree in stacks.items()
+        for kind, leaf in tree["layers"].items()
+    }
 
 
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
@@ -74,8 +77,9 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
     cell = min(0.3, 10.0 / max(lq, lk))  # inches per token: labels readable, figures bounded
     fontsize = max(4.0, min(9.0, 0.6 * 72 * cell))  # a label takes 60% of its cell's height (72 points an inch)
     norm = matplotlib.colors.PowerNorm(0.5, vmin=0.0, vmax=1.0)  # sqrt colour scale: weak weights stay visible
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)),
-                             squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)), squeeze=False, constrained_layout=True
+    )
     for ax, (name, w_QxK) in zip(axes.flat, panels):
         im = ax.imshow(w_QxK, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
         ax.set_title(name, fontsize=10)
@@ -95,8 +99,17 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
     return path
 
 
-def attention_maps(model, params, tokenizer, ids: Sequence[int], out, *, target_ids: Sequence[int] | None = None,
-                   layer: int | None = None, head: int | None = None) -> list[Path]:
+def attention_maps(
+    model,
+    params,
+    tokenizer,
+    ids: Sequence[int],
+    out,
+    *,
+    target_ids: Sequence[int] | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+) -> list[Path]:
     """PNGs of every attention kind for one example: DecoderLM over `ids` -> `out`; EncoderDecoder over source `ids`
     and decoder inputs `target_ids` -> out with -encoder, -decoder and -cross before the suffix."""
     model = model.clone(sow_weights=True)
@@ -112,11 +125,17 @@ def attention_maps(model, params, tokenizer, ids: Sequence[int], out, *, target_
     out = Path(out)
     files = {"decoder/self_attention": (out, tgt_labels, tgt_labels)}
     if isinstance(model, EncoderDecoder):
-        files = {"encoder/self_attention": (out.with_stem(out.stem + "-encoder"), src_labels, src_labels),
-                 "decoder/self_attention": (out.with_stem(out.stem + "-decoder"), tgt_labels, tgt_labels),
-                 "decoder/cross_attention": (out.with_stem(out.stem + "-cross"), tgt_labels, src_labels)}
-    return [plot_attention(select_panels(weights[key], layer, head), q, k, path,
-                           title=key.replace("/", " ").replace("_", "-")) for key, (path, q, k) in files.items()]
+        files = {
+            "encoder/self_attention": (out.with_stem(out.stem + "-encoder"), src_labels, src_labels),
+            "decoder/self_attention": (out.with_stem(out.stem + "-decoder"), tgt_labels, tgt_labels),
+            "decoder/cross_attention": (out.with_stem(out.stem + "-cross"), tgt_labels, src_labels),
+        }
+    return [
+        plot_attention(
+            select_panels(weights[key], layer, head), q, k, path, title=key.replace("/", " ").replace("_", "-")
+        )
+        for key, (path, q, k) in files.items()
+    ]
 
 
 def _encoder_decoder_inputs(run, text: str, target: str | None) -> tuple[list[int], list[int]]:
@@ -126,8 +145,15 @@ def _encoder_decoder_inputs(run, text: str, target: str | None) -> tuple[list[in
     src = tok.encode(text) + [tok.eos_id]
     check_inputs([src], run.model.cfg.vocab_size, run.model.cfg.max_len, "source")
     if target is None:
-        out = translate(run.model, run.params, [src], bos_id=tok.bos_id, pad_id=tok.pad_id, eos_id=tok.eos_id,
-                        max_new_tokens=min(run.config.decode.max_new_tokens, run.model.cfg.max_len - 1))
+        out = translate(
+            run.model,
+            run.params,
+            [src],
+            bos_id=tok.bos_id,
+            pad_id=tok.pad_id,
+            eos_id=tok.eos_id,
+            max_new_tokens=min(run.config.decode.max_new_tokens, run.model.cfg.max_len - 1),
+        )
         tgt = [tok.bos_id] + out.ids[0]
     else:
         tgt = [tok.bos_id] + tok.encode(target)
@@ -142,8 +168,12 @@ def main(argv: list[str]) -> None:
     An encoder-decoder reads --text as the source and --target as the target (default: its greedy translation),
     and writes FILE-encoder.png, FILE-decoder.png and FILE-cross.png.
     """
-    parser = argparse.ArgumentParser(prog="run.py attention", description=main.__doc__, allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="run.py attention",
+        description=main.__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--text", required=True)
     parser.add_argument("--target", help="encoder-decoder: the target text (default: the model's translation)")
@@ -159,6 +189,7 @@ def main(argv: list[str]) -> None:
             ids, target_ids = run.tokenizer.encode(args.text), None
             check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
         out = args.out or Path(args.workdir) / "attention.png"
-        files = attention_maps(run.model, run.params, run.tokenizer, ids, out, target_ids=target_ids,
-                               layer=args.layer, head=args.head)
+        files = attention_maps(
+            run.model, run.params, run.tokenizer, ids, out, target_ids=target_ids, layer=args.layer, head=args.head
+        )
     print(json.dumps({"files": [str(f) for f in files], "step": run.step}))

@@ -8,8 +8,13 @@ be compared (dropout costs ~3% of a step on its own). Read the valid loss and th
 def get_sweep():
     return {
         "experiment": "experiments/bible_en_es.py",
-        "fixed": {"train.steps": 1500, "train.max_minutes": 0.0, "train.eval_every_minutes": 0.0,
-                  "train.eval_every": 500, "train.checkpoint_every": 500},
+        "fixed": {
+            "train.steps": 1500,
+            "train.max_minutes": 0.0,
+            "train.eval_every_minutes": 0.0,
+            "train.eval_every": 500,
+            "train.checkpoint_every": 500,
+        },
         "grid": {"model.dropout": [0.1, 0.0], "train.learning_rate": [1e-3, 2e-3]},
         "metrics": ["valid_loss", "valid_bleu"],
     }

@@ -10,7 +10,10 @@ runs train together in one vmapped program.
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "grid": {"model.attention_scale": ["sqrt", "none"], "train.learning_rate": [1e-3, 2e-3, 4e-3, 8e-3],
-                 "train.b2": [0.95, 0.99]},
+        "grid": {
+            "model.attention_scale": ["sqrt", "none"],
+            "train.learning_rate": [1e-3, 2e-3, 4e-3, 8e-3],
+            "train.b2": [0.95, 0.99],
+        },
         "seeds": [0],
     }

@@ -10,8 +10,10 @@ def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
         "fixed": {"train.steps": 500},
-        "zip": {"model.positional": ["none", "sinusoidal", "sinusoidal", "learned", "rope", "alibi"],
-                "model.embed_scale": [False, False, True, False, False, False]},
+        "zip": {
+            "model.positional": ["none", "sinusoidal", "sinusoidal", "learned", "rope", "alibi"],
+            "model.embed_scale": [False, False, True, False, False, False],
+        },
         "seeds": [0, 1, 2],
         "metrics": ["valid_loss", "valid_loss_2x", "valid_loss_4x"],
         "probes": ["context_lengths"],

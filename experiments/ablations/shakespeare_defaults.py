@@ -8,7 +8,11 @@ the two best candidates the ablations and the lr_schedule sweep point to: RoPE a
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "zip": {"model.positional": ["learned", "rope", "rope"], "model.activation": ["gelu", "relu", "relu"],
-                "model.attention_scale": ["sqrt", "sqrt", "none"], "train.learning_rate": [1e-3, 4e-3, 1e-3]},
+        "zip": {
+            "model.positional": ["learned", "rope", "rope"],
+            "model.activation": ["gelu", "relu", "relu"],
+            "model.attention_scale": ["sqrt", "sqrt", "none"],
+            "train.learning_rate": [1e-3, 4e-3, 1e-3],
+        },
         "seeds": [0, 1, 2],
     }

@@ -23,13 +23,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import flax.linen as nn
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -44,8 +44,14 @@ INDEX_FILE = "model.safetensors.index.json"
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 # ModelConfig fields that GPT-2 fixes; anything else cannot be exported
-_GPT2_FIELDS = {"positional": "learned", "norm": "layernorm", "norm_placement": "pre", "use_bias": True,
-                "tie_embeddings": True, "embed_scale": False}
+_GPT2_FIELDS = {
+    "positional": "learned",
+    "norm": "layernorm",
+    "norm_placement": "pre",
+    "use_bias": True,
+    "tie_embeddings": True,
+    "embed_scale": False,
+}
 # HF keys that are buffers, not parameters (the causal mask of old checkpoints)
 _BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
@@ -63,22 +69,33 @@ def config_from_hf(hf: Mapping) -> ModelConfig:
             raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
     act = hf.get("activation_function", "gelu_new")
     if act not in _ACTIVATIONS:
-        raise ValueError(f"config.json: activation_function={act!r} is not supported "
-                         f"(txjax has {', '.join(_ACTIVATIONS)})")
-    unsupported = {"tie_word_embeddings": (True, "txjax's GPT-2 head is tied to wte"),
-                   "add_cross_attention": (False, "no cross-attention in a DecoderLM"),
-                   "scale_attn_by_inverse_layer_idx": (False, "txjax scales every layer alike")}
+        raise ValueError(
+            f"config.json: activation_function={act!r} is not supported (txjax has {', '.join(_ACTIVATIONS)})"
+        )
+    unsupported = {
+        "tie_word_embeddings": (True, "txjax's GPT-2 head is tied to wte"),
+        "add_cross_attention": (False, "no cross-attention in a DecoderLM"),
+        "scale_attn_by_inverse_layer_idx": (False, "txjax scales every layer alike"),
+    }
     for name, (want, why) in unsupported.items():
         if hf.get(name, want) != want:
             raise ValueError(f"config.json: {name}={hf[name]!r} is not supported ({why})")
     d = hf["n_embd"]
     return ModelConfig(
-        vocab_size=hf["vocab_size"], d_model=d, num_heads=hf["n_head"], d_ff=hf.get("n_inner") or 4 * d,
-        num_layers=hf["n_layer"], max_len=hf["n_positions"], activation=_ACTIVATIONS[act],
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5), init_std=hf.get("initializer_range", 0.02),
+        vocab_size=hf["vocab_size"],
+        d_model=d,
+        num_heads=hf["n_head"],
+        d_ff=hf.get("n_inner") or 4 * d,
+        num_layers=hf["n_layer"],
+        max_len=hf["n_positions"],
+        activation=_ACTIVATIONS[act],
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        init_std=hf.get("initializer_range", 0.02),
         attention_scale="sqrt" if hf.get("scale_attn_weights", True) else "none",
-        dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
-        **_GPT2_FIELDS)
+        dropout=hf.get("resid_pdrop", 0.1),
+        attention_dropout=hf.get("attn_pdrop", 0.1),
+        **_GPT2_FIELDS,
+    )
 
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
@@ -87,20 +104,35 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
         if getattr(cfg, name) != want:
             raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to GPT-2 (needs {want!r})")
     if cfg.activation not in _ACTIVATION_NAMES:
-        raise ValueError(f"model.activation={cfg.activation!r} cannot be exported to GPT-2 "
-                         f"(needs one of {', '.join(_ACTIVATION_NAMES)})")
+        raise ValueError(
+            f"model.activation={cfg.activation!r} cannot be exported to GPT-2 "
+            f"(needs one of {', '.join(_ACTIVATION_NAMES)})"
+        )
     if cfg.kv_heads != cfg.num_heads:
         raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads} cannot be exported to GPT-2 (needs num_heads)")
     if cfg.attention_scale not in ("sqrt", "none"):
         raise ValueError(f"model.attention_scale={cfg.attention_scale!r} cannot be exported to GPT-2")
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.max_len, "n_embd": cfg.d_model, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
-        "n_inner": cfg.d_ff, "activation_function": _ACTIVATION_NAMES[cfg.activation],
-        "layer_norm_epsilon": cfg.norm_eps, "initializer_range": cfg.init_std,
-        "scale_attn_weights": cfg.attention_scale == "sqrt", "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
-        "attn_pdrop": cfg.attention_dropout, "tie_word_embeddings": True, "bos_token_id": bos_id,
-        "eos_token_id": eos_id, "dtype": "float32", "use_cache": True,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_len,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.num_layers,
+        "n_head": cfg.num_heads,
+        "n_inner": cfg.d_ff,
+        "activation_function": _ACTIVATION_NAMES[cfg.activation],
+        "layer_norm_epsilon": cfg.norm_eps,
+        "initializer_range": cfg.init_std,
+        "scale_attn_weights": cfg.attention_scale == "sqrt",
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.attention_dropout,
+        "tie_word_embeddings": True,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "dtype": "float32",
+        "use_cache": True,
     }
 
 
@@ -115,22 +147,29 @@ def _layer_from_hf(get: Callable, cfg: ModelConfig) -> dict:
     w_qkv_Dx3D, b_qkv_3D = get("attn.c_attn.weight", (d, 3 * d)), get("attn.c_attn.bias", (3 * d,))
     attn = {}
     for j, name in enumerate(("query", "key", "value")):
-        attn[name] = w_qkv_Dx3D[:, j * d:(j + 1) * d].reshape(d, h, k)
-        attn[f"{name}_bias"] = b_qkv_3D[j * d:(j + 1) * d].reshape(h, k)
+        attn[name] = w_qkv_Dx3D[:, j * d : (j + 1) * d].reshape(d, h, k)
+        attn[f"{name}_bias"] = b_qkv_3D[j * d : (j + 1) * d].reshape(h, k)
     attn["out"] = get("attn.c_proj.weight", (d, d)).reshape(h, k, d)
     attn["out_bias"] = get("attn.c_proj.bias", (d,))
     dense = lambda name, shape: {"kernel": get(f"{name}.weight", shape), "bias": get(f"{name}.bias", shape[1:])}
-    return {"self_attention_norm": norm("ln_1"), "self_attention": attn, "ffn_norm": norm("ln_2"),
-            "ffn": {"wi": dense("mlp.c_fc", (d, f)), "wo": dense("mlp.c_proj", (f, d))}}
+    return {
+        "self_attention_norm": norm("ln_1"),
+        "self_attention": attn,
+        "ffn_norm": norm("ln_2"),
+        "ffn": {"wi": dense("mlp.c_fc", (d, f)), "wo": dense("mlp.c_proj", (f, d))},
+    }
 
 
 def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     """Inverse of _layer_from_hf: one block's params -> {name: array} without the `h.i.` prefix."""
     d = cfg.d_model
     a = p["self_attention"]
-    out = {"attn.c_attn.weight": np.concatenate([a[n].reshape(d, d) for n in ("query", "key", "value")], axis=1),
-           "attn.c_attn.bias": np.concatenate([a[f"{n}_bias"].reshape(d) for n in ("query", "key", "value")]),
-           "attn.c_proj.weight": a["out"].reshape(d, d), "attn.c_proj.bias": a["out_bias"]}
+    out = {
+        "attn.c_attn.weight": np.concatenate([a[n].reshape(d, d) for n in ("query", "key", "value")], axis=1),
+        "attn.c_attn.bias": np.concatenate([a[f"{n}_bias"].reshape(d) for n in ("query", "key", "value")]),
+        "attn.c_proj.weight": a["out"].reshape(d, d),
+        "attn.c_proj.bias": a["out_bias"],
+    }
     for hf_name, name in (("ln_1", "self_attention_norm"), ("ln_2", "ffn_norm")):
         out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = p[name]["scale"], p[name]["bias"]
     for hf_name, name in (("mlp.c_fc", "wi"), ("mlp.c_proj", "wo")):
@@ -158,22 +197,31 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
         if name not in named:
             raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing (not a GPT-2 checkpoint?)")
         if tuple(named[name].shape) != shape:
-            raise ValueError(f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, "
-                             f"config.json implies {shape}")
+            raise ValueError(
+                f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, config.json implies {shape}"
+            )
         used.add(name)
         return np.asarray(named[name], np.float32)
 
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
     if "lm_head.weight" in named:
         if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
-            raise ValueError(f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight "
-                             "(an untied head is not supported)")
-    params = {"embed": {"tokens": {"embedding": wte_VxD},
-                        "positions": {"embedding": get("wpe.weight", (cfg.max_len, cfg.d_model))}},
-              "decoder": {"final_norm": {"scale": get("ln_f.weight", (cfg.d_model,)),
-                                         "bias": get("ln_f.bias", (cfg.d_model,))},
-                          **{f"layers_{i}": _layer_from_hf(lambda n, s, i=i: get(f"h.{i}.{n}", s), cfg)
-                             for i in range(cfg.num_layers)}}}
+            raise ValueError(
+                f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)"
+            )
+    params = {
+        "embed": {
+            "tokens": {"embedding": wte_VxD},
+            "positions": {"embedding": get("wpe.weight", (cfg.max_len, cfg.d_model))},
+        },
+        "decoder": {
+            "final_norm": {"scale": get("ln_f.weight", (cfg.d_model,)), "bias": get("ln_f.bias", (cfg.d_model,))},
+            **{
+                f"layers_{i}": _layer_from_hf(lambda n, s, i=i: get(f"h.{i}.{n}", s), cfg)
+                for i in range(cfg.num_layers)
+            },
+        },
+    }
     if cfg.scan_layers:
         params = stack_layers(params)
     extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFER_SUFFIXES))
@@ -188,9 +236,12 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     check_params(params, cfg)
     params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
     dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
-    out = {"wte.weight": params["embed"]["tokens"]["embedding"],
-           "wpe.weight": params["embed"]["positions"]["embedding"],
-           "ln_f.weight": dec["final_norm"]["scale"], "ln_f.bias": dec["final_norm"]["bias"]}
+    out = {
+        "wte.weight": params["embed"]["tokens"]["embedding"],
+        "wpe.weight": params["embed"]["positions"]["embedding"],
+        "ln_f.weight": dec["final_norm"]["scale"],
+        "ln_f.bias": dec["final_norm"]["bias"],
+    }
     for i in range(cfg.num_layers):
         out.update({f"h.{i}.{k}": v for k, v in _layer_to_hf(dec[f"layers_{i}"], cfg).items()})
     return {f"transformer.{k}": np.ascontiguousarray(v) for k, v in out.items()}
@@ -243,8 +294,10 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
     hf = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     model, pre = hf.get("model") or {}, hf.get("pre_tokenizer") or {}
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
-        raise ValueError(f"{folder / 'tokenizer.json'}: model.type={model.get('type')!r}, pre_tokenizer.type="
-                         f"{pre.get('type')!r}; GPT-2's is a 'BPE' with a 'ByteLevel' pre-tokenizer")
+        raise ValueError(
+            f"{folder / 'tokenizer.json'}: model.type={model.get('type')!r}, pre_tokenizer.type="
+            f"{pre.get('type')!r}; GPT-2's is a 'BPE' with a 'ByteLevel' pre-tokenizer"
+        )
     merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
     return ByteLevelBPETokenizer(model["vocab"], merges)
 
@@ -270,8 +323,9 @@ def write_atomically(target, write: Callable[[Path], None]) -> Path:
     return target
 
 
-def save_gpt2(folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None,
-              eos_id: int | None = None) -> Path:
+def save_gpt2(
+    folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None, eos_id: int | None = None
+) -> Path:
     """Writes config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads.
 
     Everything is checked (config fields, param shapes) before the folder appears.

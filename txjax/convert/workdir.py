@@ -32,8 +32,17 @@ def run_config(cfg: ModelConfig, experiment: str | None = None, overrides=()) ->
     config = config_lib.load_config(experiment) if experiment else config_lib.base_config()
     if not experiment:
         config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", seq_len=min(256, cfg.max_len))
-        config.train.update(steps=20, batch_size=4, learning_rate=3e-5, warmup_steps=2, weight_decay=0.0,
-                            eval_every=0, eval_batches=8, checkpoint_every=20, log_every=5)
+        config.train.update(
+            steps=20,
+            batch_size=4,
+            learning_rate=3e-5,
+            warmup_steps=2,
+            weight_decay=0.0,
+            eval_every=0,
+            eval_batches=8,
+            checkpoint_every=20,
+            log_every=5,
+        )
     config.family = "decoder_lm"
     config.data.tokenizer = "byte_bpe"  # restored from the workdir's tokenizer/, never rebuilt
     config.model.update(dataclasses.asdict(cfg))
@@ -47,8 +56,10 @@ def import_gpt2(source, workdir, experiment: str | None = None, overrides=()) ->
     hf_cfg, params = load_gpt2(source)
     tokenizer = load_gpt2_tokenizer(source)
     if tokenizer.vocab_size > hf_cfg.vocab_size:
-        raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's "
-                         f"vocab_size={hf_cfg.vocab_size}")
+        raise ValueError(
+            f"{source}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's "
+            f"vocab_size={hf_cfg.vocab_size}"
+        )
     config = run_config(hf_cfg, experiment, overrides)
     cfg = config_lib.model_config(config.model.to_dict())
     if not cfg.scan_layers:
@@ -71,15 +82,24 @@ def import_gpt2(source, workdir, experiment: str | None = None, overrides=()) ->
             ckpt.close()
 
     path = write_atomically(workdir, write)
-    return {"workdir": str(path), "params": sum(a.size for a in jax.tree.leaves(params)),
-            "vocab_size": cfg.vocab_size, "max_len": cfg.max_len, "num_layers": cfg.num_layers}
+    return {
+        "workdir": str(path),
+        "params": sum(a.size for a in jax.tree.leaves(params)),
+        "vocab_size": cfg.vocab_size,
+        "max_len": cfg.max_len,
+        "num_layers": cfg.num_layers,
+    }
 
 
 def main(argv: list[str]) -> None:
     """run.py import-gpt2 --from=DIR --workdir=DIR [--config=experiments/NAME.py] [--config.SECTION.FIELD=VALUE ...]"""
     parser = argparse.ArgumentParser(prog="run.py import-gpt2", description=main.__doc__, allow_abbrev=False)
-    parser.add_argument("--from", dest="source", required=True,
-                        help="a save_pretrained GPT-2 folder: config.json, model.safetensors, tokenizer files")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        help="a save_pretrained GPT-2 folder: config.json, model.safetensors, tokenizer files",
+    )
     parser.add_argument("--workdir", required=True, help="the new workdir (must not exist, or be empty)")
     parser.add_argument("--config", help="experiment file for the data and train sections")
     args, overrides = parser.parse_known_args(argv)

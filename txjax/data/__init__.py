@@ -23,11 +23,31 @@ from txjax.data.packing import first_fit
 from txjax.data.parallel import ParallelDataset
 from txjax.data.synthetic import TASKS, SyntheticTask, task_tokenizer
 from txjax.data.text import TextLMDataset
-from txjax.data.tokenizers import (TOKENIZER_FILE, ByteTokenizer, CharTokenizer, SentencePieceTokenizer, Tokenizer,
-                                   load_tokenizer)
+from txjax.data.tokenizers import (
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    CharTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
 
 __all__ = [
-    "Batch", "prefetch", "read_text", "read_tsv", "resolve_path", "first_fit", "ParallelDataset", "TASKS",
-    "SyntheticTask", "task_tokenizer", "TextLMDataset", "TOKENIZER_FILE", "ByteTokenizer", "CharTokenizer",
-    "SentencePieceTokenizer", "Tokenizer", "load_tokenizer",
+    "Batch",
+    "prefetch",
+    "read_text",
+    "read_tsv",
+    "resolve_path",
+    "first_fit",
+    "ParallelDataset",
+    "TASKS",
+    "SyntheticTask",
+    "task_tokenizer",
+    "TextLMDataset",
+    "TOKENIZER_FILE",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "SentencePieceTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
 ]

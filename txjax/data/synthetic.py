@@ -10,7 +10,7 @@ digits; add takes two numbers of min_len..max_len digits each, written "a+b", an
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -22,88 +22,96 @@ SEPARATOR = "="
 
 
 def task_tokenizer() -> CharTokenizer:
-  """The fixed vocabulary of all tasks: digits, '+', '=' and pad/bos/eos (15 ids)."""
-  return CharTokenizer("0123456789+" + SEPARATOR, specials=True)
+    """The fixed vocabulary of all tasks: digits, '+', '=' and pad/bos/eos (15 ids)."""
+    return CharTokenizer("0123456789+" + SEPARATOR, specials=True)
 
 
 def _digits(rng: np.random.Generator, length: int, leading_nonzero: bool) -> str:
-  d = rng.integers(0, 10, size=length)
-  if leading_nonzero and length > 1:
-    d[0] = rng.integers(1, 10)
-  return "".join(map(str, d))
+    d = rng.integers(0, 10, size=length)
+    if leading_nonzero and length > 1:
+        d[0] = rng.integers(1, 10)
+    return "".join(map(str, d))
 
 
 class SyntheticTask:
-  """One task in one form; batch(seed, k, B) is a pure function of (seed, k)."""
+    """One task in one form; batch(seed, k, B) is a pure function of (seed, k)."""
 
-  def __init__(self, name: str, form: str = "lm", min_len: int = 1, max_len: int = 8, eval_size: int = 512,
-               eval_seed: int = 2**31 - 1):
-    if name not in TASKS:
-      raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
-    if form not in ("lm", "seq2seq"):
-      raise ValueError(f"form must be 'lm' or 'seq2seq', got {form!r}")
-    if not 1 <= min_len <= max_len:
-      raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
-    self.name, self.form, self.min_len, self.max_len = name, form, min_len, max_len
-    self.eval_size, self.eval_seed = eval_size, eval_seed
-    self.tokenizer = task_tokenizer()
-    tok = self.tokenizer
-    self.pad_id, self.bos_id, self.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
-    self.sep_id = tok.encode(SEPARATOR)[0]
-    prompt_len, answer_len = (2 * max_len + 1, max_len + 1) if name == "add" else (max_len, max_len)
-    self.seq_len = prompt_len + answer_len + 2  # LM: BOS prompt = answer EOS, minus the shift
-    self.src_len, self.tgt_len = prompt_len + 1, answer_len + 1
+    def __init__(
+        self,
+        name: str,
+        form: str = "lm",
+        min_len: int = 1,
+        max_len: int = 8,
+        eval_size: int = 512,
+        eval_seed: int = 2**31 - 1,
+    ):
+        if name not in TASKS:
+            raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
+        if form not in ("lm", "seq2seq"):
+            raise ValueError(f"form must be 'lm' or 'seq2seq', got {form!r}")
+        if not 1 <= min_len <= max_len:
+            raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+        self.name, self.form, self.min_len, self.max_len = name, form, min_len, max_len
+        self.eval_size, self.eval_seed = eval_size, eval_seed
+        self.tokenizer = task_tokenizer()
+        tok = self.tokenizer
+        self.pad_id, self.bos_id, self.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
+        self.sep_id = tok.encode(SEPARATOR)[0]
+        prompt_len, answer_len = (2 * max_len + 1, max_len + 1) if name == "add" else (max_len, max_len)
+        self.seq_len = prompt_len + answer_len + 2  # LM: BOS prompt = answer EOS, minus the shift
+        self.src_len, self.tgt_len = prompt_len + 1, answer_len + 1
 
-  def sample(self, rng: np.random.Generator) -> tuple[str, str]:
-    """One (prompt, answer) pair of strings."""
-    lengths = rng.integers(self.min_len, self.max_len + 1, size=2)
-    if self.name == "add":
-      a, b = (_digits(rng, int(n), leading_nonzero=True) for n in lengths)
-      return f"{a}+{b}", str(int(a) + int(b))
-    x = _digits(rng, int(lengths[0]), leading_nonzero=False)
-    answer = {"copy": x, "reverse": x[::-1], "sort": "".join(sorted(x))}[self.name]
-    return x, answer
+    def sample(self, rng: np.random.Generator) -> tuple[str, str]:
+        """One (prompt, answer) pair of strings."""
+        lengths = rng.integers(self.min_len, self.max_len + 1, size=2)
+        if self.name == "add":
+            a, b = (_digits(rng, int(n), leading_nonzero=True) for n in lengths)
+            return f"{a}+{b}", str(int(a) + int(b))
+        x = _digits(rng, int(lengths[0]), leading_nonzero=False)
+        answer = {"copy": x, "reverse": x[::-1], "sort": "".join(sorted(x))}[self.name]
+        return x, answer
 
-  def _encoded(self, rng: np.random.Generator, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [tuple(self.tokenizer.encode_array(s) for s in self.sample(rng)) for _ in range(n)]
+    def _encoded(self, rng: np.random.Generator, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [tuple(self.tokenizer.encode_array(s) for s in self.sample(rng)) for _ in range(n)]
 
-  def _lm_sequence(self, prompt: np.ndarray, answer: np.ndarray) -> np.ndarray:
-    return np.concatenate([[self.bos_id], prompt, [self.sep_id], answer, [self.eos_id]]).astype(np.int32)
+    def _lm_sequence(self, prompt: np.ndarray, answer: np.ndarray) -> np.ndarray:
+        return np.concatenate([[self.bos_id], prompt, [self.sep_id], answer, [self.eos_id]]).astype(np.int32)
 
-  def _make_batch(self, examples: list[tuple[np.ndarray, np.ndarray]], batch_size: int) -> Batch:
-    """Examples (fewer than batch_size: the rest are padding rows with weight 0) -> one batch."""
-    if self.form == "lm":
-      seqs = [self._lm_sequence(p, a) for p, a in examples]
-      seqs += [np.zeros(0, np.int32)] * (batch_size - len(examples))
-      return lm_batch(seqs, [len(p) + 1 for p, _ in examples] + [0] * (batch_size - len(examples)),
-                      self.seq_len, self.pad_id)
-    sources = [np.append(p, self.eos_id) for p, _ in examples]
-    targets = [np.append(a, self.eos_id) for _, a in examples]
-    rows = next(chunk_rows([[i] for i in range(len(examples))], batch_size))
-    return seq2seq_batch(rows, sources, targets, self.src_len, self.tgt_len, self.pad_id, self.bos_id)
+    def _make_batch(self, examples: list[tuple[np.ndarray, np.ndarray]], batch_size: int) -> Batch:
+        """Examples (fewer than batch_size: the rest are padding rows with weight 0) -> one batch."""
+        if self.form == "lm":
+            seqs = [self._lm_sequence(p, a) for p, a in examples]
+            seqs += [np.zeros(0, np.int32)] * (batch_size - len(examples))
+            return lm_batch(
+                seqs, [len(p) + 1 for p, _ in examples] + [0] * (batch_size - len(examples)), self.seq_len, self.pad_id
+            )
+        sources = [np.append(p, self.eos_id) for p, _ in examples]
+        targets = [np.append(a, self.eos_id) for _, a in examples]
+        rows = next(chunk_rows([[i] for i in range(len(examples))], batch_size))
+        return seq2seq_batch(rows, sources, targets, self.src_len, self.tgt_len, self.pad_id, self.bos_id)
 
-  def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
-    """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
-    examples = self._encoded(batch_rng(seed, k), batch_size)[rows]
-    return self._make_batch(examples, len(examples))
+    def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
+        """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
+        examples = self._encoded(batch_rng(seed, k), batch_size)[rows]
+        return self._make_batch(examples, len(examples))
 
-  def eval_batches(self, batch_size: int) -> Iterator[Batch]:
-    """The eval set (eval_size examples from eval_seed) once, teacher-forced; last batch padded with weight 0."""
-    examples = self._encoded(np.random.default_rng(self.eval_seed), self.eval_size)
-    for start in range(0, len(examples), batch_size):
-      yield self._make_batch(examples[start:start + batch_size], batch_size)
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        """The eval set (eval_size examples from eval_seed) once, teacher-forced; last batch padded with weight 0."""
+        examples = self._encoded(np.random.default_rng(self.eval_seed), self.eval_size)
+        for start in range(0, len(examples), batch_size):
+            yield self._make_batch(examples[start : start + batch_size], batch_size)
 
-  def eval_examples(self, n: int | None = None, seed: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompts, answers) as id lists for exact-match evaluation by generation.
+    def eval_examples(self, n: int | None = None, seed: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompts, answers) as id lists for exact-match evaluation by generation.
 
-    A prompt is what the model is given: BOS prompt '=' for the LM form, prompt EOS for seq2seq. An answer is the
-    reference without EOS: generation is right iff it yields exactly these ids and then EOS. The defaults give the
-    examples of eval_batches.
-    """
-    rng = np.random.default_rng(self.eval_seed if seed is None else seed)
-    examples = self._encoded(rng, self.eval_size if n is None else n)
-    if self.form == "lm":
-      prompts = [[self.bos_id, *p.tolist(), self.sep_id] for p, _ in examples]
-    else:
-      prompts = [[*p.tolist(), self.eos_id] for p, _ in examples]
-    return prompts, [a.tolist() for _, a in examples]
+        A prompt is what the model is given: BOS prompt '=' for the LM form, prompt EOS for seq2seq. An answer is the
+        reference without EOS: generation is right iff it yields exactly these ids and then EOS. The defaults give the
+        examples of eval_batches.
+        """
+        rng = np.random.default_rng(self.eval_seed if seed is None else seed)
+        examples = self._encoded(rng, self.eval_size if n is None else n)
+        if self.form == "lm":
+            prompts = [[self.bos_id, *p.tolist(), self.sep_id] for p, _ in examples]
+        else:
+            prompts = [[*p.tolist(), self.eos_id] for p, _ in examples]
+        return prompts, [a.tolist() for _, a in examples]
