@@ -1,7 +1,10 @@
 """txjax command line: `python run.py SUBCOMMAND [flags]` (`python run.py` lists the subcommands).
 
 Each subcommand is one entry of COMMANDS: a module and the name of its `main(argv)`. A user error (bad config key
-or value, missing data file, diverged loss) ends with one line on stderr and exit status 2, without a traceback.
+or value, missing data file, diverged loss, a workdir another run is writing) ends with one line on stderr and exit
+status 2, without a traceback. SIGTERM or Ctrl-C during `train` or `sweep` saves a checkpoint of the current step and
+ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same command to resume" and exit status
+75 (txjax.preemption.EXIT_STATUS, EX_TEMPFAIL); a second signal stops at once.
 """
 
 import importlib
@@ -25,6 +28,7 @@ def main(argv: list[str]) -> int:
         )
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
     from txjax.config import ConfigError
+    from txjax.preemption import EXIT_STATUS, Preempted
     from txjax.train import Diverged
 
     module, function = COMMANDS[argv[0]]
@@ -33,6 +37,9 @@ def main(argv: list[str]) -> int:
     except (ConfigError, Diverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Preempted as e:
+        print(e, file=sys.stderr)
+        return EXIT_STATUS
     return 0
 
 

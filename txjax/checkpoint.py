@@ -1,15 +1,37 @@
-"""Checkpoints with orbax: save a pytree every N steps and at the end, keep the last K, restore the latest.
+"""Checkpoints with orbax: save a pytree every N steps and at the end, keep the last K, restore the newest whole one.
 
 Saves are asynchronous: `save` returns once the arrays are copied to host memory (so the caller may donate them
 to the next step) and the files are written in the background; `close` waits for them. A process killed during a
 save leaves a `STEP.orbax-checkpoint-tmp` folder that orbax ignores on restore and removes on the next save.
+
+Damage: orbax 0.12.8 stores no checksum of the array data (a byte flipped in
+`STEP/default/ocdbt.process_0/d/*` restores silently as a different value), so every save also writes
+`STEP/sha256sums.txt` (`sha256sum -c` format) over the files of the step's items, from orbax's post-finalization
+hook: in the step's temporary folder, after every process finished writing, before the step is committed, so a
+committed step always has it. `restore` verifies it (a step saved without one, by an older txjax, is restored
+unverified) and falls back from a step that fails the check or does not restore to the newest one that does, with
+one warning line per bad step; when none restores it raises a ConfigError. A later save of a step set aside that
+way first renames its folder to `STEP.damaged` (orbax ignores that name), so the bytes are kept for a look.
 """
 
 from __future__ import annotations
 
+import hashlib
+import sys
+import time
 from pathlib import Path
 
 import orbax.checkpoint as ocp
+
+from txjax.config import ConfigError
+from txjax.distributed import barrier, is_lead
+
+CHECKSUM_FILE = "sha256sums.txt"
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+class Damaged(Exception):
+    """A step whose files do not match its checksums."""
 
 
 class Checkpointer:
@@ -17,8 +39,15 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, keep: int):
         self.directory = Path(directory).absolute()
+        self._saving = None  # the step whose save is in flight (orbax runs one at a time)
+        self.last_good_step = None  # the step this process last saved or restored
         self.manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                create=True,
+                async_options=ocp.AsyncOptions(post_finalization_callback=self._write_checksums),
+            ),
         )
 
     def latest_step(self) -> int | None:
@@ -26,17 +55,74 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state) -> None:
+        self.manager.wait_until_finished()  # the hook below names the one step in flight
+        if step in self.manager.all_steps():  # a damaged step the run fell back from: set it aside
+            if is_lead():
+                damaged = self.directory / f"{step}.damaged"
+                (self.directory / str(step)).rename(damaged if not damaged.exists() else f"{damaged}.{time.time()}")
+            barrier(f"set aside step {step}")
+            self.manager.reload()
+        self._saving = self.last_good_step = step
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
     def restore(self, abstract_state, step: int | None = None):
-        """The state saved at `step` (default: the latest), with the structure, shapes and dtypes of
+        """The state saved at `step` (default: the latest that restores), with the structure, shapes and dtypes of
         `abstract_state` (a pytree of jax.ShapeDtypeStruct, e.g. from jax.eval_shape of the init)."""
-        step = self.latest_step() if step is None else step
-        if step is None:
+        steps = sorted(self.manager.all_steps(), reverse=True) if step is None else [step]
+        if not steps:
             raise FileNotFoundError(f"no finished checkpoint in {self.directory}")
-        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        problems = []
+        for s in steps:
+            try:
+                verify(self.directory / str(s))
+                state = self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
+                self.last_good_step = s
+                return state
+            except Exception as e:  # noqa: BLE001 -- any failure to read a step is a reason to try the one before
+                problems.append(f"step {s} ({type(e).__name__}: {_first_line(e)})")
+                later = f"; trying step {steps[len(problems)]}" if len(problems) < len(steps) else ""
+                print(
+                    f"warning: checkpoint {problems[-1]} in {self.directory} does not restore{later}", file=sys.stderr
+                )
+        raise ConfigError(
+            f"no checkpoint in {self.directory} restores ({'; '.join(problems)}); move the folder away to start "
+            "the run afresh"
+        )
+
+    def last_good(self) -> str:
+        """Where a stopped run can go on from, for its message."""
+        if self.last_good_step is None:
+            return f"no checkpoint was saved yet ({self.directory} holds none of this run)"
+        return f"the last good checkpoint (step {self.last_good_step}) is kept in {self.directory}"
 
     def close(self) -> None:
         """Waits for the pending saves to be on disk."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+    def _write_checksums(self) -> None:
+        (folder,) = self.directory.glob(f"{self._saving}{_TMP_SUFFIX}*")
+        files = sorted(p for p in folder.glob("*/**/*") if p.is_file())
+        lines = [f"{_sha256(p)}  {p.relative_to(folder)}\n" for p in files]
+        (folder / CHECKSUM_FILE).write_text("".join(lines))
+
+
+def verify(step_folder: Path) -> None:
+    """Raises Damaged when a file listed in the step's checksum file is missing or differs."""
+    listing = step_folder / CHECKSUM_FILE
+    if not listing.is_file():
+        return
+    for line in listing.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        path = step_folder / name
+        if not path.is_file() or _sha256(path) != digest:
+            raise Damaged(f"{name} {'differs from its sha256' if path.is_file() else 'is missing'}")
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]

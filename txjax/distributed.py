@@ -126,6 +126,22 @@ def run_mesh(mesh_config) -> Mesh:
         raise ConfigError(str(e)) from None
 
 
+def fitting_mesh(mesh_config) -> Mesh:
+    """A reader's mesh (eval): the run's own when the devices present can hold it, else the first device, with a
+    note; a checkpoint restores under any mesh, so a workdir trained on 8 devices reads on a laptop as it is."""
+    shape = (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
+    present = len(jax.devices())
+    if jax.process_count() > 1 or math.prod(shape) <= present:
+        return run_mesh(mesh_config)
+    print(
+        f"note: the run's mesh (data, fsdp, tensor) = {shape} needs {math.prod(shape)} devices and {present} are "
+        "present: reading it on one device (--config.mesh.* flags choose another mesh)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return first_device_mesh()
+
+
 def first_device_mesh() -> Mesh:
     """The one-device mesh that code given no mesh runs on (jax.devices()[0], as unsharded jax code would)."""
     return make_mesh(devices=jax.devices()[:1])

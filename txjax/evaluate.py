@@ -82,7 +82,8 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
 
 def main(argv: list[str]) -> None:
     """run.py eval --workdir=DIR [--split=valid|test] [--config.mesh.FIELD=N ...]: writes DIR/eval_<split>.json,
-    prints it as the last line. The parameters are laid out on the run's mesh unless --config.mesh.* flags change it."""
+    prints it as the last line. The parameters are laid out on the run's mesh (on one device when this machine has
+    fewer devices than it needs) unless --config.mesh.* flags choose another."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> None:
     mesh_config = config_lib.load(args.workdir)
     for flag in overrides:
         config_lib.apply_override(mesh_config, flag)
-    mesh = distributed.run_mesh(mesh_config.mesh)
+    mesh = (distributed.run_mesh if overrides else distributed.fitting_mesh)(mesh_config.mesh)
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh)
         dataset = build_dataset(run.config, run.tokenizer, args.split)

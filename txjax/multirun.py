@@ -11,6 +11,7 @@ A run whose loss turns non-finite stops being logged and saved; the others go on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from txjax import preemption, workdir_lock
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.evaluate import eval_batches, evaluate, make_eval_step, write_metrics
@@ -59,16 +61,20 @@ def train_group(configs: list[ml_collections.ConfigDict], workdirs: list[str | P
     if len({group_key(c) for c in configs}) != 1 or group_key(configs[0]) is None:
         raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
     workdirs = [Path(w) for w in workdirs]
-    prepared = [prepare(c, w) for c, w in zip(configs, workdirs)]  # each folder gets its tokenizer
-    _, train_data, valid_data = prepared[0]  # the runs share their data
-    ckpts = [Checkpointer(w / CHECKPOINT_DIR, c.train.keep_checkpoints) for c, w in zip(configs, workdirs)]
-    try:
-        for config, workdir, ckpt in zip(configs, workdirs, ckpts):
-            save_config(config, workdir, ckpt)
-        return _loop(configs, workdirs, train_data, valid_data, ckpts)
-    finally:
-        for ckpt in ckpts:
-            ckpt.close()
+    with contextlib.ExitStack() as held:  # one writer per workdir; SIGTERM/SIGINT stop with a checkpoint
+        for workdir in workdirs:
+            held.enter_context(workdir_lock.hold(workdir))
+        held.enter_context(preemption.watch())
+        prepared = [prepare(c, w) for c, w in zip(configs, workdirs)]  # each folder gets its tokenizer
+        _, train_data, valid_data = prepared[0]  # the runs share their data
+        ckpts = [Checkpointer(w / CHECKPOINT_DIR, c.train.keep_checkpoints) for c, w in zip(configs, workdirs)]
+        try:
+            for config, workdir, ckpt in zip(configs, workdirs, ckpts):
+                save_config(config, workdir, ckpt)
+            return _loop(configs, workdirs, train_data, valid_data, ckpts)
+        finally:
+            for ckpt in ckpts:
+                ckpt.close()
 
 
 @jax.jit
@@ -125,12 +131,20 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
     tokens_key = batch_keys(model)[0][0]
     began, step, pending, tokens, records, failed = time.monotonic(), start, [], 0, {}, {}
     alive = lambda: [k for k in runs if k not in failed]
+
+    def valid_metrics(k: int) -> dict:  # run k's periodic eval
+        batches = preemption.interruptible(eval_batches(valid_data, t.batch_size, t.eval_batches))
+        return evaluate(eval_step, unstack(states.params, k), batches, exact_match)
+
+    for k in runs:
+        if preemption.owed_eval(workdirs[k], start, t):  # a signal cut it short: it comes before the steps after it
+            logs[k].write(start, "valid", valid_metrics(k))
     try:
         for step, batch in zip(range(start + 1, t.steps + 1), batches):
             states, metrics_K = train_step(states, batch, dropout_keys)
             pending.append(metrics_K)
             tokens += batch[tokens_key][0].size
-            last = step == t.steps
+            last = preemption.stop_at(step, sync=False) or step == t.steps  # a signal: save this step, then stop
             save = last or step % t.checkpoint_every == 0
             eval_now = not last and t.eval_every > 0 and step % t.eval_every == 0
             if save or eval_now or step % t.log_every == 0:
@@ -139,15 +153,13 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
                     records[k] = logs[k].train(step, [{n: v[k] for n, v in m.items()} for m in host], tokens)
                     if records[k]["finite"] < 1:
                         failed[k] = Diverged(
-                            f"the loss or the parameters became NaN/inf by step {step}; the last "
-                            f"good checkpoint is kept in {ckpts[k].directory}"
+                            f"the loss or the parameters became NaN/inf by step {step}; {ckpts[k].last_good()}"
                         )
                         logs[k].close()
                 pending, tokens = [], 0
             if eval_now:
                 for k in alive():
-                    valid = eval_batches(valid_data, t.batch_size, t.eval_batches)
-                    logs[k].write(step, "valid", evaluate(eval_step, unstack(states.params, k), valid, exact_match))
+                    logs[k].write(step, "valid", valid_metrics(k))
                 for k in alive():
                     logs[k].restart_clock()
             if save:
@@ -155,6 +167,12 @@ def _loop(configs, workdirs, train_data, valid_data, ckpts) -> list[dict | Excep
                     ckpts[k].save(step, unstack(states, k))
             if last or not alive():
                 break
+        preemption.raise_if_stopped()
+    except preemption.Preempted:  # saved unless a signal cut an eval short; train_group waits for it on the way out
+        for k in alive():
+            if ckpts[k].last_good_step != step:
+                ckpts[k].save(step, unstack(states, k))
+        raise
     finally:
         batches.close()
     results = dict(failed)

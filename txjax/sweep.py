@@ -36,6 +36,7 @@ from pathlib import Path
 import ml_collections
 
 from txjax import config as config_lib
+from txjax import preemption, workdir_lock
 from txjax.multirun import group_key, train_group
 from txjax.probes import run_probes
 from txjax.sweep_report import write_report
@@ -140,6 +141,11 @@ def run_sweep(
     """Trains every run of the sweep that has no result yet, then writes the report; returns the runs."""
     workdir = Path(workdir)
     runs = expand(sweep, overrides, workdir)
+    with workdir_lock.hold(workdir), preemption.watch():  # SIGTERM/SIGINT: the current run saves, the sweep stops
+        return _run_all(sweep, workdir, overrides, runs, vmap, command)
+
+
+def _run_all(sweep: dict, workdir: Path, overrides: list[str], runs: list[Run], vmap: bool, command: str):
     _claim(workdir, sweep, overrides)
     for run in runs:
         run.result = _read_result(run.workdir)
@@ -156,6 +162,7 @@ def run_sweep(
     )
     try:
         for group in groups:
+            preemption.raise_if_signalled()
             _train(group, sweep["probes"])
             write_report(workdir, runs, sweep["metrics"], command)
     finally:

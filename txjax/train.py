@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from txjax import config as config_lib
-from txjax import distributed
+from txjax import distributed, preemption, workdir_lock
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, first_device_mesh, is_lead, run_mesh
@@ -132,13 +132,14 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Trains the run in `workdir`, resuming from its latest checkpoint; returns the final metrics."""
     workdir = Path(workdir)
-    tokenizer, train_data, valid_data = prepare(config, workdir)
-    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
-    try:
-        save_config(config, workdir, ckpt)
-        return _loop(config, workdir, tokenizer, train_data, valid_data, ckpt)
-    finally:
-        ckpt.close()
+    with workdir_lock.hold(workdir), preemption.watch():  # one writer; SIGTERM/SIGINT stop with a checkpoint
+        tokenizer, train_data, valid_data = prepare(config, workdir)
+        ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
+        try:
+            save_config(config, workdir, ckpt)
+            return _loop(config, workdir, tokenizer, train_data, valid_data, ckpt)
+        finally:
+            ckpt.close()
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: Path):
@@ -203,7 +204,7 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
         """Loss metrics over the valid split (or its first batches) and, with eval_generation, greedy BLEU/chrF or
         exact match of the whole split; the minutes trained so far (evals and saves not counted)."""
         trained_minutes = (monotonic() - began - paused) / 60.0
-        batches = eval_batches(valid_data, t.batch_size, batches_to_read, mesh)
+        batches = preemption.interruptible(eval_batches(valid_data, t.batch_size, batches_to_read, mesh))
         metrics = evaluate(eval_step, state.params, batches, exact_match)
         if t.eval_generation:
             run = Run(config, model, tokenizer, state.params, step)
@@ -212,13 +213,16 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
         return metrics | {"train_minutes": trained_minutes}
 
     step, pending, tokens, record, in_flight = start, [], 0, None, InFlight()
+    if preemption.owed_eval(workdir, start, t):  # a signal cut it short: it comes before the steps after it
+        log.write(start, "valid", valid_metrics(t.eval_batches))
     try:
         for step, batch in zip(range(start + 1, t.steps + 1), batches):  # step: optimizer steps done after it
             state, metrics = train_step(state, batch)
             pending.append(in_flight.add(metrics))
             tokens += batch[tokens_key].size
             trained_s = monotonic() - began - paused
-            last = step == t.steps or trained_s > budget_s
+            stop = preemption.stop_at(step, sync=step % t.log_every == 0)  # a signal: save this step, then stop
+            last = stop or step == t.steps or trained_s > budget_s
             save = last or step % t.checkpoint_every == 0
             timed_eval = trained_s >= next_eval_s
             if timed_eval:  # the next multiple of every_s after now
@@ -230,8 +234,7 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
                     log.close()
                     raise Diverged(
                         f"the loss or the parameters became NaN/inf by step {step} (recent mean loss "
-                        f"{record['loss']}); training stopped and the last good "
-                        f"checkpoint (step {saved}) is kept in {ckpt.directory}. Lower "
+                        f"{record['loss']}); training stopped and {ckpt.last_good()}. Lower "
                         "--config.train.learning_rate or set --config.train.grad_clip"
                     )
             paused_from = monotonic()
@@ -239,12 +242,17 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
                 log.write(step, "valid", valid_metrics(t.eval_batches))
             if save:
                 ckpt.save(step, state)
-                saved = step
             if eval_now or save:
                 paused += monotonic() - paused_from
                 log.restart_clock()
             if last:
                 break
+        preemption.raise_if_stopped()
+    except preemption.Preempted:  # saved unless a signal cut an eval short; train() waits for it on the way out
+        if ckpt.last_good_step != step:
+            ckpt.save(step, state)
+        log.close()
+        raise
     finally:
         batches.close()
     final = valid_metrics(0)

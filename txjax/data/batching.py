@@ -104,26 +104,32 @@ def chunk_rows(rows: Sequence[Sequence[int]], batch_size: int) -> Iterator[list[
 def prefetch(iterator: Iterable, size: int = 2) -> Iterator:
     """Yields the items of `iterator`, produced up to `size` ahead in a background thread.
 
-    An exception in the producer is re-raised in the consumer; leaving the loop early stops the producer.
+    An exception in the producer is re-raised in the consumer. Leaving the loop early (break, an exception, close())
+    stops the producer and waits for it to finish the item it is building: a thread still inside jax or numpy when
+    the interpreter exits is killed there by a forced unwind, which aborts the process ("terminate called after
+    throwing an instance of ''", status 134).
     """
     q: queue.Queue = queue.Queue(maxsize=size)
     stop = threading.Event()
     done = object()
 
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
     def produce():
         try:
             for item in iterator:
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if stop.is_set():
+                if not put((item, None)):
                     return
-            q.put((done, None))
+            put((done, None))
         except BaseException as e:  # re-raised in the consumer
-            q.put((done, e))
+            put((done, e))
 
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
@@ -137,3 +143,4 @@ def prefetch(iterator: Iterable, size: int = 2) -> Iterator:
             yield item
     finally:
         stop.set()
+        thread.join()

@@ -1,4 +1,4 @@
-"""Reading data files, with one-line errors that say the absolute path and the fix."""
+"""Reading data files, with one-line errors that say the absolute path (and line) and the fix."""
 
 from __future__ import annotations
 
@@ -19,7 +19,25 @@ def resolve_path(path: PathLike, what: str = "data file", flag: str = "--config.
 
 def read_text(path: PathLike) -> str:
     """Whole UTF-8 file as one string (newlines kept)."""
-    return resolve_path(path).read_text(encoding="utf-8")
+    p = resolve_path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise _not_utf8(p) from None
+
+
+def _not_utf8(path: Path) -> ValueError:
+    """The error for a file that is not UTF-8: its first bad byte, by line and offset."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return ValueError(
+            f"{path}:{line}: byte 0x{data[e.start]:02x} at offset {e.start} is not UTF-8 ({e.reason}); convert the "
+            f"file to UTF-8 (e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix})"
+        )
+    return ValueError(f"{path}: not UTF-8")
 
 
 def read_tsv(path: PathLike) -> tuple[list[str], list[str]]:
@@ -29,24 +47,30 @@ def read_tsv(path: PathLike) -> tuple[list[str], list[str]]:
     """
     p = resolve_path(path)
     sources, targets = [], []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            src, tab, tgt = line.partition("\t")
-            if not tab:
-                raise ValueError(f"{p}:{lineno}: expected 'source<TAB>target', found no tab")
-            sources.append(src)
-            targets.append(tgt)
+    for lineno, line in enumerate(_lines(p), 1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        src, tab, tgt = line.partition("\t")
+        if not tab:
+            raise ValueError(f"{p}:{lineno}: expected 'source<TAB>target', found no tab")
+        sources.append(src)
+        targets.append(tgt)
     return sources, targets
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as f:
+        try:
+            yield from f
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
 
 
 def iter_fields(paths: list[PathLike]) -> Iterator[str]:
     """Every tab-separated field of every line of `paths` (plain text files give whole lines)."""
     for path in paths:
-        with resolve_path(path).open(encoding="utf-8") as f:
-            for line in f:
-                for field in line.rstrip("\r\n").split("\t"):
-                    if field:
-                        yield field
+        for line in _lines(resolve_path(path)):
+            for field in line.rstrip("\r\n").split("\t"):
+                if field:
+                    yield field

@@ -14,13 +14,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
-from txjax.data.files import PathLike, iter_fields
+from txjax.data.files import PathLike, iter_fields, resolve_path
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -169,38 +170,50 @@ class SentencePieceTokenizer(Tokenizer):
         byte_fallback: bool = False,
         max_sentences: int = 0,
         num_threads: int | None = None,
+        source: str = "this text",
     ) -> SentencePieceTokenizer:
-        """Trains in memory on an iterable of sentences (one per item; max_sentences=0 uses all).
+        """Trains in memory on an iterable of sentences (one per item; max_sentences=0 uses all); `source` names
+        them in the error for a vocab_size larger than they allow.
 
         Normalisation is the identity and whitespace is kept, so decode(encode(s)) == s for covered text; "\\n" is its
         own piece, so whole files (a text LM corpus) round-trip too.
         """
         model = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            byte_fallback=byte_fallback,
-            input_sentence_size=max_sentences,
-            shuffle_input_sentence=True,
-            pad_id=0,
-            unk_id=1,
-            bos_id=2,
-            eos_id=3,
-            user_defined_symbols=["\n"],
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
-            minloglevel=2,
-            num_threads=num_threads or os.cpu_count() or 1,
-        )
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                byte_fallback=byte_fallback,
+                input_sentence_size=max_sentences,
+                shuffle_input_sentence=True,
+                pad_id=0,
+                unk_id=1,
+                bos_id=2,
+                eos_id=3,
+                user_defined_symbols=["\n"],
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                minloglevel=2,
+                num_threads=num_threads or os.cpu_count() or 1,
+            )
+        except RuntimeError as e:  # sentencepiece's check, as a traceback: "... Please set it to a value <= 28."
+            most = re.search(r"value <= (\d+)", str(e))
+            if most is None:
+                raise
+            raise ValueError(
+                f"SentencePiece vocab_size {vocab_size} is more than {source} allows (at most {most[1]} pieces): "
+                f"set --config.data.vocab_size={most[1]} or lower, or train on more text"
+            ) from None
         return cls(model.getvalue())
 
     @classmethod
     def train_from_files(cls, paths: Sequence[PathLike], vocab_size: int, **kwargs) -> SentencePieceTokenizer:
         """Trains on every line of text files; a TSV line gives each of its tab-separated fields (both languages)."""
-        return cls.train(iter_fields(list(paths)), vocab_size, **kwargs)
+        source = ", ".join(str(resolve_path(p)) for p in paths)
+        return cls.train(iter_fields(list(paths)), vocab_size, source=source, **kwargs)
 
     def _check_unk(self, text: str, ids: np.ndarray) -> np.ndarray:
         if (ids == self.unk_id).any():

@@ -1,0 +1,86 @@
+"""A damaged checkpoint: bytes flipped in a step's array data (orbax stores no checksum of it; txjax writes
+sha256sums.txt with every step). Readers and training fall back to the newest step that restores, with one warning
+line naming the bad one; training from there ends bit-identical to a run that never met the damage."""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from txjax import config as config_lib
+from txjax.checkpoint import CHECKSUM_FILE, Checkpointer
+from txjax.experiment import load_workdir
+from txjax.train import train
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
+
+FLAGS = [
+    "--config.data.max_digits=4",
+    "--config.data.eval_size=20",
+    "--config.model.num_layers=1",
+    "--config.model.num_heads=2",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.train.steps=6",
+    "--config.train.batch_size=8",
+    "--config.train.warmup_steps=2",
+    "--config.train.log_every=2",
+    "--config.train.eval_every=0",
+    "--config.train.checkpoint_every=2",
+]
+
+
+def flip_array_bytes(step_folder: Path) -> Path:
+    """Flips one byte in the middle of the step's largest array-data file (orbax 0.12.8: OCDBT data files under
+    default/ocdbt.process_*/d/; this one holds the embedding and the AdamW moments)."""
+    path = max(step_folder.glob("default/ocdbt.process_*/d/*"), key=lambda p: p.stat().st_size)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("damage") / "reference"
+    train(config_lib.from_command_line(None, FLAGS), workdir)
+    return workdir
+
+
+def params_of(workdir):
+    return jax.device_get(load_workdir(workdir).params)
+
+
+def test_every_step_carries_checksums_of_its_files(reference):
+    for step in (2, 4, 6):
+        listed = (reference / "checkpoints" / str(step) / CHECKSUM_FILE).read_text().splitlines()
+        assert any("/ocdbt.process_0/d/" in line for line in listed) and any("_METADATA" in line for line in listed)
+
+
+def test_a_damaged_latest_step_falls_back_and_training_ends_bit_exact(reference, tmp_path, capsys):
+    workdir = tmp_path / "run"
+    train(config_lib.from_command_line(None, FLAGS), workdir)
+    damaged = flip_array_bytes(workdir / "checkpoints" / "6")
+    capsys.readouterr()
+    assert load_workdir(workdir).step == 4  # a reader (eval, generate) falls back too
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith("warning: checkpoint step 6 (Damaged: ")
+    assert f"{damaged.relative_to(workdir / 'checkpoints' / '6')} differs" in warnings[0]
+    assert warnings[0].endswith("does not restore; trying step 4")
+    result = train(config_lib.from_command_line(None, FLAGS), workdir)  # steps 5 and 6 again
+    assert result["step"] == 6
+    assert (workdir / "checkpoints" / "6.damaged").is_dir()  # set aside, not deleted
+    leaves = zip(jax.tree_util.tree_leaves(params_of(reference)), jax.tree_util.tree_leaves(params_of(workdir)))
+    for straight, resumed in leaves:
+        np.testing.assert_array_equal(straight, resumed)  # bit for bit
+
+
+def test_when_no_step_restores_one_line_says_so(reference, tmp_path):
+    workdir = tmp_path / "run"
+    train(config_lib.from_command_line(None, FLAGS), workdir)
+    for step in (2, 4, 6):
+        flip_array_bytes(workdir / "checkpoints" / str(step))
+    with pytest.raises(config_lib.ConfigError, match=r"no checkpoint in .* restores \(step 6 .*; step 4 .*; step 2"):
+        load_workdir(workdir)
+    assert Checkpointer(workdir / "checkpoints", 3).manager.all_steps() == [2, 4, 6]  # a reader changes nothing

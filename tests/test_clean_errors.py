@@ -1,0 +1,120 @@
+"""Errors end cleanly: one line naming the problem (file and line) and the fix, nothing left in the workdir, no
+abort at interpreter exit (a data thread still inside jax or numpy then is killed by a forced unwind: status 134);
+a workdir trained on a 4-device mesh is read on a 1-device machine without flags."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import pytest
+
+from txjax import config as config_lib
+from txjax.data import prefetch
+from txjax.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
+
+TINY = [
+    "--config.data.max_digits=4",
+    "--config.data.eval_size=20",
+    "--config.model.num_layers=1",
+    "--config.model.num_heads=2",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.train.batch_size=8",
+    "--config.train.warmup_steps=0",
+    "--config.train.eval_every=0",
+]
+
+
+def run_py(*args: str, env=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "run.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+
+
+def test_a_diverged_run_exits_with_its_line_and_says_no_checkpoint_was_saved(tmp_path):
+    result = run_py(
+        "train",
+        f"--workdir={tmp_path / 'run'}",
+        *TINY,
+        "--config.train.steps=200",
+        "--config.train.learning_rate=1e30",
+        "--config.train.log_every=1",
+        "--config.train.checkpoint_every=1000",
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "became NaN/inf" in errors[0], result.stderr[-2000:]
+    assert "no checkpoint was saved yet" in errors[0] and "step None" not in errors[0]
+    assert "terminate called" not in result.stderr
+
+
+def _producers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t is not threading.current_thread() and t.name.endswith("(produce)")]
+
+
+def test_leaving_a_prefetch_early_stops_its_thread():
+    """The loop leaves while the producer builds the next item (here: sleeps in it): close() and an exception in
+    the consumer both wait for the producer to finish, so no thread outlives the loop into interpreter exit."""
+
+    def slow():
+        for i in range(100):
+            time.sleep(0.2)
+            yield i
+
+    batches = prefetch(slow())
+    assert next(batches) == 0
+    batches.close()
+    assert _producers() == []
+    with pytest.raises(KeyError):
+        for _ in prefetch(slow()):
+            raise KeyError("the consumer fails")
+    assert _producers() == []
+
+
+def _text_config(path, *flags):
+    return config_lib.from_command_line(
+        None, [*TINY, "--config.data.kind=text", f"--config.data.path={path}", "--config.data.seq_len=8", *flags]
+    )
+
+
+def test_a_sentencepiece_vocab_the_corpus_cannot_fill_is_one_line_and_writes_nothing(tmp_path):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    config = _text_config(corpus, "--config.data.tokenizer=sentencepiece", "--config.data.vocab_size=8000")
+    with pytest.raises(config_lib.ConfigError) as e:
+        train(config, tmp_path / "run")
+    assert str(e.value).startswith(f"SentencePiece vocab_size 8000 is more than {corpus} allows (at most ")
+    assert "set --config.data.vocab_size=" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_invalid_utf8_names_the_file_line_and_byte(tmp_path):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("first line\nsecond line\nna\u00efve".encode("latin-1") + b"\n" * 40)
+    for tokenizer in ("char", "sentencepiece"):
+        with pytest.raises(config_lib.ConfigError) as e:
+            train(_text_config(corpus, f"--config.data.tokenizer={tokenizer}"), tmp_path / "run")
+        assert str(e.value).startswith(f"{corpus}:3: byte 0xef at offset 25 is not UTF-8"), str(e.value)
+        assert "iconv -f latin1 -t utf-8" in str(e.value)
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)")
+def test_a_workdir_trained_on_4_devices_evaluates_on_one(tmp_path):
+    workdir = tmp_path / "run"
+    flags = [*TINY, "--config.train.steps=4", "--config.train.log_every=2", "--config.train.checkpoint_every=2"]
+    train(config_lib.from_command_line(None, [*flags, "--config.mesh.data=4"]), workdir)
+    one_device = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    evaluated = run_py("eval", f"--workdir={workdir}", env=one_device)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["step"] == 4
+    assert "note: the run's mesh (data, fsdp, tensor) = (4, 1, 1) needs 4 devices and 1 are present" in (
+        evaluated.stderr
+    )

@@ -1,0 +1,118 @@
+"""Preemption: SIGTERM or SIGINT stops training at a step boundary with a checkpoint, instead of mid-step with none.
+
+Cloud and cluster schedulers preempt a job with SIGTERM (and SIGKILL it a grace period later); Ctrl-C sends SIGINT.
+Inside `watch()` either signal only sets a flag (a second one acts at once: SIGTERM kills, SIGINT raises
+KeyboardInterrupt). The training loop calls `stop_at(step)` after every step; once it returns True the loop saves a
+checkpoint of that step and `raise_if_stopped` raises `Preempted` after it; the checkpoint is on disk before the
+command ends with the one line
+    stopped by SIGTERM at step N; checkpoint saved; run the same command to resume
+and exit status EXIT_STATUS = 75 (sysexits' EX_TEMPFAIL: "temporary failure, try again"), which a job script can
+test to requeue the same command. Evaluation batches pass through `interruptible`, so a long eval cannot outlast
+the grace period: it is dropped and the step before it is saved.
+
+With several processes (jax.distributed) all must stop at the same step or the checkpoint would be partial: the
+flags are combined by a one-integer all-gather at the loop's log steps (`sync`), and every process acts on the
+combined value only, so all stop at the first log step after any of them was signalled. Evaluation is then not cut
+short (a process leaving an eval early would leave the others waiting in its collectives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from txjax.metrics_log import read_metrics
+
+EXIT_STATUS = 75
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_state = {"received": None, "stopped": False, "step": None, "depth": 0, "previous": {}}
+
+
+class Preempted(BaseException):
+    """The run stopped for a signal after saving its checkpoint. A BaseException, as KeyboardInterrupt is, so that
+    code that contains a run's failure (`except Exception` in a sweep) lets the stop through."""
+
+    def __init__(self):
+        self.signal_name = _state["received"] or "a signal to another process"
+        self.step = _state["step"]
+        where = f"at step {self.step}; checkpoint saved" if self.step is not None else "between runs"
+        super().__init__(f"stopped by {self.signal_name} {where}; run the same command to resume")
+
+
+@contextlib.contextmanager
+def watch():
+    """SIGTERM and SIGINT set the flag while inside (re-entrant: a sweep's watch covers the runs it trains)."""
+    outermost = _state["depth"] == 0 and threading.current_thread() is threading.main_thread()
+    if outermost:
+        _state.update(received=None, stopped=False, step=None)
+        _state["previous"] = {s: signal.signal(s, _handle) for s in SIGNALS}
+    _state["depth"] += 1
+    try:
+        yield
+    finally:
+        _state["depth"] -= 1
+        if outermost:
+            _restore()
+
+
+def _handle(signum, frame) -> None:
+    _state["received"] = signal.Signals(signum).name
+    _restore()  # the second signal acts at once
+
+
+def _restore() -> None:
+    for s, handler in _state["previous"].items():
+        signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+
+
+def stop_at(step: int, sync: bool) -> bool:
+    """Whether the run stops after `step` (every process gets the same answer): one process reads its flag, several
+    combine theirs when `sync` (at the same steps in every process) and keep the last combined answer otherwise."""
+    if jax.process_count() == 1:
+        _state["stopped"] = _state["received"] is not None
+    elif sync:
+        flags = multihost_utils.process_allgather(np.int32(_state["received"] is not None))
+        _state["stopped"] = bool(np.any(flags))
+    _state["step"] = step
+    return _state["stopped"]
+
+
+def raise_if_stopped() -> None:
+    """Raises Preempted when the last stop_at said stop (the caller saved that step's checkpoint)."""
+    if _state["stopped"]:
+        raise Preempted()
+
+
+def raise_if_signalled() -> None:
+    """Raises Preempted between runs (a sweep), where no step is in flight."""
+    if _state["received"] is not None:
+        _state.update(stopped=True, step=None)
+        raise Preempted()
+
+
+def owed_eval(workdir, start: int, t) -> bool:
+    """Whether the periodic eval of the resumed step `start` is owed (t = config.train): due there, and missing from
+    metrics.jsonl because a signal cut it short or stopped the run at that step. The resumed run does it first, so
+    its records are those of a run never stopped. One process only (others cannot cut an eval short)."""
+    due = t.eval_every > 0 and 0 < start < t.steps and start % t.eval_every == 0
+    if not due or jax.process_count() > 1:
+        return False
+    _state["step"] = start  # the step a signal during this eval stops at
+    return not any(r["step"] == start and r["split"] == "valid" for r in read_metrics(workdir))
+
+
+def interruptible(items):
+    """Yields `items` until a signal arrives (one process only), then raises Preempted: the caller saves the step
+    the evaluation followed (the last stop_at), not a partial evaluation."""
+    with contextlib.closing(iter(items)) as items:  # closing: a prefetching producer stops with the eval
+        for item in items:
+            if jax.process_count() == 1 and _state["received"] is not None:
+                _state["stopped"] = True
+                raise Preempted()
+            yield item
