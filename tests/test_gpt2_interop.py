@@ -1,5 +1,9 @@
 """GPT-2 interop against transformers' PyTorch GPT2LMHeadModel (skipped without the `interop` extra)."""
 
+import copy
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -51,11 +55,27 @@ def random_tokens(shape, seed=0):
 
 
 def test_logits_match_pytorch(hf_model, hf_folder):
+    """txjax's float32 logits against the exact ones: transformers in float64, whose sums, whatever its kernels,
+    threads and data alignment (MKL picks code paths by alignment), are exact to ~1e-14.
+
+    The yardstick: how far the logits move when every parameter moves by one float32 ulp (seeded random directions).
+    Evaluating the forward pass in float32, in any summation order, errs like O(1)-ulp perturbations of its operands,
+    so its error is a small multiple of that (measured: 0.9x); the large random weights amplify both alike. A mapping
+    error does not: a LayerNorm epsilon of 1e-6 for 1e-5 or the exact GELU for GPT-2's tanh one moves the logits by
+    ~30 and ~90 yardsticks, and the test checks that both stay outside twice the tolerance.
+    """
     cfg, params = load_gpt2(hf_folder)
     tokens = random_tokens((3, CTX))
-    ref = torch_logits(hf_model, tokens)
-    assert np.abs(ref).max() > 5.0  # not a trivially small signal
-    np.testing.assert_allclose(txjax_logits(cfg, params, tokens), ref, atol=1e-4, rtol=0)
+    exact = torch_logits(copy.deepcopy(hf_model).double(), tokens)
+    assert np.abs(exact).max() > 5.0  # not a trivially small signal
+    ours = txjax_logits(cfg, params, tokens)
+    rng = np.random.default_rng(0)
+    direction = lambda p: np.where(rng.random(p.shape) < 0.5, -np.inf, np.inf).astype(p.dtype)
+    nudged = jax.tree_util.tree_map(lambda p: np.nextafter(p, direction(p)), jax.device_get(params))
+    tolerance = 5 * np.abs(txjax_logits(cfg, nudged, tokens) - ours).max()
+    np.testing.assert_allclose(ours, exact, atol=tolerance, rtol=0)
+    for mistake in ({"norm_eps": 1e-6}, {"activation": "gelu"}):  # what the check is there to catch
+        assert np.abs(txjax_logits(dataclasses.replace(cfg, **mistake), params, tokens) - exact).max() > 2 * tolerance
 
 
 def test_greedy_matches_generate(hf_model, hf_folder):
@@ -85,7 +105,8 @@ def test_export_loads_in_transformers(hf_model, hf_folder, tmp_path):
     reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
     tokens = random_tokens((2, 16), seed=2)
     np.testing.assert_allclose(torch_logits(reloaded, tokens), torch_logits(hf_model, tokens), atol=1e-5, rtol=0)
-    np.testing.assert_allclose(torch_logits(reloaded, tokens), txjax_logits(cfg, params, tokens), atol=1e-4, rtol=0)
+    exact = torch_logits(reloaded.double(), tokens)  # as in test_logits_match_pytorch
+    np.testing.assert_allclose(txjax_logits(cfg, params, tokens), exact, atol=1e-4, rtol=0)
 
 
 @pytest.fixture(scope="module")
