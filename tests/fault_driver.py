@@ -6,7 +6,8 @@ subprocess that sends it to itself (SIGKILL cannot be tried in-process):
 SIGNAL is KILL, TERM or INT; WHERE is
     batch  when the training loop asks for its N-th batch (after N - 1 steps: the signal lands in step N)
     eval   when an evaluation asks for its N-th batch (counted over all of the process's evaluations)
-    save   inside the N-th checkpoint save, after orbax wrote the files and before it commits the step
+    save   inside the N-th checkpoint save, after orbax wrote the files, just before it commits the step (renames
+           its STEP.orbax-checkpoint-tmp folder; orbax 0.12.8's async_checkpointer._on_commit_callback)
 Counts start afresh in every process and every `inject`.
 """
 
@@ -17,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orbax.checkpoint._src.checkpointers import async_checkpointer  # noqa: E402
+
 import run  # noqa: E402
-import txjax.checkpoint  # noqa: E402
 import txjax.multirun  # noqa: E402
 import txjax.train  # noqa: E402
 
@@ -46,15 +48,15 @@ def inject(name: str, where: str, n: int):
 
         return make_counted
 
-    def write_then_tick(self):
-        write_checksums(self)
+    def tick_then_commit(*args, **kwargs):
         tick()
+        return commit(*args, **kwargs)
 
-    write_checksums = txjax.checkpoint.Checkpointer._write_checksums
+    commit = async_checkpointer._on_commit_callback
     patches = {
         "batch": [(module, "prefetch", counted_items(module.prefetch)) for module in (txjax.train, txjax.multirun)],
         "eval": [(m, "eval_batches", counted_items(m.eval_batches)) for m in (txjax.train, txjax.multirun)],
-        "save": [(txjax.checkpoint.Checkpointer, "_write_checksums", write_then_tick)],
+        "save": [(async_checkpointer, "_on_commit_callback", tick_then_commit)],
     }[where]
     before = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patches]
     handlers = {s: signal.signal(s, _unhandled) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
 from txjax.data import prefetch
@@ -20,17 +21,7 @@ from txjax.train import train
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
-TINY = [
-    "--config.data.max_digits=4",
-    "--config.data.eval_size=20",
-    "--config.model.num_layers=1",
-    "--config.model.num_heads=2",
-    "--config.model.d_model=32",
-    "--config.model.d_ff=64",
-    "--config.train.batch_size=8",
-    "--config.train.warmup_steps=0",
-    "--config.train.eval_every=0",
-]
+TINY = [*TINY_FLAGS, "--config.train.warmup_steps=0"]
 
 
 def run_py(*args: str, env=None) -> subprocess.CompletedProcess:

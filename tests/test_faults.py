@@ -17,31 +17,22 @@ import jax
 import numpy as np
 import pytest
 from fault_driver import inject, run
+from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.experiment import load_workdir
 from txjax.metrics_log import read_metrics
-from txjax.multirun import train_group
 from txjax.train import train
-from txjax.workdir_lock import hold
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 # 12 steps, checkpoints at 3, 6, 9, 12, evals of 2 batches at 4 and 8, a final eval of 3 batches (20 examples)
 FLAGS = [
-    "--config.data.max_digits=4",
-    "--config.data.eval_size=20",
-    "--config.model.num_layers=1",
-    "--config.model.num_heads=2",
-    "--config.model.d_model=32",
-    "--config.model.d_ff=64",
+    *TINY_FLAGS,
     "--config.model.dropout=0.1",
     "--config.train.steps=12",
-    "--config.train.batch_size=8",
-    "--config.train.warmup_steps=2",
-    "--config.train.log_every=2",
     "--config.train.eval_every=4",
     "--config.train.eval_batches=2",
     "--config.train.checkpoint_every=3",
@@ -121,6 +112,8 @@ def test_sigkill_at_random_points_then_rerun_gives_the_uninterrupted_parameters(
 def test_a_second_writer_is_refused_and_readers_read(reference, capsys):
     """While a writer holds the workdir (here: a lock taken in this process, another open file to flock), `run.py
     train` on it ends at once with one line naming the holder's pid and host and changes nothing; eval reads it."""
+    from txjax.workdir_lock import hold
+
     before = (reference / "metrics.jsonl").read_text()
     with hold(reference):
         capsys.readouterr()
@@ -135,7 +128,8 @@ def test_a_second_writer_is_refused_and_readers_read(reference, capsys):
 
 def test_a_preempted_sweep_stops_and_the_rerun_continues(tmp_path, capsys):
     """Two seeds trained together (one vmapped program): SIGTERM in step 5 saves both runs at step 5 and stops the
-    sweep (exit 75, no result recorded); the rerun resumes them and ends where an uninterrupted group does."""
+    sweep (exit 75, no result recorded); the rerun resumes both from there and finishes them (that a resumed group
+    ends where an uninterrupted one does: tests/test_sweep.py)."""
     fixed = dict(flag.removeprefix("--config.").split("=") for flag in FLAGS)
     path = tmp_path / "sweep.py"
     path.write_text(
@@ -146,23 +140,19 @@ def test_a_preempted_sweep_stops_and_the_rerun_continues(tmp_path, capsys):
         assert run_here(capsys, *args) == (75, STOPPED.format("SIGTERM", 5))
     runs = [tmp_path / "sweep" / f"seed-{seed}" for seed in (0, 1)]
     assert [latest(w) for w in runs] == [5, 5] and not list((tmp_path / "sweep").glob("*/result.json"))
-    assert run_here(capsys, *args)[0] == 0
-    configs = [config_lib.from_command_line(None, [*FLAGS, f"--config.train.seed={seed}"]) for seed in (0, 1)]
-    train_group(configs, [tmp_path / f"straight-{seed}" for seed in (0, 1)])
-    for seed, workdir in zip((0, 1), runs):
-        assert json.loads((workdir / "result.json").read_text())["status"] == "done"
-        assert_trees_equal(params_of(tmp_path / f"straight-{seed}"), params_of(workdir))
+    assert run.main(args) == 0 and "resuming 2 runs from step 5" in capsys.readouterr().out
+    for workdir in runs:
+        assert json.loads((workdir / "result.json").read_text())["status"] == "done" and latest(workdir) == 12
 
 
-@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)")
 def test_preempting_one_of_two_processes_stops_both_at_one_step(tmp_path):
-    """2 processes x 2 devices; SIGTERM to process 1 alone: both stop at the same log step with exit 75 and the
+    """2 processes x 1 device; SIGTERM to process 1 alone: both stop at the same log step with exit 75 and the
     checkpoint they write together restores in this process at that step."""
     from test_multiprocess import TIMEOUT_S, outputs, start_on_loopback
 
-    flags = [*FLAGS[:7], "--config.train.steps=100000", "--config.train.batch_size=8", "--config.train.log_every=5"]
-    flags += ["--config.train.eval_every=0", "--config.train.checkpoint_every=100000", "--config.mesh.data=4"]
-    procs, logs = start_on_loopback(flags, tmp_path / "run")
+    flags = [*FLAGS, "--config.train.steps=100000", "--config.train.log_every=5", "--config.train.eval_every=0"]
+    flags += ["--config.train.checkpoint_every=100000", "--config.mesh.data=2"]
+    procs, logs = start_on_loopback(flags, tmp_path / "run", devices_per_process=1)
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while "[train] step" not in logs[0].read_text():  # both are training

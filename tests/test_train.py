@@ -28,23 +28,24 @@ REPO = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 
+TINY_FLAGS = [  # the default experiment (reverse) at toy size: 1 layer, d_model 32, 1-4 digits, 6 steps
+    "--config.data.max_digits=4",
+    "--config.data.eval_size=20",
+    "--config.model.num_layers=1",
+    "--config.model.num_heads=2",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.train.steps=6",
+    "--config.train.batch_size=8",
+    "--config.train.warmup_steps=2",
+    "--config.train.log_every=2",
+    "--config.train.eval_every=0",
+    "--config.train.checkpoint_every=2",
+]
+
+
 def tiny_config(*flags):
-    """The default experiment (reverse) at toy size: 1 layer, d_model 32, 1-4 digits."""
-    base = [
-        "--config.data.max_digits=4",
-        "--config.data.eval_size=20",
-        "--config.model.num_layers=1",
-        "--config.model.num_heads=2",
-        "--config.model.d_model=32",
-        "--config.model.d_ff=64",
-        "--config.train.steps=6",
-        "--config.train.batch_size=8",
-        "--config.train.warmup_steps=2",
-        "--config.train.log_every=2",
-        "--config.train.eval_every=0",
-        "--config.train.checkpoint_every=2",
-    ]
-    return config_lib.from_command_line(None, base + list(flags))
+    return config_lib.from_command_line(None, TINY_FLAGS + list(flags))
 
 
 def params_of(workdir):

@@ -16,7 +16,8 @@ experiment file, then `fixed`, then the command line's --config.* flags, then it
 DIR/<run name>/ is an ordinary run folder plus `result.json` (status done | failed, error, wall time), written when
 the run ends; DIR/results.csv, results.md and results.png are rewritten after every run. Running the same command
 again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed run, a
-crash or Ctrl-C leaves a sweep that one more command finishes. Runs that differ only in the seed and the
+crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.preemption) leaves a sweep that one
+more command finishes; one sweep at a time writes DIR (txjax.workdir_lock). Runs that differ only in the seed and the
 optimizer's scalar settings are trained together under jax.vmap (txjax.multirun) unless --no-vmap.
 """
 

@@ -11,7 +11,8 @@ most 8 steps ahead of the device (distributed.InFlight: more deadlock XLA:CPU me
 records ms_per_step, tokens_per_s and
     mfu = model FLOPs per step / seconds per step / (devices x peak FLOP/s of one device in model.dtype)
 with the FLOPs from the batch shape (summary.train_flops_per_batch) and the peak measured once per device kind
-(txjax.peak.peak_gflops, cached).
+(txjax.peak.peak_gflops, cached). A run holds its workdir's writer lock (txjax.workdir_lock), and SIGTERM or SIGINT
+stop it after the current step with a checkpoint of it (txjax.preemption).
 """
 
 from __future__ import annotations
