@@ -79,7 +79,7 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
 def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     """Metrics of decoded outputs, the whole split in jitted batches (txjax.decode.decode_all): synthetic tasks,
     greedy exact match (the answer, then EOS); translation, sacreBLEU BLEU and chrF of the config's `decode`
-    strategy (`strategy` overrides its fields, e.g. beam_size=1 for greedy) against the raw references, with
+    strategy (`strategy` overrides its fields, e.g. method="greedy") against the raw references, with
     sacreBLEU's signatures (also printed)."""
     tok, cfg = run.tokenizer, run.model.cfg
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
@@ -98,7 +98,7 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
         right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
         return {"generated_exact_match": float(np.mean(right))}
     if isinstance(dataset, ParallelDataset):
-        strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, **{"temperature": 0.0, **strategy})
+        strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, **strategy)
         strategy["max_new_tokens"] = min(strategy["max_new_tokens"], cfg.max_len)
         out = decode.decode_all(
             run.model,

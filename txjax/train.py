@@ -137,7 +137,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
         )
         if t.eval_generation:
             generated = generation_metrics(
-                TrainedRun(configs[r], model, tokenizer, params, step), valid_data, beam_size=1
+                TrainedRun(configs[r], model, tokenizer, params, step), valid_data, method="greedy"
             )
             metrics |= {k: v for k, v in generated.items() if not k.endswith("_signature")}
         return metrics | {"train_minutes": trained_minutes}
