@@ -201,9 +201,25 @@ def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
     assert json.loads((tmp_path / "eval_valid.json").read_text())["examples"] == 20
     saved = (tmp_path / "config.json").read_text()
-    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another model \(model.d_model 32 -> 64\)"):
+    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another run \(model.d_model 32 -> 64\)"):
         train(tiny_config("--config.model.d_model=64"), tmp_path)
+    # another batch stream would not continue the run either; a longer schedule does
+    with pytest.raises(config_lib.ConfigError, match=r"another run \(.*data.max_digits 4 -> 5; train.seed 0 -> 3\)"):
+        train(tiny_config("--config.data.max_digits=5", "--config.train.seed=3"), tmp_path)
     assert (tmp_path / "config.json").read_text() == saved
+    assert train(tiny_config("--config.train.steps=8"), tmp_path)["step"] == 8
+
+
+def test_resuming_without_a_config_says_the_saved_one_is_used(tmp_path, capsys):
+    import run
+
+    flags = [f"--workdir={tmp_path}", "--config.train.steps=2", "--config.data.eval_size=8"]
+    flags += ["--config.model.num_layers=1", "--config.model.d_model=16", "--config.model.d_ff=32"]
+    assert run.main(["train", "--config=" + str(REPO / "experiments" / "reverse.py"), *flags]) == 0
+    assert "resuming with" not in capsys.readouterr().err
+    assert run.main(["train", *flags]) == 0  # the saved config.json, steps already done: evaluates again
+    err = capsys.readouterr().err
+    assert f"resuming with {tmp_path / 'config.json'}; edits to the experiment file are not applied" in err
 
 
 def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkeypatch, capsys):

@@ -226,21 +226,46 @@ def from_command_line(
 
 
 RESUMABLE_CHANGES = ("dtype", "dropout", "attention_dropout", "attention_impl", "remat")  # the state's shapes stay
+# what batch k is (data, seed, batch shape): a resumed run with other values would not continue the run it resumes
+RESUME_FIXED = {
+    "data": (
+        "kind",
+        "path",
+        "task",
+        "min_digits",
+        "max_digits",
+        "tokenizer",
+        "vocab_size",
+        "seq_len",
+        "val_fraction",
+        "max_src_len",
+        "max_tgt_len",
+        "pack",
+    ),
+    "train": ("seed", "batch_size", "grad_accum"),
+}
 
 
 def check_resumable(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> None:
-    """A workdir's checkpoints fit the model that wrote them: any other family or model field (but those in
-    RESUMABLE_CHANGES) is an error, raised before config.json is overwritten."""
+    """A workdir's checkpoints fit the run that wrote them: another family, model field (but those in
+    RESUMABLE_CHANGES) or batch stream (RESUME_FIXED) is one error line, raised before config.json is
+    overwritten. The schedule's length (train.steps) and the evaluation settings may change."""
     changes = [f"family {saved.family!r} -> {config.family!r}"] if saved.family != config.family else []
     changes += [
         f"model.{name} {saved.model.get(name)!r} -> {value!r}"
         for name, value in config.model.items()
         if name not in RESUMABLE_CHANGES and saved.model.get(name) != value
     ]
+    changes += [
+        f"{section}.{name} {saved[section].get(name)!r} -> {config[section][name]!r}"
+        for section, names in RESUME_FIXED.items()
+        for name in names
+        if saved[section].get(name) != config[section][name]
+    ]
     if changes:
         raise ConfigError(
-            f"{workdir} holds checkpoints of another model ({'; '.join(changes)}): pass a new "
-            "--workdir, or the model flags it was trained with"
+            f"{workdir} holds checkpoints of another run ({'; '.join(changes)}): pass a new --workdir, or the "
+            f"settings it was trained with (no --config resumes with {Path(workdir) / CONFIG_FILE})"
         )
 
 

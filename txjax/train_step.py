@@ -76,6 +76,7 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
             "loss": sums["loss"] / weight,
             "token_accuracy": sums["correct"] / weight,
             "grad_norm": optax.tree.norm(grads),
+            "target_tokens": sums["weight"],
             "finite": finite.all(),
             "learning_rate": current_learning_rate(state.opt_state, state.step),
         }
