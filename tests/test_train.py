@@ -375,3 +375,11 @@ def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
     result = train(tiny_config("--config.train.max_minutes=1e-9"), tmp_path)
     assert result["step"] == 1 and "valid_loss" in result
     assert Checkpointer(tmp_path / "checkpoints", 3).latest_step() == 1
+
+
+def test_profile_steps_write_a_trace_of_those_steps(tmp_path):
+    train(tiny_config("--config.train.profile_steps=2:4"), tmp_path)
+    traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and list(traces[0].parent.glob("*.trace.json.gz"))
+    with pytest.raises(config_lib.ConfigError, match="profile_steps='4:2': expected A:B with 0 <= A < B"):
+        tiny_config("--config.train.profile_steps=4:2")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ml_collections
 
-from txjax import families
+from txjax import families, profiling
 from txjax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +77,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
                 # checkpoint + final eval
                 "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
+                "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (txjax.profiling)
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
             },
             "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
@@ -196,6 +197,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.train.{name}={t[name]} must be positive")
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
+    try:
+        profiling.parse_steps(t.profile_steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel") and not config.data.path:

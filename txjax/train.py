@@ -38,6 +38,7 @@ from txjax.experiment import (
 )
 from txjax.metrics_log import MetricsLog
 from txjax.peak import peak_gflops
+from txjax.profiling import StepProfiler
 from txjax.runs import common_step, layout
 from txjax.summary import train_flops_per_batch
 
@@ -143,9 +144,12 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
         return metrics | {"train_minutes": trained_minutes}
 
     step, pending, records, in_flight = start, [], {}, InFlight()
+    profiler = StepProfiler(t.profile_steps, workdirs[0])
     try:
         for step, batch in zip(range(start + 1, t.steps + 1), batches):  # step: optimizer steps done after it
+            profiler.before(step)
             state, metrics = runs.train_step(state, batch)
+            profiler.after(step, metrics)
             pending.append(in_flight.add(metrics))
             trained_s = monotonic() - began - paused
             last = step == t.steps or trained_s > budget_s
@@ -179,6 +183,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
                 break
     finally:
         batches.close()
+        profiler.close()
     results = dict(failed)
     for r in live():
         final = valid_metrics(r, 0)
