@@ -33,8 +33,9 @@ import numpy as np
 from txjax import config as config_lib
 from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer
+from txjax.optim import make_optimizer
 from txjax.summary import train_flops_per_batch
-from txjax.train_state import init_state, make_optimizer
+from txjax.train_state import init_state
 from txjax.train_step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"

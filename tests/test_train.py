@@ -22,8 +22,9 @@ from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
+from txjax.optim import make_optimizer
 from txjax.train import Diverged, train, train_runs
-from txjax.train_state import init_state, make_optimizer
+from txjax.train_state import init_state
 from txjax.train_step import make_train_step
 
 REPO = Path(__file__).parents[1]

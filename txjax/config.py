@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ml_collections
 
-from txjax import families, profiling
+from txjax import families, optim, profiling
 from txjax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,10 @@ def base_config() -> ml_collections.ConfigDict:
                 "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
                 "grad_accum": 1,
                 "learning_rate": 1e-3,
-                "min_lr_ratio": 0.1,  # cosine decays to learning_rate * min_lr_ratio at the last step
+                "optimizer": "adamw",  # adamw | lion | adafactor | muon | schedule_free_adamw (txjax.optim)
+                "schedule": "cosine",  # cosine | linear | constant | wsd, each after a linear warmup
+                "decay_fraction": 0.2,  # wsd: the last 20% of the steps after warmup decay linearly
+                "min_lr_ratio": 0.1,  # the schedule ends at learning_rate * min_lr_ratio
                 "warmup_steps": 100,
                 "weight_decay": 0.1,
                 "b1": 0.9,
@@ -183,6 +186,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "data.kind": (config.data.kind, DATA_KINDS),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
         "decode.method": (config.decode.method, ("greedy", "sample", "beam")),
+        "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
+        "train.schedule": (config.train.schedule, optim.SCHEDULES),
     }
     for name, (value, allowed) in choices.items():
         if value not in allowed:
@@ -201,6 +206,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         profiling.parse_steps(t.profile_steps)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if not 0.0 < t.decay_fraction <= 1.0:
+        raise ConfigError(f"config.train.decay_fraction={t.decay_fraction} must be in (0, 1]")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel") and not config.data.path:
@@ -279,8 +286,15 @@ def save(config: ml_collections.ConfigDict, workdir: Path) -> None:
 
 
 def load(workdir: Path) -> ml_collections.ConfigDict:
-    """The resolved config a run wrote into its workdir."""
+    """The resolved config a run wrote into its workdir, on top of today's defaults (so a field added since the run
+    was trained reads as its default)."""
     path = Path(workdir) / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"no {CONFIG_FILE} in {Path(workdir).resolve()}: is it the workdir of a `run.py train`?")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+    def merged(defaults: dict, saved: dict) -> dict:
+        return defaults | {
+            k: merged(defaults[k], v) if isinstance(defaults.get(k), dict) else v for k, v in saved.items()
+        }
+
+    return ml_collections.ConfigDict(merged(base_config().to_dict(), json.loads(path.read_text())))

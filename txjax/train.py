@@ -37,6 +37,7 @@ from txjax.experiment import (
     fill_model_sizes,
 )
 from txjax.metrics_log import MetricsLog
+from txjax.optim import eval_params
 from txjax.peak import peak_gflops
 from txjax.profiling import StepProfiler
 from txjax.runs import common_step, layout
@@ -132,7 +133,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
         """Run r's loss metrics over the valid split (or its first batches) and, with eval_generation, greedy
         BLEU/chrF or exact match of the whole split; the minutes trained so far (evals and saves not counted)."""
         trained_minutes = (monotonic() - began - paused) / 60.0
-        params = runs.of(state.params, r)
+        params = eval_params(t, runs.of(state, r))
         metrics = evaluate(
             eval_step, params, eval_batches(valid_data, t.batch_size, batches_to_read, mesh), exact_match
         )

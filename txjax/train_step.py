@@ -20,8 +20,9 @@ from jax.sharding import PartitionSpec as P
 
 from txjax.distributed import first_device_mesh
 from txjax.objective import forward, token_sums
+from txjax.optim import current_learning_rate
 from txjax.sharding import batch_sharding
-from txjax.train_state import TrainState, current_learning_rate, run_keys, state_shardings
+from txjax.train_state import TrainState, run_keys, state_shardings
 
 
 def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict, mesh: Mesh | None = None):
@@ -78,7 +79,7 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
             "grad_norm": optax.tree.norm(grads),
             "target_tokens": sums["weight"],
             "finite": finite.all(),
-            "learning_rate": current_learning_rate(state.opt_state, state.step),
+            "learning_rate": current_learning_rate(t, state.opt_state, state.step),
         }
 
     return train_step
