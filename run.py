@@ -1,6 +1,6 @@
 """txjax command line: `python run.py SUBCOMMAND [flags]` (`python run.py` lists the subcommands).
 
-Each subcommand is one entry of COMMANDS: a module and the name of its `main(argv)`. A user error (bad config key
+Each subcommand is one entry of COMMANDS: a module of txjax/cli with its `main(argv)`. A user error (bad config key
 or value, missing data file, diverged loss, a workdir another run is writing) ends with one line on stderr and exit
 status 2, without a traceback. SIGTERM or Ctrl-C during `train` or `sweep` saves a checkpoint of the current step and
 ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same command to resume" and exit status
@@ -10,14 +10,14 @@ ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same
 import importlib
 import sys
 
-COMMANDS = {  # name -> (module, function(argv: list[str]))
-    "train": ("txjax.train", "main"),
-    "eval": ("txjax.evaluate", "main"),
-    "sweep": ("txjax.sweep", "main"),
-    "generate": ("txjax.decode", "main"),
-    "import-gpt2": ("txjax.convert.workdir", "main"),
-    "attention": ("txjax.viz", "main"),
-    "inspect": ("txjax.summary", "main"),
+COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
+    "train": "txjax.cli.train",
+    "eval": "txjax.cli.eval",
+    "sweep": "txjax.cli.sweep",
+    "generate": "txjax.cli.generate",
+    "import-gpt2": "txjax.cli.import_gpt2",
+    "attention": "txjax.cli.attention",
+    "inspect": "txjax.cli.inspect",
 }
 
 
@@ -31,9 +31,8 @@ def main(argv: list[str]) -> int:
     from txjax.preemption import EXIT_STATUS, Preempted
     from txjax.train import Diverged
 
-    module, function = COMMANDS[argv[0]]
     try:
-        getattr(importlib.import_module(module), function)(argv[1:])
+        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     except (ConfigError, Diverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

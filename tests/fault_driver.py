@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orbax.checkpoint._src.checkpointers import async_checkpointer  # noqa: E402
 
 import run  # noqa: E402
-import txjax.multirun  # noqa: E402
 import txjax.train  # noqa: E402
 
 
@@ -54,8 +53,8 @@ def inject(name: str, where: str, n: int):
 
     commit = async_checkpointer._on_commit_callback
     patches = {
-        "batch": [(module, "prefetch", counted_items(module.prefetch)) for module in (txjax.train, txjax.multirun)],
-        "eval": [(m, "eval_batches", counted_items(m.eval_batches)) for m in (txjax.train, txjax.multirun)],
+        "batch": [(txjax.train, "prefetch", counted_items(txjax.train.prefetch))],
+        "eval": [(txjax.train, "eval_batches", counted_items(txjax.train.eval_batches))],
         "save": [(async_checkpointer, "_on_commit_callback", tick_then_commit)],
     }[where]
     before = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patches]

@@ -42,7 +42,7 @@ def test_a_diverged_run_exits_with_its_line_and_says_no_checkpoint_was_saved(tmp
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "became NaN/inf" in errors[0], result.stderr[-2000:]
-    assert "no checkpoint was saved yet" in errors[0] and "step None" not in errors[0]
+    assert "before any checkpoint was saved" in errors[0] and "step None" not in errors[0]
     assert "terminate called" not in result.stderr
 
 

@@ -3,18 +3,22 @@ vmapped runs equal the same runs trained one by one (tiny models, a few steps ea
 
 import csv
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 import txjax.sweep
+from experiments.ablations import baseline
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
 from txjax.metrics_log import MetricsLog, read_metrics
 from txjax.sweep import expand, load_sweep, run_sweep
 from txjax.sweep_report import write_report
 from txjax.train import train
+
+REPO = Path(__file__).parents[1]
 
 TINY = {
     "model.num_layers": 1,
@@ -84,8 +88,7 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(txjax.sweep, "train", no_training)
-    monkeypatch.setattr(txjax.sweep, "train_group", no_training)
+    monkeypatch.setattr(txjax.sweep, "train_runs", no_training)
     before = results(workdir)
     run_sweep(sweep, workdir, [], vmap=False)
     assert results(workdir) == before
@@ -119,6 +122,10 @@ def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, mo
     assert [(r["split"], r["step"]) for r in together] == [(r["split"], r["step"]) for r in one]
     for key in ("loss", "learning_rate"):
         np.testing.assert_allclose([r.get(key, 0) for r in together], [r.get(key, 0) for r in one], rtol=1e-5)
+    # one loop: a stacked run logs what a single run logs (mfu and train_minutes included)
+    assert [sorted(r) for r in together] == [sorted(r) for r in one]
+    assert all("mfu" in r for r in together if r["split"] == "train")
+    assert all("train_minutes" in r for r in together if r["split"] == "valid")
 
 
 def test_report_shows_the_final_evals_generation_metrics(tmp_path):
@@ -126,7 +133,7 @@ def test_report_shows_the_final_evals_generation_metrics(tmp_path):
     setting; runs without it leave the cell empty."""
     runs = []
     for name, bleu in (("a", 10.0), ("b", 14.0), ("c", None)):
-        run = txjax.sweep.Run(
+        run = txjax.sweep.SweepRun(
             name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)}, tmp_path / name
         )
         run.workdir.mkdir()
@@ -137,3 +144,15 @@ def test_report_shows_the_final_evals_generation_metrics(tmp_path):
     rows = {row["run"]: row for row in csv.DictReader((tmp_path / "results.csv").open())}
     assert [rows[n]["valid_bleu"] for n in "abc"] == ["10.0", "14.0", ""]
     assert "| dropout=0 | 2/2 | 3.0000 ± 0.0000 | 12.0000 ± 2.8284 |" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments" / "ablations").glob("*.py")), ids=lambda p: p.stem)
+def test_every_ablation_states_its_baseline_and_expands(path, tmp_path):
+    """Each shakespeare_char ablation fixes the baseline it ablates from, so a change of the experiment's defaults
+    does not change what it measures; every sweep file loads and expands into valid configs."""
+    if path.stem == "baseline":
+        return
+    sweep = load_sweep(path)
+    if sweep["experiment"].endswith("shakespeare_char.py"):
+        assert set(baseline.SHAKESPEARE_CHAR) <= set(sweep["fixed"]) and "train.steps" in sweep["fixed"]
+    assert expand(sweep, [], tmp_path)

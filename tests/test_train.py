@@ -15,14 +15,17 @@ import pytest
 
 import txjax.train
 from txjax import config as config_lib
+from txjax import families
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
-from txjax.train import Diverged, make_train_step, train
-from txjax.train_state import init_state, make_optimizer
+from txjax.optim import make_optimizer
+from txjax.train import Diverged, train, train_runs
+from txjax.train_state import init_state
+from txjax.train_step import make_train_step
 
 REPO = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
@@ -88,7 +91,7 @@ def test_bad_values_are_one_line_errors():
 @pytest.mark.parametrize("experiment", sorted(p.name for p in (REPO / "experiments").glob("*.py")))
 def test_every_experiment_file_validates(experiment):
     config = config_lib.from_command_line(str(REPO / "experiments" / experiment), [])
-    assert config.family in config_lib.FAMILIES and config.train.steps > 0
+    assert config.family in families.FAMILIES and config.train.steps > 0
 
 
 def test_cli_user_error_is_one_line_without_traceback():
@@ -200,9 +203,25 @@ def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
     assert json.loads((tmp_path / "eval_valid.json").read_text())["examples"] == 20
     saved = (tmp_path / "config.json").read_text()
-    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another model \(model.d_model 32 -> 64\)"):
+    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another run \(model.d_model 32 -> 64\)"):
         train(tiny_config("--config.model.d_model=64"), tmp_path)
+    # another batch stream would not continue the run either; a longer schedule does
+    with pytest.raises(config_lib.ConfigError, match=r"another run \(.*data.max_digits 4 -> 5; train.seed 0 -> 3\)"):
+        train(tiny_config("--config.data.max_digits=5", "--config.train.seed=3"), tmp_path)
     assert (tmp_path / "config.json").read_text() == saved
+    assert train(tiny_config("--config.train.steps=8"), tmp_path)["step"] == 8
+
+
+def test_resuming_without_a_config_says_the_saved_one_is_used(tmp_path, capsys):
+    import run
+
+    flags = [f"--workdir={tmp_path}", "--config.train.steps=2", "--config.data.eval_size=8"]
+    flags += ["--config.model.num_layers=1", "--config.model.d_model=16", "--config.model.d_ff=32"]
+    assert run.main(["train", "--config=" + str(REPO / "experiments" / "reverse.py"), *flags]) == 0
+    assert "resuming with" not in capsys.readouterr().err
+    assert run.main(["train", *flags]) == 0  # the saved config.json, steps already done: evaluates again
+    err = capsys.readouterr().err
+    assert f"resuming with {tmp_path / 'config.json'}; edits to the experiment file are not applied" in err
 
 
 def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkeypatch, capsys):
@@ -300,6 +319,32 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params_of(tmp_path)))
 
 
+def test_a_stacked_run_diverges_alone_and_the_others_end_as_they_end_alone(tmp_path):
+    """One loop for one run and R stacked runs: in a group whose second run diverges, that run stops with the
+    single-run message naming its last good checkpoint, and the first ends with the parameters and the result
+    keys it has when trained alone."""
+    flags = ["--config.train.checkpoint_every=1", "--config.train.log_every=1"]
+    bad = tiny_config(*flags, "--config.train.learning_rate=1e30", "--config.train.warmup_steps=0")
+    good, bad_dir = tiny_config(*flags), tmp_path / "bad"
+    outcomes = train_runs([good, bad], [tmp_path / "good", bad_dir])
+    assert isinstance(outcomes[1], Diverged), outcomes[1]
+    assert "NaN/inf by step 2" in str(outcomes[1]) and "the last good checkpoint (step 1)" in str(outcomes[1])
+    assert Checkpointer(bad_dir / "checkpoints", 3).manager.all_steps() == [1]
+    alone = train(tiny_config(*flags), tmp_path / "alone")
+    assert sorted(outcomes[0]) == sorted(alone) and outcomes[0]["runs_vmapped"] == 2
+    for a, b in zip(
+        jax.tree_util.tree_leaves(params_of(tmp_path / "good")),
+        jax.tree_util.tree_leaves(params_of(tmp_path / "alone")),
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_divergence_before_any_save_says_so(tmp_path):
+    config = tiny_config("--config.train.learning_rate=1e30", "--config.train.warmup_steps=0")
+    with pytest.raises(Diverged, match="before any checkpoint was saved"):
+        train(config, tmp_path)
+
+
 def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_path, monkeypatch):
     """A fake clock: 1 s per reading, 1000 s per evaluation. With a 30 s budget and an eval every 3 s of training,
     the run must still take all its steps (were the evals counted, the first would end it), and each eval must
@@ -332,3 +377,11 @@ def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
     result = train(tiny_config("--config.train.max_minutes=1e-9"), tmp_path)
     assert result["step"] == 1 and "valid_loss" in result
     assert Checkpointer(tmp_path / "checkpoints", 3).latest_step() == 1
+
+
+def test_profile_steps_write_a_trace_of_those_steps(tmp_path):
+    train(tiny_config("--config.train.profile_steps=2:4"), tmp_path)
+    traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and list(traces[0].parent.glob("*.trace.json.gz"))
+    with pytest.raises(config_lib.ConfigError, match="profile_steps='4:2': expected A:B with 0 <= A < B"):
+        tiny_config("--config.train.profile_steps=4:2")

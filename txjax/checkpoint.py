@@ -8,10 +8,12 @@ Damage: orbax 0.12.8 stores no checksum of the array data (a byte flipped in
 `STEP/default/ocdbt.process_0/d/*` restores silently as a different value), so every save also writes
 `STEP/sha256sums.txt` (`sha256sum -c` format) over the files of the step's items, from orbax's post-finalization
 hook: in the step's temporary folder, after every process finished writing, before the step is committed, so a
-committed step always has it. `restore` verifies it (a step saved without one, by an older txjax, is restored
-unverified) and falls back from a step that fails the check or does not restore to the newest one that does, with
-one warning line per bad step; when none restores it raises a ConfigError. A later save of a step set aside that
-way first renames its folder to `STEP.damaged` (orbax ignores that name), so the bytes are kept for a look.
+committed step always has it. `verified(step)` checks a step against it (the training loop resumes from the newest
+step every run has whole: txjax.runs.common_step); `restore` of the latest step falls back from a step that fails
+the check or does not restore to the newest one that does (a reader: eval, generate); a step saved without
+checksums, by an older txjax, is restored unverified. Each bad step gets one warning line; when none is left, a
+ConfigError. A later save of a step set aside that way first renames its folder to `STEP.damaged` (orbax ignores
+that name), so the bytes are kept for a look.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class Checkpointer:
     def __init__(self, directory: str | Path, keep: int):
         self.directory = Path(directory).absolute()
         self._saving = None  # the step whose save is in flight (orbax runs one at a time)
-        self.last_good_step = None  # the step this process last saved or restored
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -62,7 +63,7 @@ class Checkpointer:
                 (self.directory / str(step)).rename(damaged if not damaged.exists() else f"{damaged}.{time.time()}")
             barrier(f"set aside step {step}")
             self.manager.reload()
-        self._saving = self.last_good_step = step
+        self._saving = step
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
     def restore(self, abstract_state, step: int | None = None):
@@ -75,9 +76,7 @@ class Checkpointer:
         for s in steps:
             try:
                 verify(self.directory / str(s))
-                state = self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
-                self.last_good_step = s
-                return state
+                return self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
             except Exception as e:  # noqa: BLE001 -- any failure to read a step is a reason to try the one before
                 problems.append(f"step {s} ({type(e).__name__}: {_first_line(e)})")
                 later = f"; trying step {steps[len(problems)]}" if len(problems) < len(steps) else ""
@@ -89,11 +88,17 @@ class Checkpointer:
             "the run afresh"
         )
 
-    def last_good(self) -> str:
-        """Where a stopped run can go on from, for its message."""
-        if self.last_good_step is None:
-            return f"no checkpoint was saved yet ({self.directory} holds none of this run)"
-        return f"the last good checkpoint (step {self.last_good_step}) is kept in {self.directory}"
+    def verified(self, step: int) -> bool:
+        """Whether the step's files match their checksums (see `verify`); a warning line names a step that does not."""
+        try:
+            verify(self.directory / str(step))
+            return True
+        except Damaged as e:
+            print(
+                f"warning: checkpoint step {step} in {self.directory} is damaged ({e}); passing it over",
+                file=sys.stderr,
+            )
+            return False
 
     def close(self) -> None:
         """Waits for the pending saves to be on disk."""
