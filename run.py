@@ -15,6 +15,7 @@ COMMANDS = {  # name -> (module, function(argv: list[str]))
     "import-gpt2": ("txjax.convert.workdir", "main"),
     "attention": ("txjax.viz", "main"),
     "inspect": ("txjax.summary", "main"),
+    "prepare": ("txjax.cli.prepare", "main"),
 }
 
 

@@ -22,7 +22,7 @@ from txjax.models import ModelConfig
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 FAMILIES = ("decoder_lm", "encoder_decoder")
-DATA_KINDS = ("text", "parallel", "synthetic")
+DATA_KINDS = ("text", "parallel", "synthetic", "shards")  # shards: a folder of `run.py prepare`
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe")  # byte_bpe: GPT-2's, from the workdir (import-gpt2)
 CONFIG_FILE = "config.json"
 
@@ -41,20 +41,20 @@ def base_config() -> ml_collections.ConfigDict:
             "model": model,
             "data": {
                 "kind": "synthetic",
-                "path": "",  # text / parallel training file; relative paths are resolved against the repo root
+                "path": "",  # text / parallel training file, or the shards folder; relative: see resolve_data_path
                 "valid_path": "",  # parallel: validation TSV
                 "test_path": "",  # parallel: test TSV
                 "task": "reverse",  # synthetic: copy | reverse | sort | add
                 "min_digits": 1,
                 "max_digits": 8,
                 "eval_size": 512,  # synthetic: examples in the valid (and test) set
-                "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic)
+                "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic); shards bring their own
                 "vocab_size": 8000,  # sentencepiece
                 "seq_len": 64,  # text: tokens per training window
                 "val_fraction": 0.1,  # text: the last 10% of the file is the valid split (nanoGPT)
                 "max_src_len": 128,
                 "max_tgt_len": 128,
-                "pack": False,  # parallel: first-fit packing of several pairs per row
+                "pack": False,  # parallel: several pairs per row; shards: documents packed (no attention across)
             },
             "train": {
                 "steps": 1000,
@@ -195,9 +195,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
-    if config.data.kind in ("text", "parallel") and not config.data.path:
+    if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
-    if (config.data.kind == "parallel") != (config.family == "encoder_decoder") and config.data.kind != "synthetic":
+    if (config.data.kind == "parallel") != (config.family == "encoder_decoder") and config.data.kind in (
+        "text",
+        "parallel",
+    ):
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
 

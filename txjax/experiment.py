@@ -21,6 +21,7 @@ from txjax.data import (
     CharTokenizer,
     ParallelDataset,
     SentencePieceTokenizer,
+    ShardLMDataset,
     SyntheticTask,
     TextLMDataset,
     Tokenizer,
@@ -29,6 +30,7 @@ from txjax.data import (
     resolve_path,
     task_tokenizer,
 )
+from txjax.data.shards import load_shards_tokenizer
 from txjax.distributed import first_device_mesh
 from txjax.models import DecoderLM, EncoderDecoder
 from txjax.train_state import init_state, make_optimizer, state_shardings
@@ -52,13 +54,20 @@ def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
     )
 
 
+def shards_dir(config: ml_collections.ConfigDict) -> Path:
+    """The folder of prepared shards (`run.py prepare --output=DIR`) that data.kind='shards' reads."""
+    return config_lib.resolve_data_path(config.data.path)
+
+
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> Tokenizer:
     """The workdir's tokenizer/ when there is one (resume, eval), else built from the training data and saved."""
     directory = Path(workdir) / TOKENIZER_DIR
     if (directory / TOKENIZER_FILE).is_file():
         return load_tokenizer(directory)
     kind = config.data.tokenizer
-    if kind == "task":
+    if config.data.kind == "shards":  # the tokenizer the shards were prepared with
+        tokenizer = load_shards_tokenizer(shards_dir(config))
+    elif kind == "task":
         tokenizer = task_tokenizer()
     elif kind == "byte":
         tokenizer = ByteTokenizer()
@@ -85,6 +94,10 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split
     if d.kind == "synthetic":
         form = "lm" if config.family == "decoder_lm" else "seq2seq"
         return SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split])
+    if d.kind == "shards":
+        if split == "test":
+            raise config_lib.ConfigError("prepared shards have train and valid splits only (prepare --valid_fraction)")
+        return ShardLMDataset(shards_dir(config), tokenizer, d.seq_len, split, pack=d.pack)
     if d.kind == "text":
         if split == "test":
             raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")
@@ -104,7 +117,7 @@ def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: Tokenizer, tr
     """Sets model.vocab_size and model.max_len left at 0 from the tokenizer and the longest sequence of the data."""
     if isinstance(train_data, SyntheticTask):
         longest = train_data.seq_len if config.family == "decoder_lm" else max(train_data.src_len, train_data.tgt_len)
-    elif isinstance(train_data, TextLMDataset):
+    elif isinstance(train_data, (TextLMDataset, ShardLMDataset)):
         longest = config.data.seq_len
     else:
         longest = max(config.data.max_src_len, config.data.max_tgt_len)

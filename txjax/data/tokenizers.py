@@ -71,6 +71,11 @@ class Tokenizer:
         return a
 
 
+def _split(ids: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
+    """The ids of texts encoded together, cut back into one array per text (context-free tokenizers only)."""
+    return np.split(ids, np.cumsum(lengths)[:-1]) if lengths else []
+
+
 def _unencodable(char: str, kind: str, fix: str) -> ValueError:
     return ValueError(f"character {char!r} (U+{ord(char):04X}) is not in the {kind} tokenizer's vocab; {fix}")
 
@@ -88,6 +93,9 @@ class ByteTokenizer(Tokenizer):
         except UnicodeEncodeError as e:
             raise _unencodable(text[e.start], "byte", "remove unpaired surrogates from the text") from None
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return _split(self.encode_array("".join(texts)), [len(t.encode("utf-8", "surrogatepass")) for t in texts])
 
     def decode(self, ids: Sequence[int]) -> str:
         a = self._check_ids(ids)
@@ -131,6 +139,9 @@ class CharTokenizer(Tokenizer):
                 char, "char", "build the CharTokenizer from text that contains it (or use the byte tokenizer)"
             )
         return ids.astype(np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return _split(self.encode_array("".join(texts)), [len(t) for t in texts])
 
     def decode(self, ids: Sequence[int]) -> str:
         a = self._check_ids(ids)
