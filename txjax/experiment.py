@@ -30,6 +30,7 @@ from txjax.data import (
     resolve_path,
     task_tokenizer,
 )
+from txjax.data.shard_pairs import ShardPairsDataset
 from txjax.data.shards import load_shards_tokenizer
 from txjax.distributed import first_device_mesh
 from txjax.models import DecoderLM, EncoderDecoder
@@ -97,6 +98,9 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split
     if d.kind == "shards":
         if split == "test":
             raise config_lib.ConfigError("prepared shards have train and valid splits only (prepare --valid_fraction)")
+        if config.family == "encoder_decoder":
+            pack = d.pack and split == "train"  # as ParallelDataset: packing changes no eval sum
+            return ShardPairsDataset(shards_dir(config), tokenizer, d.max_src_len, d.max_tgt_len, split, pack)
         return ShardLMDataset(shards_dir(config), tokenizer, d.seq_len, split, pack=d.pack)
     if d.kind == "text":
         if split == "test":

@@ -186,13 +186,15 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
     workers = max(1, min(workers or os.cpu_count() or 1, len(chunks) or 1))
     total_bytes = sum(f["bytes"] for f in files)
     streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
-    context = multiprocessing.get_context("spawn")  # the parent has imported jax: forking it is unsafe
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+    pool = None  # one worker: tokenize in this process
+    if workers > 1:  # spawned, not forked: the parent has imported jax, which is multithreaded
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    run = pool.map if pool else map
     try:
         if tokenizer_dir:
             tok = load_tokenizer(tokenizer_dir)
         elif tokenizer == "char":
-            tok = _char_tokenizer(pool, chunks, fmt, delimiter, field, total_bytes, progress)
+            tok = _char_tokenizer(run, chunks, fmt, delimiter, field, total_bytes, progress)
         elif tokenizer == "byte":
             tok = ByteTokenizer()
         else:
@@ -209,7 +211,7 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         shards = {split: {s: [] for s in streams} for split in SPLITS}
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not progress)
         counted = {"documents": 0, "tokens": 0}
-        for result in pool.map(_tokenize_chunk, tasks):
+        for result in _closing(bar, run(_tokenize_chunk, tasks)):
             for split in SPLITS:
                 for s in streams:
                     n = result[split][s]
@@ -220,9 +222,9 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
             counted["tokens"] += sum(int(result[split][streams[0]].sum()) for split in SPLITS)
             bar.update(result["bytes"])
             bar.set_postfix(documents=counted["documents"], tokens=counted["tokens"], refresh=False)
-        bar.close()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool:
+            pool.shutdown(wait=True, cancel_futures=True)
     splits = {}
     for split in SPLITS:
         documents = sum(len(n) for n in lengths[split][streams[0]])
@@ -258,19 +260,24 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
     return index
 
 
+def _closing(bar, results):
+    """`results`, closing the progress bar after the last one or at an error (so an error line starts a line)."""
+    with bar:
+        yield from results
+
+
 def _texts(documents) -> list[str]:
     """Every text of a chunk's documents (both sides of a pair)."""
     return [t for d in documents for t in (d if isinstance(d, tuple) else (d,))]
 
 
-def _char_tokenizer(pool, chunks, fmt, delimiter, field, total_bytes, progress) -> CharTokenizer:
+def _char_tokenizer(run, chunks, fmt, delimiter, field, total_bytes, progress) -> CharTokenizer:
     """The characters of every document (a first pass over the inputs), with pad/bos/eos."""
     present = np.zeros(0x110000, bool)
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="characters", disable=not progress)
-    for chunk, codes in zip(chunks, pool.map(_chunk_codes, [(c, fmt, delimiter, field) for c in chunks])):
+    for chunk, codes in zip(chunks, _closing(bar, run(_chunk_codes, [(c, fmt, delimiter, field) for c in chunks]))):
         present[codes] = True
         bar.update(chunk.stop - chunk.start)
-    bar.close()
     return CharTokenizer([chr(c) for c in np.flatnonzero(present)], specials=True)
 
 
@@ -281,7 +288,8 @@ def _chunk_codes(task) -> np.ndarray:
 
 
 def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> SentencePieceTokenizer:
-    """SentencePiece trained on the lines of about sample_mb of documents, from chunks spread evenly over the inputs."""
+    """SentencePiece trained on the lines of about sample_mb of documents, from chunks spread evenly over the inputs;
+    with byte fallback, so that characters the sample lacks encode as their UTF-8 bytes."""
     sizes = np.array([c.stop - c.start for c in chunks])
     wanted = max(1, min(len(chunks), math.ceil(sample_mb * 2**20 / max(sizes.mean(), 1))))
     picked = np.unique(np.linspace(0, len(chunks) - 1, wanted).round().astype(int))
@@ -295,7 +303,7 @@ def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> Sent
     if not lines:
         raise ValueError("no documents in the inputs: they are empty (or blank)")
     try:
-        return SentencePieceTokenizer.train(lines, vocab_size)
+        return SentencePieceTokenizer.train(lines, vocab_size, byte_fallback=True)  # text the sample lacks: bytes
     except RuntimeError as e:
         raise ValueError(
             f"SentencePiece could not train {vocab_size} pieces on the sample ({e}); lower --vocab_size"
@@ -324,7 +332,10 @@ def _tokenize_chunk(task) -> dict:
         result[split], result["files"][split] = {}, {}
         for j, s in enumerate(streams):
             texts = [d[j] for d in documents] if len(streams) > 1 else documents
-            ids = tok.encode_batch(texts) if texts else []
+            try:
+                ids = tok.encode_batch(texts) if texts else []
+            except ValueError as e:  # a character the tokenizer (of a workdir) cannot encode
+                raise ValueError(f"{chunk.path} (bytes {chunk.start}-{chunk.stop}): {e}") from None
             if len(streams) == 1 and tok.eos_id is not None:  # an LM stream: each document ends with EOS
                 eos = np.array([tok.eos_id], np.int32)
                 ids = [a for x in ids for a in (x, eos)]
