@@ -43,7 +43,7 @@ from txjax.data.tokenizers import (
 
 TOKENIZERS = ("char", "byte", "sentencepiece")  # or the path of a workdir / tokenizer folder
 SPLITS = ("train", "valid")
-_worker_tokenizers: dict[str, Tokenizer] = {}  # each worker process loads the tokenizer once
+_worker_tokenizers: dict[str, Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
 
 
 def prepare(
@@ -200,11 +200,11 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         else:
             tok = _sentencepiece(chunks, fmt, delimiter, field, options["vocab_size"], options["sample_mb"])
         tok.save(partial / TOKENIZER_DIR)
-        dtype = shard_dtype(tok.vocab_size)
+        tok_fingerprint = fingerprint(tok)
         for split in SPLITS:
             (partial / split).mkdir()
         tasks = [
-            (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams)
+            (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams, tok_fingerprint)
             for i, c in enumerate(chunks)
         ]
         lengths = {split: {s: [] for s in streams} for split in SPLITS}
@@ -244,12 +244,12 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         "format": 1,
         "kind": "pairs" if fmt == "tsv" else "lm",
         "streams": streams,
-        "dtype": np.dtype(dtype).name,
+        "dtype": np.dtype(shard_dtype(tok.vocab_size)).name,
         "tokenizer": {
             "kind": tok.kind,
             "vocab_size": tok.vocab_size,
             "eos_id": tok.eos_id,
-            "fingerprint": fingerprint(tok),
+            "fingerprint": tok_fingerprint,
         },
         "options": options,
         "inputs": files,
@@ -317,11 +317,10 @@ def _is_valid(text: str, fraction: float) -> bool:
 
 def _tokenize_chunk(task) -> dict:
     """One chunk's documents tokenized into one shard per split and stream; returns the documents' lengths."""
-    i, chunk, fmt, delimiter, field, valid_fraction, partial, streams = task
-    directory = os.path.join(partial, TOKENIZER_DIR)
-    if directory not in _worker_tokenizers:
-        _worker_tokenizers[directory] = load_tokenizer(directory)
-    tok = _worker_tokenizers[directory]
+    i, chunk, fmt, delimiter, field, valid_fraction, partial, streams, tokenizer_fingerprint = task
+    if tokenizer_fingerprint not in _worker_tokenizers:
+        _worker_tokenizers[tokenizer_fingerprint] = load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
+    tok = _worker_tokenizers[tokenizer_fingerprint]
     dtype = shard_dtype(tok.vocab_size)
     parts = {split: [] for split in SPLITS}
     for d in docs_lib.documents(chunk, fmt, delimiter, field):
