@@ -130,10 +130,13 @@ class TokenStream:
 class _PieceSpans:
     """grain RandomAccessDataSource: piece p (documents cut into pieces of at most L + 1 tokens) as (start, stop)."""
 
-    def __init__(self, doc_starts: np.ndarray, seq_len: int):
-        n_D = np.diff(doc_starts)
-        self.doc_starts, self.seq_len = np.asarray(doc_starts), seq_len
-        self.piece_starts = np.concatenate([[0], np.cumsum(np.maximum(n_D - 1 + seq_len - 1, 0) // seq_len)])
+    def __init__(self, doc_starts: np.ndarray, seq_len: int, block: int = 1 << 20):
+        self.doc_starts, self.seq_len = doc_starts, seq_len
+        self.piece_starts = np.zeros(len(doc_starts), np.int64)  # 8 bytes per document, built a block at a time
+        for a in range(0, len(doc_starts) - 1, block):
+            n_D = np.diff(doc_starts[a : a + block + 1])  # a document of n tokens: ceil((n - 1) / L) pieces
+            pieces_D = np.maximum(n_D - 1 + seq_len - 1, 0) // seq_len
+            self.piece_starts[a + 1 : a + 1 + len(n_D)] = self.piece_starts[a] + np.cumsum(pieces_D)
 
     def __len__(self) -> int:
         return int(self.piece_starts[-1])
