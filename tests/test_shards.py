@@ -1,18 +1,13 @@
 """Tests of training from prepared shards (txjax.data.shards): windows and packed rows, per-process rows, no
 attention across documents, evaluation weights, and a SIGKILLed run resuming bit for bit."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from test_prepare import random_documents, write_text
-from test_train import assert_trees_equal, params_of
+from test_train import assert_trees_equal, params_of, sigkill_at_step_20_then_rerun
 
 from txjax import config as config_lib
 from txjax.data import load_tokenizer
@@ -176,24 +171,7 @@ def test_sigkill_while_training_from_shards_then_rerun_is_bit_exact(shards, tmp_
     ]
     reference = tmp_path / "reference"
     train(config_lib.from_command_line(None, flags), reference)
-    workdir = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and not (workdir / "checkpoints" / "20").is_dir() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    killed_at, result = sigkill_at_step_20_then_rerun(tmp_path / "killed", flags)
+    assert killed_at is not None and killed_at < 200, "the run ended before it could be killed"
     assert result.returncode == 0 and "resuming" in result.stdout, result.stderr
-    assert_trees_equal(params_of(reference), params_of(workdir))
+    assert_trees_equal(params_of(reference), params_of(tmp_path / "killed"))
