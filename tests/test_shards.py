@@ -10,7 +10,7 @@ from test_prepare import random_documents, write_text
 from test_train import assert_trees_equal, params_of, sigkill_at_step_20_then_rerun
 
 from txjax import config as config_lib
-from txjax.data import load_tokenizer
+from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_tokenizer
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
 from txjax.evaluate import evaluate, make_eval_step
@@ -18,7 +18,6 @@ from txjax.models import DecoderLM, ModelConfig
 from txjax.objective import init_params
 from txjax.train import train
 
-REPO = Path(__file__).parents[1]
 L = 24  # seq_len: the documents are ~5-60 tokens, so packed rows hold several
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
@@ -175,3 +174,21 @@ def test_sigkill_while_training_from_shards_then_rerun_is_bit_exact(shards, tmp_
     assert killed_at is not None and killed_at < 200, "the run ended before it could be killed"
     assert result.returncode == 0 and "resuming" in result.stdout, result.stderr
     assert_trees_equal(params_of(reference), params_of(tmp_path / "killed"))
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["one_pair_per_row", "packed"])
+def test_prepared_pairs_batch_as_the_tsv_in_memory(tmp_path, pack):
+    """ShardPairsDataset's eval batches equal ParallelDataset's on a TSV of the same pairs (truncation, EOS,
+    packing); its training batches are pure in (seed, k) and split by rows."""
+    pairs = [(d.replace("\n", " "), d[::-1].replace("\n", " ")) for d in random_documents(90)]
+    (tmp_path / "all.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    prepare([str(tmp_path / "all.tsv")], tmp_path / "out", "byte", valid_fraction=0.2, workers=1, progress=False)
+    shards = ShardPairsDataset(tmp_path / "out", ByteTokenizer(), 24, 20, "train", pack)
+    (tmp_path / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in shards.raw_pairs()))
+    memory = ParallelDataset(tmp_path / "train.tsv", ByteTokenizer(), max_src_len=24, max_tgt_len=20, pack=pack)
+    assert len(shards) == len(memory) < len(pairs) and shards.num_truncated == memory.num_truncated > 0
+    for a, b in zip(shards.eval_batches(8), memory.eval_batches(8), strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    whole = shards.batch(1, 3, 8)
+    for key, value in concat(shards.batch(1, 3, 8, slice(0, 4)), shards.batch(1, 3, 8, slice(4, 8))).items():
+        np.testing.assert_array_equal(value, whole[key])

@@ -22,6 +22,7 @@ from txjax.data import (
     ParallelDataset,
     SentencePieceTokenizer,
     ShardLMDataset,
+    ShardPairsDataset,
     SyntheticTask,
     TextLMDataset,
     Tokenizer,
@@ -30,7 +31,6 @@ from txjax.data import (
     resolve_path,
     task_tokenizer,
 )
-from txjax.data.shard_pairs import ShardPairsDataset
 from txjax.data.shards import load_shards_tokenizer
 from txjax.distributed import first_device_mesh
 from txjax.models import DecoderLM, EncoderDecoder
