@@ -132,9 +132,12 @@ def _tokenizer_dir(tokenizer: str) -> Path | None:
     )
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, block: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
     with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while data := f.read(block):
+            digest.update(data)
+    return digest.hexdigest()
 
 
 def _up_to_date(output: Path, options: dict, files: list[dict]) -> bool:
@@ -181,20 +184,22 @@ def _alive(pid: int) -> bool:
 
 
 def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, progress) -> dict:
+    """Tokenizer, shards, documents.npy and (last: its presence means complete) index.json, all into `partial`."""
     fmt, delimiter, field = options["format"], options["delimiter"], options["field"] or "text"
     chunks = docs_lib.plan_chunks(paths, docs_lib.separator(fmt, delimiter), max(int(options["shard_mb"] * 2**20), 1))
     workers = max(1, min(workers or os.cpu_count() or 1, len(chunks) or 1))
-    total_bytes = sum(f["bytes"] for f in files)
     streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
     pool = None  # one worker: tokenize in this process
     if workers > 1:  # spawned, not forked: the parent has imported jax, which is multithreaded
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     run = pool.map if pool else map
+    bar = lambda desc: tqdm(total=sum(f["bytes"] for f in files), unit="B", unit_scale=True, desc=desc,
+                            disable=not progress)  # fmt: skip
     try:
         if tokenizer_dir:
             tok = load_tokenizer(tokenizer_dir)
         elif tokenizer == "char":
-            tok = _char_tokenizer(run, chunks, fmt, delimiter, field, total_bytes, progress)
+            tok = _char_tokenizer(run, chunks, fmt, delimiter, field, bar("characters"))
         elif tokenizer == "byte":
             tok = ByteTokenizer()
         else:
@@ -207,39 +212,19 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
             (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams, tok_fingerprint)
             for i, c in enumerate(chunks)
         ]
-        lengths = {split: {s: [] for s in streams} for split in SPLITS}
-        shards = {split: {s: [] for s in streams} for split in SPLITS}
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not progress)
-        counted = {"documents": 0, "tokens": 0}
-        for result in _closing(bar, run(_tokenize_chunk, tasks)):
-            for split in SPLITS:
-                for s in streams:
-                    n = result[split][s]
-                    lengths[split][s].append(n)
-                    if n.sum():
-                        shards[split][s].append({"file": result["files"][split][s], "tokens": int(n.sum())})
-            counted["documents"] += sum(len(result[split][streams[0]]) for split in SPLITS)
-            counted["tokens"] += sum(int(result[split][streams[0]].sum()) for split in SPLITS)
-            bar.update(result["bytes"])
-            bar.set_postfix(documents=counted["documents"], tokens=counted["tokens"], refresh=False)
+        results, documents, tokens = [], 0, 0
+        progress_bar = bar("tokenize")
+        for result in _closing(progress_bar, run(_tokenize_chunk, tasks)):
+            results.append(result)
+            documents += sum(len(result[split][streams[0]]) for split in SPLITS)
+            tokens += sum(int(result[split][streams[0]].sum()) for split in SPLITS)
+            progress_bar.update(result["bytes"])
+            progress_bar.set_postfix(documents=documents, tokens=tokens, refresh=False)
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
-    splits = {}
-    for split in SPLITS:
-        documents = sum(len(n) for n in lengths[split][streams[0]])
-        if not documents:
-            if not counted["documents"]:
-                raise ValueError(f"no documents in {', '.join(map(str, paths))}: the inputs are empty (or blank)")
-            raise ValueError(
-                f"the {split} split has no documents (of {counted['documents']}): "
-                f"{'raise' if split == 'valid' else 'lower'} --valid_fraction={options['valid_fraction']}"
-            )
-        splits[split] = {"documents": documents, "streams": {}}
-        for s in streams:
-            n_D = np.concatenate(lengths[split][s]).astype(np.int64)
-            np.save(partial / split / f"{s}-documents.npy", np.concatenate([[0], np.cumsum(n_D)]))
-            splits[split]["streams"][s] = {"tokens": int(n_D.sum()), "shards": shards[split][s]}
+    if not documents:
+        raise ValueError(f"no documents in {', '.join(map(str, paths))}: the inputs are empty (or blank)")
     index = {
         "format": 1,
         "kind": "pairs" if fmt == "tsv" else "lm",
@@ -250,14 +235,31 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
             "vocab_size": tok.vocab_size,
             "eos_id": tok.eos_id,
             "fingerprint": tok_fingerprint,
-        },
+        },  # fmt: skip
         "options": options,
         "inputs": files,
-        "splits": splits,
+        "splits": {split: _split_index(partial, split, streams, results, options, documents) for split in SPLITS},
         "workers": workers,
     }
-    (partial / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")  # last: its presence means complete
+    (partial / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")
     return index
+
+
+def _split_index(partial: Path, split: str, streams: list[str], results: list[dict], options, total: int) -> dict:
+    """One split's shards and document count; writes its {stream}-documents.npy (where each document starts)."""
+    documents = sum(len(r[split][streams[0]]) for r in results)
+    if not documents:
+        fix = "raise" if split == "valid" else "lower"
+        raise ValueError(
+            f"the {split} split has no documents (of {total}): {fix} --valid_fraction={options['valid_fraction']}"
+        )
+    out = {"documents": documents, "streams": {}}
+    for s in streams:
+        n_D = np.concatenate([r[split][s] for r in results]).astype(np.int64)
+        np.save(partial / split / f"{s}-documents.npy", np.concatenate([[0], np.cumsum(n_D)]))
+        shards = [{"file": r["files"][split][s], "tokens": int(r[split][s].sum())} for r in results]
+        out["streams"][s] = {"tokens": int(n_D.sum()), "shards": [x for x in shards if x["tokens"]]}
+    return out
 
 
 def _closing(bar, results):
@@ -271,10 +273,9 @@ def _texts(documents) -> list[str]:
     return [t for d in documents for t in (d if isinstance(d, tuple) else (d,))]
 
 
-def _char_tokenizer(run, chunks, fmt, delimiter, field, total_bytes, progress) -> CharTokenizer:
+def _char_tokenizer(run, chunks, fmt, delimiter, field, bar) -> CharTokenizer:
     """The characters of every document (a first pass over the inputs), with pad/bos/eos."""
     present = np.zeros(0x110000, bool)
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="characters", disable=not progress)
     for chunk, codes in zip(chunks, _closing(bar, run(_chunk_codes, [(c, fmt, delimiter, field) for c in chunks]))):
         present[codes] = True
         bar.update(chunk.stop - chunk.start)
