@@ -16,6 +16,7 @@ from txjax.data import (
     first_fit,
     load_tokenizer,
     prefetch,
+    task_tokenizer,
 )
 
 SHARED = Path(__file__).parents[2] / "shared" / "data"
@@ -112,7 +113,7 @@ def test_text_split_and_eval_cover_every_token_once(text_file):
     tok = ByteTokenizer()
     all_ids = tok.encode(text_file.read_text())
     train = TextLMDataset(text_file, tok, seq_len=16, split="train")
-    val = TextLMDataset(text_file, tok, seq_len=16, split="val", val_fraction=0.1)
+    val = TextLMDataset(text_file, tok, seq_len=16, split="valid", val_fraction=0.1)
     cut = int(len(all_ids) * 0.9)
     assert train.tokens.tolist() == all_ids[:cut] and val.tokens.tolist() == all_ids[cut:]
     batches = list(val.eval_batches(batch_size=3))
@@ -212,7 +213,7 @@ def test_first_fit():
 
 
 def test_addition_answers_are_right():
-    task = SyntheticTask("add", form="lm", min_len=1, max_len=5)
+    task = SyntheticTask("add", form="lm", min_digits=1, max_digits=5)
     tok = task.tokenizer
     batch = task.batch(0, 7, 16)
     for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
@@ -236,8 +237,8 @@ def test_tasks_in_both_forms(name):
         "sort": lambda x: "".join(sorted(x)),
         "add": lambda x: str(sum(map(int, x.split("+")))),
     }[name]
-    lm = SyntheticTask(name, form="lm", max_len=6)
-    s2s = SyntheticTask(name, form="seq2seq", max_len=6)
+    lm = SyntheticTask(name, form="lm", max_digits=6)
+    s2s = SyntheticTask(name, form="seq2seq", max_digits=6)
     tok = lm.tokenizer
     a = lm.batch(2, 0, 8)
     assert_batches_equal(a, lm.batch(2, 0, 8))
@@ -294,7 +295,7 @@ def test_tinyshakespeare_char_vocab_and_split():
     tok = CharTokenizer.from_text(path.read_text(encoding="utf-8"))
     assert tok.vocab_size == 65
     train = TextLMDataset(path, tok, seq_len=64)
-    val = TextLMDataset(path, tok, seq_len=64, split="val")
+    val = TextLMDataset(path, tok, seq_len=64, split="valid")
     assert (len(train.tokens), len(val.tokens)) == (1003854, 111540)  # nanoGPT's shakespeare_char counts
     assert train.batch(0, 0, 2)["inputs"].max() < 65
 
@@ -309,3 +310,28 @@ def test_bible_tsv_with_sentencepiece():
     assert batch["src"].shape == (8, 64) and batch["tgt_segment_ids"].max() >= 1
     source, _ = next(ds.raw_pairs())
     assert tok.decode(tok.encode(source)) == source
+
+
+@pytest.mark.parametrize("name,form", [("reverse", "lm"), ("add", "seq2seq")])
+def test_held_out_prompts_are_never_trained_on_and_valid_and_test_are_disjoint(name, form):
+    """The eval sets of valid and test hold distinct prompts of their own splits, and none of them appears in the
+    first 2,000 training batches (128,000 examples) of the default experiment's shape."""
+    tok = task_tokenizer()
+    valid, test = (SyntheticTask(name, form, eval_seed=7, split=split) for split in ("valid", "test"))
+    decode_prompt = (lambda p: tok.decode(p)[:-1]) if form == "lm" else (lambda p: tok.decode(p))  # drop '=' / EOS
+    held_out = {}
+    for task in (valid, test):
+        prompts = [decode_prompt(p) for p in task.eval_examples()[0]]
+        assert len(prompts) == len(set(prompts)) == task.eval_size  # distinct, and the space is large enough
+        held_out[task.split] = set(prompts)
+    assert not held_out["valid"] & held_out["test"]
+    key = "inputs" if form == "lm" else "src"
+    for k in range(2000):
+        rows = valid.batch(0, k, 64)[key]
+        trained = {tok.decode(row).split("=")[0] for row in rows} if form == "lm" else set(map(tok.decode, rows))
+        assert not trained & (held_out["valid"] | held_out["test"]), k
+
+
+def test_a_space_too_small_to_hold_out_is_a_one_line_error():
+    with pytest.raises(ValueError, match="no valid prompts to draw: raise --config.data.max_digits"):
+        SyntheticTask("sort", "lm", min_digits=1, max_digits=1, eval_size=4).eval_examples()  # no 1-digit one is

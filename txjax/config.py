@@ -17,12 +17,12 @@ from pathlib import Path
 
 import ml_collections
 
+from txjax import families
 from txjax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-FAMILIES = ("decoder_lm", "encoder_decoder")
-DATA_KINDS = ("text", "parallel", "synthetic", "shards")  # shards: a folder of `run.py prepare`
+DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe")  # byte_bpe: GPT-2's, from the workdir (import-gpt2)
 CONFIG_FILE = "config.json"
 
@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every field an experiment can set, with its default (see INTERFACES.md, "Config + workdir")."""
+    """Every field an experiment can set, with its default (README.md, "Experiments")."""
     model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
     model |= {"vocab_size": 0, "max_len": 0}  # 0: filled in from the tokenizer and the data's longest sequence
     config = ml_collections.ConfigDict(
@@ -80,13 +80,15 @@ def base_config() -> ml_collections.ConfigDict:
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
             },
             "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
-            "decode": {
+            "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
+                "method": "greedy",
                 "max_new_tokens": 64,
-                "temperature": 1.0,
-                "top_k": 0,
-                "top_p": 1.0,
-                "beam_size": 1,
-                "length_penalty": 0.6,
+                "temperature": 1.0,  # sample
+                "top_k": 0,  # sample
+                "top_p": 1.0,  # sample
+                "num_samples": 1,  # sample
+                "beam_size": 4,  # beam
+                "length_penalty": 0.6,  # beam
             },
         }
     )
@@ -176,9 +178,10 @@ def model_config(model: dict) -> ModelConfig:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks every value that can be checked before data is read (model fields included)."""
     choices = {
-        "family": (config.family, FAMILIES),
+        "family": (config.family, tuple(families.FAMILIES)),
         "data.kind": (config.data.kind, DATA_KINDS),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
+        "decode.method": (config.decode.method, ("greedy", "sample", "beam")),
     }
     for name, (value, allowed) in choices.items():
         if value not in allowed:
@@ -197,10 +200,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
-    if (config.data.kind == "parallel") != (config.family == "encoder_decoder") and config.data.kind in (
-        "text",
-        "parallel",
-    ):
+    if config.data.kind not in families.get(config.family).data_kinds:
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
 

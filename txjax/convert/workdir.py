@@ -10,9 +10,7 @@ change them. Everything is read and checked before the workdir appears; a failur
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
@@ -32,17 +30,8 @@ def run_config(cfg: ModelConfig, experiment: str | None = None, overrides=()) ->
     config = config_lib.load_config(experiment) if experiment else config_lib.base_config()
     if not experiment:
         config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", seq_len=min(256, cfg.max_len))
-        config.train.update(
-            steps=20,
-            batch_size=4,
-            learning_rate=3e-5,
-            warmup_steps=2,
-            weight_decay=0.0,
-            eval_every=0,
-            eval_batches=8,
-            checkpoint_every=20,
-            log_every=5,
-        )
+        config.train.update(steps=20, batch_size=4, learning_rate=3e-5, warmup_steps=2, weight_decay=0.0)
+        config.train.update(eval_every=0, eval_batches=8, checkpoint_every=20, log_every=5)
     config.family = "decoder_lm"
     config.data.tokenizer = "byte_bpe"  # restored from the workdir's tokenizer/, never rebuilt
     config.model.update(dataclasses.asdict(cfg))
@@ -89,22 +78,3 @@ def import_gpt2(source, workdir, experiment: str | None = None, overrides=()) ->
         "max_len": cfg.max_len,
         "num_layers": cfg.num_layers,
     }
-
-
-def main(argv: list[str]) -> None:
-    """run.py import-gpt2 --from=DIR --workdir=DIR [--config=experiments/NAME.py] [--config.SECTION.FIELD=VALUE ...]"""
-    parser = argparse.ArgumentParser(prog="run.py import-gpt2", description=main.__doc__, allow_abbrev=False)
-    parser.add_argument(
-        "--from",
-        dest="source",
-        required=True,
-        help="a save_pretrained GPT-2 folder: config.json, model.safetensors, tokenizer files",
-    )
-    parser.add_argument("--workdir", required=True, help="the new workdir (must not exist, or be empty)")
-    parser.add_argument("--config", help="experiment file for the data and train sections")
-    args, overrides = parser.parse_known_args(argv)
-    for flag in overrides:
-        if not flag.startswith("--config."):
-            parser.error(f"unrecognized argument {flag}")
-    with config_lib.user_errors():
-        print(json.dumps(import_gpt2(args.source, args.workdir, args.config, overrides)))
