@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 from test_prepare import random_documents, write_text
-from test_train import assert_trees_equal, params_of, sigkill_at_step_20_then_rerun
+from test_train import KILLED_RUN_FLAGS, assert_trees_equal, params_of, sigkill_at_step_20_then_rerun
 
 from txjax import config as config_lib
 from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_tokenizer
@@ -153,21 +153,8 @@ def test_eval_counts_every_target_once_whatever_the_batch_size(shards, pack):
 def test_sigkill_while_training_from_shards_then_rerun_is_bit_exact(shards, tmp_path):
     """`run.py train` from packed shards, SIGKILLed once its first checkpoint is on disk, then run again: the same
     final parameters as a run that was never interrupted (batch k is a function of (seed, k): no iterator state)."""
-    flags = [
-        "--config.data.kind=shards",
-        f"--config.data.path={shards}",
-        f"--config.data.seq_len={L}",
-        "--config.data.pack=true",
-        "--config.model.num_layers=1",
-        "--config.model.d_model=32",
-        "--config.model.d_ff=64",
-        "--config.model.num_heads=2",
-        "--config.train.steps=200",
-        "--config.train.batch_size=8",
-        "--config.train.checkpoint_every=20",
-        "--config.train.log_every=20",
-        "--config.train.eval_every=0",
-    ]
+    shards_flags = [f"--config.data.path={shards}", f"--config.data.seq_len={L}", "--config.data.pack=true"]
+    flags = [*KILLED_RUN_FLAGS, "--config.data.kind=shards", *shards_flags, "--config.train.steps=200"]
     reference = tmp_path / "reference"
     train(config_lib.from_command_line(None, flags), reference)
     killed_at, result = sigkill_at_step_20_then_rerun(tmp_path / "killed", flags)

@@ -247,6 +247,21 @@ def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
     assert steps == sorted(steps)
 
 
+KILLED_RUN_FLAGS = [  # 120 steps of a toy model, a checkpoint every 20
+    "--config.data.max_digits=4",
+    "--config.model.num_layers=1",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.model.num_heads=2",
+    "--config.train.steps=120",
+    "--config.train.batch_size=8",
+    "--config.train.checkpoint_every=20",
+    "--config.train.log_every=20",
+    "--config.train.eval_every=0",
+    "--config.data.eval_size=20",
+]
+
+
 def sigkill_at_step_20_then_rerun(workdir, flags):
     """`run.py train FLAGS` SIGKILLed once its step-20 checkpoint is on disk (unless it ended first), then run again:
     (the latest checkpoint's step when it was killed, or None; the rerun's CompletedProcess)."""
@@ -269,19 +284,7 @@ def sigkill_at_step_20_then_rerun(workdir, flags):
 def test_sigkill_then_rerun_gives_the_uninterrupted_parameters(tmp_path):
     """SIGKILL `run.py train` once a checkpoint is on disk, run the same command again: it resumes to the same
     final parameters, bit for bit, as a run that was never interrupted; `run.py eval` then reads the workdir."""
-    flags = [
-        "--config.data.max_digits=4",
-        "--config.model.num_layers=1",
-        "--config.model.d_model=32",
-        "--config.model.d_ff=64",
-        "--config.model.num_heads=2",
-        "--config.train.steps=120",
-        "--config.train.batch_size=8",
-        "--config.train.checkpoint_every=20",
-        "--config.train.log_every=20",
-        "--config.train.eval_every=0",
-        "--config.data.eval_size=20",
-    ]
+    flags = KILLED_RUN_FLAGS
     reference = tmp_path / "reference"
     train(config_lib.from_command_line(None, flags), reference)
     workdir = tmp_path / "killed"
