@@ -15,7 +15,7 @@ import pytest
 import txjax.data.prepare as prepare_lib
 import txjax.train
 from txjax import config as config_lib
-from txjax.data import ByteTokenizer, CharTokenizer, load_tokenizer
+from txjax.data import ByteTokenizer, CharTokenizer, ShardPairsDataset, load_tokenizer
 from txjax.data.prepare import prepare as prepare_shards
 from txjax.data.shards import INDEX_FILE, ShardLMDataset, TokenStream, fingerprint, read_index
 
@@ -223,6 +223,8 @@ def test_another_tokenizer_or_a_truncated_shard_is_refused(tmp_path):
     prepare([str(path)], out, "char", delimiter="\n\n", shard_mb=0.002)
     with pytest.raises(ValueError, match="tokenized by another tokenizer \\(char, .*\\) than this run's \\(byte"):
         ShardLMDataset(out, ByteTokenizer(), 16)
+    with pytest.raises(ValueError, match="holds LM documents, not TSV pairs: .* --config.family=decoder_lm"):
+        ShardPairsDataset(out, ByteTokenizer())
     ByteTokenizer().save(tmp_path / "run" / "tokenizer")  # a workdir made by a byte-tokenizer run
     config = config_lib.from_command_line(None, ["--config.data.kind=shards", f"--config.data.path={out}"])
     with pytest.raises(config_lib.ConfigError, match=f"{out}/index.json: the shards were tokenized by another"):

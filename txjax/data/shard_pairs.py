@@ -60,7 +60,9 @@ class ShardPairsDataset(ParallelDataset):
         self.path = Path(directory).expanduser().resolve()
         index = read_index(self.path)
         if index["kind"] != "pairs":
-            raise ValueError(f"{self.path} holds {index['kind']} shards, not TSV pairs: train a decoder_lm on them")
+            raise ValueError(
+                f"{self.path} holds LM documents, not TSV pairs: train on them with --config.family=decoder_lm"
+            )
         check_tokenizer(self.path, index, tokenizer)
         self.src_tokenizer = self.tgt_tokenizer = tokenizer
         self.max_src_len, self.max_tgt_len, self.pack = max_src_len, max_tgt_len, pack

@@ -1,8 +1,8 @@
 """Reading prepared shards (`run.py prepare`, txjax.data.prepare): language-model batches through grain.
 
-A split of DIR is one flat token stream: its shards, memory-mapped (np.memmap; nothing is read before a batch needs
-it, so memory does not grow with the corpus), and `{stream}-documents.npy`, where each document starts. Every
-document ends with EOS (when the tokenizer has one).
+A split of DIR is one flat token stream: its shards, of which a batch reads only the tokens it needs (positioned
+reads; nothing of the corpus stays in memory, see TokenStream), and `{stream}-documents.npy` (memory-mapped), where
+each document starts. Every document ends with EOS (when the tokenizer has one).
 
 Training batch k is a pure function of (seed, k), built row by row through a grain MapDataset, so a process builds
 only its rows (`rows`) and a resumed run, under any process count, reads the same global batches without saving
@@ -28,6 +28,8 @@ import json
 import math
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,23 +87,30 @@ def check_tokenizer(directory: str | os.PathLike, index: dict, tokenizer: Tokeni
 
 
 class TokenStream:
-    """One stream of one split: its shards as one array of N tokens, and documents' starts (int64[D + 1])."""
+    """One stream of one split: its shards as one array of N tokens, and documents' starts (int64[D + 1]).
+
+    Tokens are read with positioned reads (os.pread) of the bytes a batch needs: unlike a memory map, whose pages
+    (and the kernel's readahead around them) stay in the process's resident memory once touched, nothing of the
+    corpus stays resident. At most MAX_OPEN shard files are open at once (a large corpus has thousands).
+    """
+
+    MAX_OPEN = 64
 
     def __init__(self, directory: str | os.PathLike, index: dict, split: str, name: str = "tokens"):
         directory = Path(directory).expanduser().resolve()
-        dtype = np.dtype(index["dtype"])
+        self.dtype = np.dtype(index["dtype"])
         info = index["splits"][split]["streams"][name]
-        self.shards = []
-        for shard in info["shards"]:
-            path = directory / shard["file"]
-            size, expected = (path.stat().st_size if path.is_file() else 0), shard["tokens"] * dtype.itemsize
+        self.paths = [directory / shard["file"] for shard in info["shards"]]
+        for path, shard in zip(self.paths, info["shards"]):
+            size, expected = (path.stat().st_size if path.is_file() else 0), shard["tokens"] * self.dtype.itemsize
             if size != expected:
                 raise ValueError(
                     f"{path}: {size} bytes where {INDEX_FILE} says {shard['tokens']} tokens ({expected} bytes): the "
                     f"shard is truncated or was changed; delete {directory} and run `run.py prepare` again"
                 )
-            self.shards.append(np.memmap(path, dtype=dtype, mode="r"))
-        self.shard_starts = np.cumsum([0] + [len(s) for s in self.shards])
+        self.shard_starts = np.cumsum([0] + [shard["tokens"] for shard in info["shards"]])
+        self._open: OrderedDict[int, int] = OrderedDict()  # shard -> file descriptor, the least recently used first
+        self._lock = threading.Lock()  # a reader thread may not close a file another one is reading
         documents = directory / split / f"{name}-documents.npy"
         self.doc_starts = np.load(documents, mmap_mode="r")
         if len(self.doc_starts) != index["splits"][split]["documents"] + 1 or self.doc_starts[-1] != len(self):
@@ -110,16 +119,31 @@ class TokenStream:
     def __len__(self) -> int:
         return int(self.shard_starts[-1])
 
+    def __del__(self):
+        for fd in getattr(self, "_open", {}).values():
+            os.close(fd)
+
+    def _file(self, shard: int) -> int:
+        if shard in self._open:
+            self._open.move_to_end(shard)
+        else:
+            if len(self._open) >= self.MAX_OPEN:
+                os.close(self._open.popitem(last=False)[1])
+            self._open[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        return self._open[shard]
+
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the stream as int32 (a read may span shards)."""
-        first = int(np.searchsorted(self.shard_starts, start, "right")) - 1
+        shard = int(np.searchsorted(self.shard_starts, start, "right")) - 1
         pieces = []
         while start < stop:
-            offset = start - self.shard_starts[first]
-            piece = self.shards[first][offset : offset + stop - start]
-            pieces.append(piece)
-            start += len(piece)
-            first += 1
+            offset = start - int(self.shard_starts[shard])
+            count = min(stop, int(self.shard_starts[shard + 1])) - start
+            with self._lock:
+                data = os.pread(self._file(shard), count * self.dtype.itemsize, offset * self.dtype.itemsize)
+            pieces.append(np.frombuffer(data, self.dtype))
+            start += count
+            shard += 1
         return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
 
     def document_of(self, positions: np.ndarray) -> np.ndarray:
@@ -156,9 +180,7 @@ class ShardLMDataset:
         self.directory = Path(directory).expanduser().resolve()
         index = read_index(self.directory)
         if index["kind"] != "lm":
-            raise ValueError(
-                f"{self.directory} holds {index['kind']} shards (from TSV): train an encoder_decoder on them"
-            )
+            raise ValueError(f"{self.directory} holds TSV pairs: train on them with --config.family=encoder_decoder")
         check_tokenizer(self.directory, index, tokenizer)
         self.tokenizer, self.seq_len, self.split, self.pack = tokenizer, seq_len, split, pack
         self.stream = TokenStream(self.directory, index, split)
