@@ -58,8 +58,10 @@ def assert_partition(expected: list[list[int]], directory, stream: str = "tokens
 
 
 @pytest.mark.parametrize("fmt,tokenizer", [("text", "char"), ("jsonl", "byte"), ("text", "sentencepiece")])
-def test_shards_hold_the_in_memory_tokenization(tmp_path, fmt, tokenizer):
-    """Every document is in exactly one split, as tokenizer.encode(document) + EOS, in several shards."""
+def test_shards_hold_the_in_memory_tokenization(tmp_path, monkeypatch, fmt, tokenizer):
+    """Every document is in exactly one split, as tokenizer.encode(document) + EOS, in several shards (read back
+    with at most 2 shard files open at once)."""
+    monkeypatch.setattr(TokenStream, "MAX_OPEN", 2)
     docs = random_documents()
     if fmt == "jsonl":
         path = tmp_path / "corpus.jsonl"

@@ -1,4 +1,4 @@
-"""Prepared TSV pairs (`run.py prepare --input=*.tsv`) as encoder-decoder batches, read from memory-mapped shards.
+"""Prepared TSV pairs (`run.py prepare --input=*.tsv`) as encoder-decoder batches, read from the shards.
 
 A ParallelDataset whose pairs stay on disk: the same rows (source = src[:max_src_len - 1] + EOS, target =
 tgt[:max_tgt_len - 1] + EOS; with pack=True several pairs first-fit packed per row) and the same evaluation (every
