@@ -235,3 +235,14 @@ def test_another_tokenizer_or_a_truncated_shard_is_refused(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(ValueError, match=f"{shard}: .* the shard is truncated or was changed; delete {out}"):
         ShardLMDataset(out, load_tokenizer(out / "tokenizer"), 16)
+
+
+def test_a_vocabulary_past_65536_ids_gets_uint32_shards(tmp_path):
+    rng = np.random.default_rng(0)
+    chars = [chr(c) for c in range(0x4E00, 0x4E00 + 70_000) if not 0xD800 <= c < 0xE000]  # CJK and beyond
+    docs = ["".join(rng.choice(chars[-5000:], 30)) for _ in range(40)]  # ids above 65,535
+    tokenizer = CharTokenizer(chars, specials=True)
+    tokenizer.save(tmp_path / "tokenizer")
+    prepare([str(write_text(tmp_path / "c.txt", docs))], tmp_path / "out", str(tmp_path), delimiter="\n\n")
+    assert read_index(tmp_path / "out")["dtype"] == "uint32"
+    assert_partition([tokenizer.encode(d) + [tokenizer.eos_id] for d in docs], tmp_path / "out")
