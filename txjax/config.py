@@ -71,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "b2": 0.99,
                 "grad_clip": 1.0,  # global-norm clipping; 0 disables it
                 "label_smoothing": 0.0,
+                "z_loss": 0.0,  # coefficient of logsumexp(z)^2 in the objective (PaLM's 1e-4); 0 = off
                 "seed": 0,
                 "log_every": 50,
                 "eval_every": 500,  # 0: only at the end
@@ -208,6 +209,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(str(e)) from None
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"config.train.decay_fraction={t.decay_fraction} must be in (0, 1]")
+    if t.z_loss < 0:
+        raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel") and not config.data.path:
