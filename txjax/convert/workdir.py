@@ -22,7 +22,8 @@ from txjax.checkpoint import Checkpointer
 from txjax.convert.gpt2 import check_params, load_gpt2, load_gpt2_tokenizer, write_atomically
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model
 from txjax.models import ModelConfig, unstack_layers
-from txjax.train_state import TrainState, init_state, make_optimizer
+from txjax.optim import make_optimizer
+from txjax.train_state import TrainState, init_state
 
 
 def run_config(cfg: ModelConfig, experiment: str | None = None, overrides=()) -> ml_collections.ConfigDict:
