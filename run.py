@@ -18,6 +18,7 @@ COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
     "import-gpt2": "txjax.cli.import_gpt2",
     "attention": "txjax.cli.attention",
     "inspect": "txjax.cli.inspect",
+    "prepare": "txjax.cli.prepare",
 }
 
 

@@ -41,20 +41,20 @@ def base_config() -> ml_collections.ConfigDict:
             "model": model,
             "data": {
                 "kind": "synthetic",
-                "path": "",  # text / parallel training file; relative paths are resolved against the repo root
+                "path": "",  # text / parallel training file, or the shards folder; relative: see resolve_data_path
                 "valid_path": "",  # parallel: validation TSV
                 "test_path": "",  # parallel: test TSV
                 "task": "reverse",  # synthetic: copy | reverse | sort | add
                 "min_digits": 1,
                 "max_digits": 8,
                 "eval_size": 512,  # synthetic: examples in the valid (and test) set
-                "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic)
+                "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic); shards bring their own
                 "vocab_size": 8000,  # sentencepiece
                 "seq_len": 64,  # text: tokens per training window
                 "val_fraction": 0.1,  # text: the last 10% of the file is the valid split (nanoGPT)
                 "max_src_len": 128,
                 "max_tgt_len": 128,
-                "pack": False,  # parallel: first-fit packing of several pairs per row
+                "pack": False,  # parallel: several pairs per row; shards: documents packed (no attention across)
             },
             "train": {
                 "steps": 1000,
@@ -71,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "b2": 0.99,
                 "grad_clip": 1.0,  # global-norm clipping; 0 disables it
                 "label_smoothing": 0.0,
+                "z_loss": 0.0,  # coefficient of logsumexp(z)^2 in the objective (PaLM's 1e-4); 0 = off
                 "seed": 0,
                 "log_every": 50,
                 "eval_every": 500,  # 0: only at the end
@@ -208,9 +209,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(str(e)) from None
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"config.train.decay_fraction={t.decay_fraction} must be in (0, 1]")
+    if t.z_loss < 0:
+        raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
-    if config.data.kind in ("text", "parallel") and not config.data.path:
+    if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
     if config.data.kind not in families.get(config.family).data_kinds:
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")

@@ -40,13 +40,20 @@ def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
     )
 
 
+def shards_dir(config: ml_collections.ConfigDict) -> Path:
+    """The folder of prepared shards (`run.py prepare --output=DIR`) that data.kind='shards' reads."""
+    return config_lib.resolve_data_path(config.data.path)
+
+
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.Tokenizer:
     """The workdir's tokenizer/ when there is one (resume, eval), else built from the training data and saved."""
     directory = Path(workdir) / TOKENIZER_DIR
     if (directory / data.TOKENIZER_FILE).is_file():
         return data.load_tokenizer(directory)
     kind = config.data.tokenizer
-    if kind == "task":
+    if config.data.kind == "shards":  # the tokenizer the shards were prepared with
+        tokenizer = data.load_shards_tokenizer(shards_dir(config))
+    elif kind == "task":
         tokenizer = data.task_tokenizer()
     elif kind == "byte":
         tokenizer = data.ByteTokenizer()
@@ -73,6 +80,13 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, 
     if d.kind == "synthetic":
         form = families.get(config.family).task_form
         return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split], split)
+    if d.kind == "shards":
+        if split == "test":
+            raise config_lib.ConfigError("prepared shards have train and valid splits only (prepare --valid_fraction)")
+        if families.get(config.family).task_form == "seq2seq":  # TSV pairs
+            pack = d.pack and split == "train"  # as ParallelDataset: packing changes no eval sum
+            return data.ShardPairsDataset(shards_dir(config), tokenizer, d.max_src_len, d.max_tgt_len, split, pack)
+        return data.ShardLMDataset(shards_dir(config), tokenizer, d.seq_len, split, pack=d.pack)
     if d.kind == "text":
         if split == "test":
             raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")
@@ -90,7 +104,7 @@ def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: data.Tokenize
     """Sets model.vocab_size and model.max_len left at 0 from the tokenizer and the longest sequence of the data."""
     if isinstance(train_data, data.SyntheticTask):
         longest = train_data.seq_len if train_data.form == "lm" else max(train_data.src_len, train_data.tgt_len)
-    elif isinstance(train_data, data.TextLMDataset):
+    elif isinstance(train_data, (data.TextLMDataset, data.ShardLMDataset)):
         longest = config.data.seq_len
     else:
         longest = max(config.data.max_src_len, config.data.max_tgt_len)

@@ -48,7 +48,7 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(params, batch, rng):
-        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing)
+        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing, t.z_loss)
         return sums["objective"], sums
 
     grad_sums = jax.grad(objective_sum, has_aux=True)

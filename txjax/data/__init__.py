@@ -1,4 +1,4 @@
-"""txjax data: tokenizers, datasets and batching (numpy only).
+"""txjax data: tokenizers, datasets and batching (numpy; grain reads prepared shards).
 
 Tokenizers (`tokenizers.py`; saved as a directory with `tokenizer.json`, restored by `load_tokenizer(dir)`):
   ByteTokenizer()                                   UTF-8 bytes 0..255, pad/bos/eos 256/257/258
@@ -9,6 +9,9 @@ Datasets: every one has `.batch(seed, k, batch_size, rows=slice(None))` (a pure 
 builds only those rows, one process's share) and a finite `.eval_batches(batch_size)` that visits its eval set
 exactly once (padding carries weight 0):
   TextLMDataset(path, tokenizer, seq_len, split='train'|'valid', val_fraction=0.1)   LM batches
+  ShardLMDataset(dir, tokenizer, seq_len, split='train'|'valid', pack=False)
+                                                    LM batches from the shards of `run.py prepare` (prepare.py)
+  ShardPairsDataset(dir, tokenizer, max_src_len, max_tgt_len, split, pack)        (shard_pairs.py) its TSV pairs
   ParallelDataset(path, src_tokenizer, tgt_tokenizer=None, max_src_len=128, max_tgt_len=128, pack=False)
                                                     seq2seq batches; .raw_pairs() for BLEU
   SyntheticTask(name in TASKS, form='lm'|'seq2seq', min_digits=1, max_digits=8, eval_size=512, eval_seed=...)
@@ -21,6 +24,8 @@ from txjax.data.batching import Batch, prefetch
 from txjax.data.files import read_text, read_tsv, resolve_path
 from txjax.data.packing import first_fit
 from txjax.data.parallel import ParallelDataset
+from txjax.data.shard_pairs import ShardPairsDataset
+from txjax.data.shards import ShardLMDataset, load_shards_tokenizer
 from txjax.data.synthetic import TASKS, SyntheticTask, task_tokenizer
 from txjax.data.text import TextLMDataset
 from txjax.data.tokenizers import (
@@ -43,6 +48,8 @@ __all__ = [
     "TASKS",
     "SyntheticTask",
     "task_tokenizer",
+    "ShardLMDataset",
+    "ShardPairsDataset",
     "TextLMDataset",
     "TOKENIZER_FILE",
     "ByteTokenizer",
@@ -50,4 +57,5 @@ __all__ = [
     "SentencePieceTokenizer",
     "Tokenizer",
     "load_tokenizer",
+    "load_shards_tokenizer",
 ]

@@ -1,4 +1,5 @@
-"""Greedy first-fit packing of (source, target) pairs into fixed-capacity rows; no pair is ever split."""
+"""Greedy first-fit packing of items (documents, or (source, target) pairs) into fixed-capacity rows; no item is
+ever split."""
 
 from __future__ import annotations
 
@@ -6,21 +7,22 @@ import numpy as np
 
 
 def first_fit(
-    lengths_Nx2: np.ndarray, capacity: tuple[int, int], max_rows: int | None = None, window: int = 64
+    lengths_Nx2: np.ndarray, capacity: tuple[int, ...], max_rows: int | None = None, window: int = 64
 ) -> list[list[int]]:
-    """Puts each item, in order, into the first row where both its lengths still fit.
+    """Puts each item, in order, into the first row where all its lengths still fit.
 
-    lengths_Nx2[i] = (source length, target length) of item i, each <= its capacity. With max_rows, items that fit
+    lengths_Nx2[i] = (source length, target length) of item i, each <= its capacity (or, with a 1-tuple capacity,
+    the one length of a document). With max_rows, items that fit
     in none of the rows are left out. With max_rows=None a new row opens whenever none of the last `window` rows
     fits (older rows are closed, which keeps this linear), so every item is placed. Returns the rows as lists of item
     indices (items keep their order inside a row).
     """
-    lengths_Nx2 = np.asarray(lengths_Nx2, dtype=np.int64).reshape(-1, 2)
+    lengths_Nx2 = np.asarray(lengths_Nx2, dtype=np.int64).reshape(-1, len(capacity))
     cap = np.asarray(capacity, dtype=np.int64)
     if (lengths_Nx2 > cap).any():
         raise ValueError(f"an item is longer than the row capacity {tuple(capacity)}")
     limit = len(lengths_Nx2) if max_rows is None else max_rows
-    free_Rx2 = np.empty((max(limit, 1), 2), dtype=np.int64)  # room left in each open row
+    free_Rx2 = np.empty((max(limit, 1), len(capacity)), dtype=np.int64)  # room left in each open row
     rows: list[list[int]] = []
     for i, need in enumerate(lengths_Nx2):
         first = 0 if max_rows is not None else max(0, len(rows) - window)

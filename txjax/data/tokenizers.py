@@ -68,6 +68,11 @@ class Tokenizer:
         return a
 
 
+def _split(ids: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
+    """The ids of texts encoded together, cut back into one array per text (context-free tokenizers only)."""
+    return np.split(ids, np.cumsum(lengths)[:-1]) if lengths else []
+
+
 def _unencodable(char: str, kind: str, fix: str) -> ValueError:
     return ValueError(f"character {char!r} (U+{ord(char):04X}) is not in the {kind} tokenizer's vocab; {fix}")
 
@@ -85,6 +90,9 @@ class ByteTokenizer(Tokenizer):
         except UnicodeEncodeError as e:
             raise _unencodable(text[e.start], "byte", "remove unpaired surrogates from the text") from None
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return _split(self.encode_array("".join(texts)), [len(t.encode("utf-8", "surrogatepass")) for t in texts])
 
     def decode(self, ids: Sequence[int]) -> str:
         a = self._check_ids(ids)
@@ -112,22 +120,26 @@ class CharTokenizer(Tokenizer):
         if specials:
             self.pad_id, self.bos_id, self.eos_id = n, n + 1, n + 2
         self.vocab_size = n + 3 * specials
-        self._codes = np.array([ord(c) for c in self.chars], dtype=np.int64)  # sorted, so searchsorted is the lookup
+        codes = np.array([ord(c) for c in self.chars], dtype=np.int64)
+        self._ids = np.full(int(codes.max(initial=0)) + 2, -1, np.int32)  # code point -> id; -1: not in the vocab
+        self._ids[codes] = np.arange(n)
 
     @classmethod
     def from_text(cls, text: str, specials: bool = False) -> CharTokenizer:
         return cls(set(text), specials=specials)
 
     def encode_array(self, text: str) -> np.ndarray:
-        codes = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32).astype(np.int64)
-        ids = np.searchsorted(self._codes, codes)
-        bad = self._codes[np.minimum(ids, len(self._codes) - 1)] != codes
-        if bad.any():
-            char = chr(int(codes[bad][0]))
+        codes = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
+        ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+        if (ids < 0).any():
+            char = chr(int(codes[np.argmax(ids < 0)]))
             raise _unencodable(
                 char, "char", "build the CharTokenizer from text that contains it (or use the byte tokenizer)"
             )
-        return ids.astype(np.int32)
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return _split(self.encode_array("".join(texts)), [len(t) for t in texts])
 
     def decode(self, ids: Sequence[int]) -> str:
         a = self._check_ids(ids)

@@ -13,7 +13,7 @@ class DecoderOnly(families.Family):
     module = DecoderLM
     inputs = ("inputs", "positions", "segment_ids")
     targets, weights = "targets", "weights"
-    data_kinds = ("text", "synthetic")
+    data_kinds = ("text", "synthetic", "shards")
     task_form = "lm"
     continues_input = True  # generation continues the prompt (left-padded, so every row ends where it goes on)
 

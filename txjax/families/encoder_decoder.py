@@ -13,7 +13,7 @@ class EncoderDecoderFamily(families.Family):
     module = EncoderDecoder
     inputs = ("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions", "tgt_segment_ids")
     targets, weights = "tgt_targets", "tgt_weights"
-    data_kinds = ("parallel", "synthetic")
+    data_kinds = ("parallel", "synthetic", "shards")  # shards of TSV pairs
     task_form = "seq2seq"
     continues_input = False  # the source is read whole by the encoder (right-padded); the target starts from BOS
 

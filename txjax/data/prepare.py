@@ -1,0 +1,349 @@
+"""`run.py prepare`: tokenize a corpus once into shards of token ids that training memory-maps (txjax.data.shards).
+
+    inputs -> chunks (txjax.data.documents: whole documents, ~shard_mb each) -> worker processes, one chunk each:
+    documents -> tokens -> DIR/{train,valid}/{stream}-NNNNN.bin  (one shard per chunk and split)
+
+A document goes to the valid split iff blake2b(its text) / 2^64 < valid_fraction: a pure function of the text, so
+the split does not depend on chunking or the number of workers, and copies of a document share a split. An LM
+document is stored as its tokens followed by EOS (when the tokenizer has one): each split is one flat stream, the
+nanoGPT layout, and `{stream}-documents.npy` (int64[D + 1]) holds where each document starts in it. TSV pairs
+(the translation task) are two streams, `src` and `tgt`, without EOS (the reader truncates and appends it).
+Tokens are uint16 when the vocabulary has at most 65,536 ids, else uint32.
+
+Everything is written into DIR.partial-PID, renamed to DIR once index.json is in it: a DIR that exists is complete.
+index.json records the options, the inputs' sizes and SHA-256, the tokenizer's fingerprint and each shard's token
+count; a rerun with the same inputs and options finds it and does nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from txjax.data import documents as docs_lib
+from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
+from txjax.data.tokenizers import (
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    CharTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
+
+TOKENIZERS = ("char", "byte", "sentencepiece")  # or the path of a workdir / tokenizer folder
+SPLITS = ("train", "valid")
+_worker_tokenizers: dict[str, Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
+
+
+def prepare(
+    inputs: list[str],
+    output: str | os.PathLike,
+    tokenizer: str = "char",
+    fmt: str = "",
+    delimiter: str = "",
+    field: str = "text",
+    vocab_size: int = 8000,
+    sample_mb: float = 64.0,
+    valid_fraction: float = 0.01,
+    shard_mb: float = 16.0,
+    workers: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Tokenizes `inputs` (files or globs) into shards in `output`; returns a summary (throughput included).
+
+    tokenizer: char (the inputs' characters + pad/bos/eos), byte, sentencepiece (`vocab_size` pieces trained on
+    about `sample_mb` of documents spread over the inputs) or the path of a workdir or tokenizer folder.
+    """
+    began = time.monotonic()
+    paths = docs_lib.expand_inputs(inputs)
+    fmt = fmt or docs_lib.infer_format(paths)
+    if fmt not in docs_lib.FORMATS:
+        raise ValueError(f"--format={fmt!r} is not one of {', '.join(docs_lib.FORMATS)}")
+    if not 0.0 < valid_fraction < 1.0:
+        raise ValueError(
+            f"--valid_fraction={valid_fraction} must be in (0, 1): the valid split is split off by document"
+        )
+    tokenizer_dir = _tokenizer_dir(tokenizer)
+    options = {
+        "format": fmt,
+        "delimiter": delimiter if fmt == "text" else "",
+        "field": field if fmt == "jsonl" else "",
+        "tokenizer": str(tokenizer_dir or tokenizer),
+        "vocab_size": vocab_size if tokenizer == "sentencepiece" else 0,
+        "sample_mb": sample_mb if tokenizer == "sentencepiece" else 0,
+        "valid_fraction": valid_fraction,
+        "shard_mb": shard_mb,
+    }
+    if tokenizer_dir:
+        options["tokenizer_fingerprint"] = fingerprint(load_tokenizer(tokenizer_dir))
+    files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in paths]
+    output = Path(output).expanduser().resolve()
+    if _up_to_date(output, options, files):
+        return {"output": str(output), "up_to_date": True}
+    _remove_stale_partials(output)
+    partial = output.with_name(f"{output.name}.partial-{os.getpid()}")
+    partial.mkdir(parents=True)
+    try:
+        index = _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, progress)
+        if output.is_dir():  # empty: _up_to_date refused any other folder
+            output.rmdir()
+        partial.rename(output)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    seconds = time.monotonic() - began
+    total_bytes = sum(f["bytes"] for f in files)
+    tokens = sum(s["streams"][index["streams"][0]]["tokens"] for s in index["splits"].values())
+    return {
+        "output": str(output),
+        "up_to_date": False,
+        "documents": {split: s["documents"] for split, s in index["splits"].items()},
+        "tokens": tokens,
+        "input_mb": total_bytes / 1e6,
+        "seconds": seconds,
+        "mb_per_s": total_bytes / 1e6 / seconds,
+        "tokens_per_s": tokens / seconds,
+        "workers": index["workers"],
+    }
+
+
+def _tokenizer_dir(tokenizer: str) -> Path | None:
+    """The folder holding tokenizer.json when `tokenizer` is a path (a workdir or a tokenizer folder), else None."""
+    if tokenizer in TOKENIZERS:
+        return None
+    path = Path(tokenizer).expanduser().resolve()
+    for folder in (path, path / TOKENIZER_DIR):
+        if (folder / TOKENIZER_FILE).is_file():
+            return folder
+    raise FileNotFoundError(
+        f"--tokenizer={tokenizer}: not one of {', '.join(TOKENIZERS)}, and {path} holds no {TOKENIZER_FILE} "
+        f"(nor {TOKENIZER_DIR}/{TOKENIZER_FILE}); pass a workdir of run.py train / import-gpt2, or a tokenizer kind"
+    )
+
+
+def _sha256(path: Path, block: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while data := f.read(block):
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def _up_to_date(output: Path, options: dict, files: list[dict]) -> bool:
+    """True when `output` holds shards of exactly these inputs and options; False when it is absent or an empty
+    folder; ValueError (nothing is touched) when it holds anything else."""
+    index_path = output / INDEX_FILE
+    if index_path.is_file():
+        index = json.loads(index_path.read_text())
+        old = index["options"]
+        changed = [f"--{k} {old.get(k)!r} -> {v!r}" for k, v in options.items() if old.get(k) != v]
+        if [f["path"] for f in index["inputs"]] != [f["path"] for f in files]:
+            changed.append("the input files")
+        else:
+            changed += [f"{f['path']} changed" for f, old in zip(files, index["inputs"]) if f != old]
+        if not changed:
+            return True
+        raise ValueError(
+            f"{output} holds shards of other inputs or options ({'; '.join(changed)}): pass another --output, "
+            "or delete that folder to prepare it again"
+        )
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(
+            f"--output={output} exists and is not a prepared folder (no {INDEX_FILE}): pass another --output"
+        )
+    return False
+
+
+def _remove_stale_partials(output: Path) -> None:
+    """Removes DIR.partial-PID folders that interrupted prepares left (their process is gone)."""
+    for partial in output.parent.glob(f"{output.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, progress) -> dict:
+    """Tokenizer, shards, documents.npy and (last: its presence means complete) index.json, all into `partial`."""
+    fmt, delimiter, field = options["format"], options["delimiter"], options["field"] or "text"
+    chunks = docs_lib.plan_chunks(paths, docs_lib.separator(fmt, delimiter), max(int(options["shard_mb"] * 2**20), 1))
+    workers = max(1, min(workers or os.cpu_count() or 1, len(chunks) or 1))
+    streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
+    pool = None  # one worker: tokenize in this process
+    if workers > 1:  # spawned, not forked: the parent has imported jax, which is multithreaded
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    run = pool.map if pool else map
+    bar = lambda desc: tqdm(total=sum(f["bytes"] for f in files), unit="B", unit_scale=True, desc=desc,
+                            disable=not progress)  # fmt: skip
+    try:
+        if tokenizer_dir:
+            tok = load_tokenizer(tokenizer_dir)
+        elif tokenizer == "char":
+            tok = _char_tokenizer(run, chunks, fmt, delimiter, field, bar("characters"))
+        elif tokenizer == "byte":
+            tok = ByteTokenizer()
+        else:
+            tok = _sentencepiece(chunks, fmt, delimiter, field, options["vocab_size"], options["sample_mb"])
+        tok.save(partial / TOKENIZER_DIR)
+        tok_fingerprint = fingerprint(tok)
+        for split in SPLITS:
+            (partial / split).mkdir()
+        tasks = [
+            (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams, tok_fingerprint)
+            for i, c in enumerate(chunks)
+        ]
+        results, documents, tokens = [], 0, 0
+        progress_bar = bar("tokenize")
+        for result in _closing(progress_bar, run(_tokenize_chunk, tasks)):
+            results.append(result)
+            documents += sum(len(result[split][streams[0]]) for split in SPLITS)
+            tokens += sum(int(result[split][streams[0]].sum()) for split in SPLITS)
+            progress_bar.update(result["bytes"])
+            progress_bar.set_postfix(documents=documents, tokens=tokens, refresh=False)
+    finally:
+        if pool:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if not documents:
+        raise ValueError(f"no documents in {', '.join(map(str, paths))}: the inputs are empty (or blank)")
+    index = {
+        "format": 1,
+        "kind": "pairs" if fmt == "tsv" else "lm",
+        "streams": streams,
+        "dtype": np.dtype(shard_dtype(tok.vocab_size)).name,
+        "tokenizer": {
+            "kind": tok.kind,
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+            "fingerprint": tok_fingerprint,
+        },  # fmt: skip
+        "options": options,
+        "inputs": files,
+        "splits": {split: _split_index(partial, split, streams, results, options, documents) for split in SPLITS},
+        "workers": workers,
+    }
+    (partial / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")
+    return index
+
+
+def _split_index(partial: Path, split: str, streams: list[str], results: list[dict], options, total: int) -> dict:
+    """One split's shards and document count; writes its {stream}-documents.npy (where each document starts)."""
+    documents = sum(len(r[split][streams[0]]) for r in results)
+    if not documents:
+        fix = "raise" if split == "valid" else "lower"
+        raise ValueError(
+            f"the {split} split has no documents (of {total}): {fix} --valid_fraction={options['valid_fraction']}"
+        )
+    out = {"documents": documents, "streams": {}}
+    for s in streams:
+        n_D = np.concatenate([r[split][s] for r in results]).astype(np.int64)
+        np.save(partial / split / f"{s}-documents.npy", np.concatenate([[0], np.cumsum(n_D)]))
+        shards = [{"file": r["files"][split][s], "tokens": int(r[split][s].sum())} for r in results]
+        out["streams"][s] = {"tokens": int(n_D.sum()), "shards": [x for x in shards if x["tokens"]]}
+    return out
+
+
+def _closing(bar, results):
+    """`results`, closing the progress bar after the last one or at an error (so an error line starts a line)."""
+    with bar:
+        yield from results
+
+
+def _texts(documents) -> list[str]:
+    """Every text of a chunk's documents (both sides of a pair)."""
+    return [t for d in documents for t in (d if isinstance(d, tuple) else (d,))]
+
+
+def _char_tokenizer(run, chunks, fmt, delimiter, field, bar) -> CharTokenizer:
+    """The characters of every document (a first pass over the inputs), with pad/bos/eos."""
+    present = np.zeros(0x110000, bool)
+    for chunk, codes in zip(chunks, _closing(bar, run(_chunk_codes, [(c, fmt, delimiter, field) for c in chunks]))):
+        present[codes] = True
+        bar.update(chunk.stop - chunk.start)
+    return CharTokenizer([chr(c) for c in np.flatnonzero(present)], specials=True)
+
+
+def _chunk_codes(task) -> np.ndarray:
+    chunk, fmt, delimiter, field = task
+    text = "".join(_texts(docs_lib.documents(chunk, fmt, delimiter, field)))
+    return np.flatnonzero(np.bincount(np.frombuffer(text.encode("utf-32-le"), np.uint32), minlength=1))
+
+
+def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> SentencePieceTokenizer:
+    """SentencePiece trained on the lines of about sample_mb of documents, from chunks spread evenly over the inputs;
+    with byte fallback, so that characters the sample lacks encode as their UTF-8 bytes."""
+    sizes = np.array([c.stop - c.start for c in chunks])
+    wanted = max(1, min(len(chunks), math.ceil(sample_mb * 2**20 / max(sizes.mean(), 1))))
+    picked = np.unique(np.linspace(0, len(chunks) - 1, wanted).round().astype(int))
+    lines = [
+        line
+        for i in picked
+        for text in _texts(docs_lib.documents(chunks[i], fmt, delimiter, field))
+        for line in text.split("\n")
+        if line.strip()
+    ]
+    if not lines:
+        raise ValueError("no documents in the inputs: they are empty (or blank)")
+    try:
+        return SentencePieceTokenizer.train(lines, vocab_size, byte_fallback=True)  # text the sample lacks: bytes
+    except RuntimeError as e:
+        raise ValueError(
+            f"SentencePiece could not train {vocab_size} pieces on the sample ({e}); lower --vocab_size"
+        ) from None
+
+
+def _is_valid(text: str, fraction: float) -> bool:
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+def _tokenize_chunk(task) -> dict:
+    """One chunk's documents tokenized into one shard per split and stream; returns the documents' lengths."""
+    i, chunk, fmt, delimiter, field, valid_fraction, partial, streams, tokenizer_fingerprint = task
+    if tokenizer_fingerprint not in _worker_tokenizers:
+        _worker_tokenizers[tokenizer_fingerprint] = load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
+    tok = _worker_tokenizers[tokenizer_fingerprint]
+    dtype = shard_dtype(tok.vocab_size)
+    parts = {split: [] for split in SPLITS}
+    for d in docs_lib.documents(chunk, fmt, delimiter, field):
+        key = "\t".join(d) if isinstance(d, tuple) else d
+        parts["valid" if _is_valid(key, valid_fraction) else "train"].append(d)
+    result = {"bytes": chunk.stop - chunk.start, "files": {}}
+    for split, documents in parts.items():
+        result[split], result["files"][split] = {}, {}
+        for j, s in enumerate(streams):
+            texts = [d[j] for d in documents] if len(streams) > 1 else documents
+            try:
+                ids = tok.encode_batch(texts) if texts else []
+            except ValueError as e:  # a character the tokenizer (of a workdir) cannot encode
+                raise ValueError(f"{chunk.path} (bytes {chunk.start}-{chunk.stop}): {e}") from None
+            if len(streams) == 1 and tok.eos_id is not None:  # an LM stream: each document ends with EOS
+                eos = np.array([tok.eos_id], np.int32)
+                ids = [a for x in ids for a in (x, eos)]
+                n = np.array([len(x) + 1 for x in ids[::2]], np.int64)
+            else:
+                n = np.array([len(x) for x in ids], np.int64)
+            name = f"{split}/{s}-{i:05d}.bin"
+            if n.sum():
+                np.concatenate(ids).astype(dtype).tofile(os.path.join(partial, name))
+            result[split][s], result["files"][split][s] = n, name
+    return result
