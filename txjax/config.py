@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 FAMILIES = ("decoder_lm", "encoder_decoder")
 DATA_KINDS = ("text", "parallel", "synthetic")
-TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe")  # byte_bpe: GPT-2's, from the workdir (import-gpt2)
+TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
 
 

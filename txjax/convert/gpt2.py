@@ -20,25 +20,24 @@ names the field; writing goes to a temporary folder renamed into place, so a fai
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from txjax.convert.hf_folder import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    check_params,
+    read_config,
+    read_tensors,
+    write_atomically,
+)
 from txjax.data.tokenizers import ByteLevelBPETokenizer
-from txjax.models import DecoderLM, ModelConfig, stack_layers, unstack_layers
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+from txjax.models import ModelConfig, stack_layers, unstack_layers
 
 # Hugging Face activation_function -> txjax activation (gelu_new is GPT-2's tanh approximation)
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -177,13 +176,6 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     return out
 
 
-def expected_shapes(cfg: ModelConfig):
-    """The param tree of DecoderLM(cfg), as ShapeDtypeStructs (nothing is computed)."""
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = jax.eval_shape(lambda: DecoderLM(cfg).init(jax.random.key(0), tokens))
-    return nn.meta.unbox(variables["params"])
-
-
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     """HF GPT-2 tensors (keys with or without the `transformer.` prefix) -> DecoderLM params.
 
@@ -247,41 +239,15 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     return {f"transformer.{k}": np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def check_params(params: Mapping, cfg: ModelConfig) -> None:
-    """The params have exactly DecoderLM(cfg)'s tree and shapes, else a ValueError naming the first difference."""
-    want = {jax.tree_util.keystr(p): s.shape for p, s in jax.tree_util.tree_leaves_with_path(expected_shapes(cfg))}
-    got = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))}
-    for path in sorted(want.keys() | got.keys()):
-        if want.get(path) != got.get(path):
-            raise ValueError(f"params{path}: shape {got.get(path)}, DecoderLM(cfg) expects {want.get(path)}")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # folders
-
-
-def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
-    """All tensors of model.safetensors, or of the shards model.safetensors.index.json lists."""
-    if (folder / WEIGHTS_FILE).is_file():
-        files = [folder / WEIGHTS_FILE]
-    elif (folder / INDEX_FILE).is_file():
-        files = sorted({folder / f for f in json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()})
-    else:
-        raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
-    tensors = {}
-    for path in files:
-        with safe_open(path, framework="np") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})
-    return tensors
 
 
 def load_gpt2(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained GPT-2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
     folder = Path(folder).expanduser()
-    if not (folder / CONFIG_FILE).is_file():
-        raise ValueError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face checkpoint folder)")
-    cfg = config_from_hf(json.loads((folder / CONFIG_FILE).read_text()))
-    return cfg, params_from_hf(_read_tensors(folder), cfg)
+    cfg = config_from_hf(read_config(folder))
+    return cfg, params_from_hf(read_tensors(folder), cfg)
 
 
 def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
@@ -302,39 +268,15 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
     return ByteLevelBPETokenizer(model["vocab"], merges)
 
 
-def write_atomically(target, write: Callable[[Path], None]) -> Path:
-    """Runs write(tmp_dir) and renames tmp_dir to `target`; on any error nothing is left at `target`.
-
-    `target` must not exist or be an empty folder.
-    """
-    target = Path(target).expanduser().absolute()
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ValueError(f"{target} exists and is not an empty folder; choose a new one")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():
-            target.rmdir()
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+def write_gpt2(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
+    """Writes config.json + model.safetensors into `folder` (GPT2LMHeadModel.from_pretrained loads them)."""
+    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 def save_gpt2(
     folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None, eos_id: int | None = None
 ) -> Path:
-    """Writes config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads.
-
-    Everything is checked (config fields, param shapes) before the folder appears.
-    """
-    hf_config = config_to_hf(cfg, bos_id, eos_id)
-    tensors = params_to_hf(params, cfg)
-
-    def write(tmp: Path):
-        (tmp / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-
-    return write_atomically(folder, write)
+    """write_gpt2 into a new folder, atomically: a failure (a config or shape GPT-2 lacks) leaves nothing."""
+    return write_atomically(folder, lambda tmp: write_gpt2(tmp, cfg, params, bos_id, eos_id))

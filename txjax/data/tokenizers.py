@@ -293,6 +293,10 @@ def load_tokenizer(directory: PathLike) -> Tokenizer:
         return SentencePieceTokenizer((d / config["model_file"]).read_bytes())
     if kind == "byte_bpe":
         return ByteLevelBPETokenizer.from_files(d / config["vocab_file"], d / config["merges_file"])
+    if kind == "hf":  # a pretrained model's own tokenizer (txjax.convert)
+        from txjax.data.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.load(d, config)
     raise ValueError(
-        f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char', 'sentencepiece' or 'byte_bpe')"
+        f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char', 'sentencepiece', 'byte_bpe' or 'hf')"
     )
