@@ -12,7 +12,8 @@ COMMANDS = {  # name -> (module, function(argv: list[str]))
     "eval": ("txjax.evaluate", "main"),
     "sweep": ("txjax.sweep", "main"),
     "generate": ("txjax.decode", "main"),
-    "import-gpt2": ("txjax.convert.workdir", "main"),
+    "import": ("txjax.cli.import_model", "main"),
+    "export": ("txjax.cli.export", "main"),
     "attention": ("txjax.viz", "main"),
     "inspect": ("txjax.summary", "main"),
 }

@@ -213,7 +213,7 @@ def from_command_line(
     experiment: str | None, overrides: list[str], workdir: Path | None = None
 ) -> ml_collections.ConfigDict:
     """Experiment file + overrides, validated: the config a run starts from. Without an experiment file, a workdir
-    that already holds a config.json (a resumed or imported run, e.g. `run.py import-gpt2`) starts from that one."""
+    that already holds a config.json (a resumed or imported run, e.g. `run.py import`) starts from that one."""
     from_workdir = experiment is None and workdir is not None and (Path(workdir) / CONFIG_FILE).is_file()
     config = load(workdir) if from_workdir else load_config(experiment)
     for flag in overrides:

@@ -1,5 +1,6 @@
 """What every Hugging Face folder conversion shares: reading config.json and the safetensors weights (one file or
-shards, with a progress bar), checking params against DecoderLM's tree, and writing a folder atomically.
+shards, with a progress bar), checking params against DecoderLM's tree, writing a folder atomically, and the fast
+tokenizer's files.
 
 Every problem is a one-line ValueError naming the file; writing goes to a temporary folder renamed into place, so a
 failure leaves nothing at the target.
@@ -21,6 +22,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
+from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.models import DecoderLM, ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -49,7 +51,10 @@ def read_tensors(folder: Path) -> dict[str, np.ndarray]:
     else:
         raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
     tensors = {}
-    with tqdm(total=sum(f.stat().st_size for f in files if f.is_file()), unit="B", unit_scale=True) as bar:
+    # a bar in a terminal (disable=None: none when stderr is a file or pipe, so errors stay one line)
+    with tqdm(
+        total=sum(f.stat().st_size for f in files if f.is_file()), unit="B", unit_scale=True, disable=None
+    ) as bar:
         for path in files:
             bar.set_description(f"reading {path.name}")
             try:
@@ -98,3 +103,55 @@ def write_atomically(target, write: Callable[[Path], None]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tokenizer files: tokenizer.json (the `tokenizers` pipeline), tokenizer_config.json (special tokens, chat template)
+
+
+def _token_text(value) -> str | None:
+    """tokenizer_config.json spells a special token as a string or as an AddedToken dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
+    """The fast tokenizer of a save_pretrained folder: tokenizer.json, with BOS/EOS/pad and the chat template from
+    tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. The model expects BOS
+    first when the pipeline's own post-processor puts it there."""
+    import tokenizers
+
+    if not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{folder}: no tokenizer.json (save the model's fast tokenizer with it)")
+    pipeline = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config_path = folder / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    template = tok_config.get("chat_template")
+    if template is None and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text()
+
+    def special(name):
+        text = _token_text(tok_config.get(f"{name}_token"))
+        fallback = hf_config.get(f"{name}_token_id")
+        fallback = fallback[0] if isinstance(fallback, list) else fallback  # Llama 3 lists several EOS ids
+        return pipeline.token_to_id(text) if text is not None else fallback
+
+    bos = special("bos")
+    add_bos = bos is not None and pipeline.encode("a").ids[:1] == [bos]
+    return HFTokenizer(
+        pipeline, bos_id=bos, eos_id=special("eos"), pad_id=special("pad"), add_bos=add_bos, chat_template=template
+    )
+
+
+def write_tokenizer(folder: Path, tokenizer: HFTokenizer, max_len: int) -> None:
+    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads."""
+    tokenizer.tok.save(str(folder / "tokenizer.json"))
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        "add_bos_token": tokenizer.add_bos,
+        "clean_up_tokenization_spaces": False,
+        **{f"{n}_token": tokenizer.token(getattr(tokenizer, f"{n}_id")) for n in ("bos", "eos", "pad")},
+    }
+    if tokenizer.chat_template:
+        tok_config["chat_template"] = tokenizer.chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
