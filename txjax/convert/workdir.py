@@ -43,11 +43,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object]:
         raise ValueError(f"{path}: no such folder or .gguf file")
     hf = read_config(path)
     if hf.get("model_type") == "gpt2":
-        tokenizer = gpt2.load_gpt2_tokenizer(path)
-        return (*gpt2.load_gpt2(path), tokenizer)
-    llama.config_from_hf(hf, has_head=True)  # another model_type fails here, naming it, before anything is read
-    tokenizer = read_tokenizer(path, hf)
-    return (*llama.load_llama(path), tokenizer)
+        return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path))
+    return (*llama.load_llama(path), read_tokenizer(path, hf))
 
 
 def run_config(cfg: ModelConfig, tokenizer, experiment: str | None = None, overrides=()) -> ml_collections.ConfigDict:
