@@ -633,13 +633,18 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
     return dict(options, beam_size=beam_size if beam_size > 1 else None, eos_id=eos_id)
 
 
-def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list[str]:
+def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
     """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
     include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
-    `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
+    chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
+    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
     tokenizer, family = run.tokenizer, run.config.family
     seq2seq = family == "encoder_decoder"
+    shown = "" if chat else text
+    if chat:
+        text = tokenizer.render_chat([{"role": "user", "content": text}])
     ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and not seq2seq, eos=seq2seq)
+    ids = ids if seq2seq else tokenizer.prefix() + ids
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
     if seq2seq:
         out = translate(
@@ -650,12 +655,13 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
     else:
         rows = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy).ids
-    return [text + tokenizer.decode(row) for row in rows]
+    return [shown + tokenizer.decode(row) for row in rows]
 
 
 def main(argv: list[str]) -> None:
-    """run.py generate --workdir=DIR --prompt=TEXT [--max_new_tokens --temperature --top_k --top_p --beam_size
-    --length_penalty --seed --num_samples]: prints each sample (defaults: the workdir config's `decode` section)."""
+    """run.py generate --workdir=DIR --prompt=TEXT [--chat --max_new_tokens --temperature --top_k --top_p
+    --beam_size --length_penalty --seed --num_samples]: prints each sample (defaults: the workdir config's `decode`
+    section)."""
     import argparse
 
     from txjax.config import user_errors
@@ -675,6 +681,7 @@ def main(argv: list[str]) -> None:
     ]:
         parser.add_argument(f"--{name}", type=kind, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")
     args = vars(parser.parse_args(argv))
     with user_errors():
         run = load_workdir(args.pop("workdir"))

@@ -56,7 +56,7 @@ class HFTokenizer(Tokenizer):
         return self.tok.decode(self._check_ids(ids).tolist(), skip_special_tokens=True)
 
     def prefix(self) -> list[int]:
-        """What the model expects before a text: [BOS] when it was trained so, else nothing."""
+        """[BOS] when the model was trained with it before every text, else nothing."""
         return [self.bos_id] if self.add_bos and self.bos_id is not None else []
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -43,6 +43,14 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    def prefix(self) -> list[int]:
+        """Ids the model expects before any text (a pretrained model's BOS); none for txjax's own tokenizers."""
+        return []
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """A conversation in the model's chat template (pretrained models' tokenizers have one)."""
+        raise ValueError(f"a {self.kind} tokenizer has no chat template: drop --chat")
+
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode_array(t) for t in texts]
 
