@@ -78,6 +78,7 @@ def base_config() -> ml_collections.ConfigDict:
                 # checkpoint + final eval
                 "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
+                "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
             },
             "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
             "decode": {

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from txjax import config as config_lib
-from txjax import distributed
+from txjax import distributed, init_from
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, first_device_mesh, is_lead, run_mesh
@@ -144,6 +144,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 def prepare(config: ml_collections.ConfigDict, workdir: Path):
     """(tokenizer, train, valid) of a run; the tokenizer saved in `workdir`, the model sizes filled into `config`."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if config.train.get("init_from"):  # fine-tuning: the source's model section and tokenizer
+        init_from.adopt_model(config, workdir, lead=is_lead())
+        barrier("init_from")
     with config_lib.user_errors():
         tokenizer = build_tokenizer(config, workdir) if is_lead() else None
         barrier("tokenizer")  # the other processes load the one process 0 built and saved
@@ -182,7 +185,10 @@ def _loop(config, workdir: Path, tokenizer, train_data, valid_data, ckpt: Checkp
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
     init = jax.jit(lambda: init_state(model, tx, t.seed), out_shardings=state_shardings(model, tx, t.seed, mesh))
     saved = ckpt.latest_step()
-    state = init() if saved is None else ckpt.restore(jax.eval_shape(init))
+    if saved is not None:
+        state = ckpt.restore(jax.eval_shape(init))
+    else:
+        state = init_from.initial_state(config, model, tx, mesh) if t.get("init_from") else init()
     start = int(state.step)
     if saved is not None:
         print(f"resuming {workdir} from step {start}", flush=True)
