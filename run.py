@@ -1,21 +1,21 @@
 """txjax command line: `python run.py SUBCOMMAND [flags]` (`python run.py` lists the subcommands).
 
-Each subcommand is one entry of COMMANDS: a module and the name of its `main(argv)`. A user error (bad config key
+Each subcommand is one entry of COMMANDS: a module of txjax/cli with its `main(argv)`. A user error (bad config key
 or value, missing data file, diverged loss) ends with one line on stderr and exit status 2, without a traceback.
 """
 
 import importlib
 import sys
 
-COMMANDS = {  # name -> (module, function(argv: list[str]))
-    "train": ("txjax.train", "main"),
-    "eval": ("txjax.evaluate", "main"),
-    "sweep": ("txjax.sweep", "main"),
-    "generate": ("txjax.decode", "main"),
-    "import": ("txjax.cli.import_model", "main"),
-    "export": ("txjax.cli.export", "main"),
-    "attention": ("txjax.viz", "main"),
-    "inspect": ("txjax.summary", "main"),
+COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
+    "train": "txjax.cli.train",
+    "eval": "txjax.cli.eval",
+    "sweep": "txjax.cli.sweep",
+    "generate": "txjax.cli.generate",
+    "import": "txjax.cli.import_model",
+    "export": "txjax.cli.export",
+    "attention": "txjax.cli.attention",
+    "inspect": "txjax.cli.inspect",
 }
 
 
@@ -28,9 +28,8 @@ def main(argv: list[str]) -> int:
     from txjax.config import ConfigError
     from txjax.train import Diverged
 
-    module, function = COMMANDS[argv[0]]
     try:
-        getattr(importlib.import_module(module), function)(argv[1:])
+        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     except (ConfigError, Diverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -31,22 +31,15 @@ import jax
 import jax.numpy as jnp
 
 from txjax import decode
-from txjax.models import DecoderLM, ModelConfig, init_cache
+from txjax.convert.gpt2 import GPT2_SMALL
+from txjax.decode import init_cache
+from txjax.models import DecoderLM, ModelConfig
 
 SHAPES = {
     # nanoGPT's shakespeare_char model, with a context long enough for 1024 new tokens
     "shakespeare_char": ModelConfig(vocab_size=65, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=1024),
     # GPT-2 small (124M parameters)
-    "gpt2_small": ModelConfig(
-        vocab_size=50257,
-        d_model=768,
-        num_heads=12,
-        d_ff=3072,
-        num_layers=12,
-        max_len=1024,
-        activation="gelu_tanh",
-        use_bias=True,
-    ),
+    "gpt2_small": GPT2_SMALL,
 }
 BUCKET = 64  # recompute pads the sequence to a multiple of this
 STEPS_TIMED = 32  # decode steps per per-token cost measurement

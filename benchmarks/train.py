@@ -1,4 +1,4 @@
-"""Training throughput of txjax's own train_step (txjax.train.make_train_step): tokens/s, ms/step and MFU.
+"""Training throughput of txjax's own train_step (txjax.train_step.make_train_step): tokens/s, ms/step and MFU.
 
     python benchmarks/train.py --shape=shakespeare_char|baby_gpt|gpt2_small|marian_small
         [--dtype=float32,bfloat16] [--attention=reference,fused] [--scan_layers=true,false] [--steps=N]
@@ -32,8 +32,8 @@ import numpy as np
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.summary import train_flops_per_batch
-from txjax.train import make_train_step
 from txjax.train_state import init_state, make_optimizer
+from txjax.train_step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"
 SHAPES = {  # name -> (experiment file, overrides of its config)

@@ -1,7 +1,7 @@
 """The default experiment (`python run.py train`): a decoder-only LM learns to reverse strings of 1-8 digits.
 
-Sequence: BOS d1..dn '=' dn..d1 EOS, loss on the answer only; no download, about two minutes on 2 CPU cores,
-exact-match accuracy near 100% on 512 held-out strings at the end.
+Sequence: BOS d1..dn '=' dn..d1 EOS, loss on the answer only; no download, a few minutes on a laptop CPU; the final
+eval reports exact match on 512 held-out strings.
 """
 
 from txjax.config import base_config
@@ -10,17 +10,8 @@ from txjax.config import base_config
 def get_config():
     config = base_config()
     config.family = "decoder_lm"
-    config.data.kind = "synthetic"
-    config.data.task = "reverse"
-    config.data.max_digits = 8
+    config.data.update(kind="synthetic", task="reverse", max_digits=8)
     config.model.update(num_layers=2, num_heads=4, d_model=128, d_ff=512, dropout=0.0)
-    config.train.update(
-        steps=600,
-        batch_size=64,
-        learning_rate=1e-3,
-        warmup_steps=50,
-        log_every=50,
-        eval_every=200,
-        checkpoint_every=200,
-    )
+    config.train.update(steps=600, batch_size=64, learning_rate=1e-3, warmup_steps=50)
+    config.train.update(log_every=50, eval_every=200, checkpoint_every=200)
     return config

@@ -112,7 +112,7 @@ def test_text_split_and_eval_cover_every_token_once(text_file):
     tok = ByteTokenizer()
     all_ids = tok.encode(text_file.read_text())
     train = TextLMDataset(text_file, tok, seq_len=16, split="train")
-    val = TextLMDataset(text_file, tok, seq_len=16, split="val", val_fraction=0.1)
+    val = TextLMDataset(text_file, tok, seq_len=16, split="valid", val_fraction=0.1)
     cut = int(len(all_ids) * 0.9)
     assert train.tokens.tolist() == all_ids[:cut] and val.tokens.tolist() == all_ids[cut:]
     batches = list(val.eval_batches(batch_size=3))
@@ -212,7 +212,7 @@ def test_first_fit():
 
 
 def test_addition_answers_are_right():
-    task = SyntheticTask("add", form="lm", min_len=1, max_len=5)
+    task = SyntheticTask("add", form="lm", min_digits=1, max_digits=5)
     tok = task.tokenizer
     batch = task.batch(0, 7, 16)
     for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
@@ -236,8 +236,8 @@ def test_tasks_in_both_forms(name):
         "sort": lambda x: "".join(sorted(x)),
         "add": lambda x: str(sum(map(int, x.split("+")))),
     }[name]
-    lm = SyntheticTask(name, form="lm", max_len=6)
-    s2s = SyntheticTask(name, form="seq2seq", max_len=6)
+    lm = SyntheticTask(name, form="lm", max_digits=6)
+    s2s = SyntheticTask(name, form="seq2seq", max_digits=6)
     tok = lm.tokenizer
     a = lm.batch(2, 0, 8)
     assert_batches_equal(a, lm.batch(2, 0, 8))
@@ -294,7 +294,7 @@ def test_tinyshakespeare_char_vocab_and_split():
     tok = CharTokenizer.from_text(path.read_text(encoding="utf-8"))
     assert tok.vocab_size == 65
     train = TextLMDataset(path, tok, seq_len=64)
-    val = TextLMDataset(path, tok, seq_len=64, split="val")
+    val = TextLMDataset(path, tok, seq_len=64, split="valid")
     assert (len(train.tokens), len(val.tokens)) == (1003854, 111540)  # nanoGPT's shakespeare_char counts
     assert train.batch(0, 0, 2)["inputs"].max() < 65
 

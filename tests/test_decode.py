@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from txjax import decode
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+from txjax.attention import NEG_INF
+from txjax.decode import init_cache
+from txjax.decode.cache import CACHE_LEAF_NDIM
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
 from txjax.positional import KINDS
 
 VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
@@ -17,16 +20,8 @@ VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
 
 def tiny(positional="rope", **overrides):
     """2 layers, GQA (4 query heads on 2 KV heads)."""
-    fields = dict(
-        vocab_size=VOCAB,
-        d_model=32,
-        num_heads=4,
-        num_kv_heads=2,
-        d_ff=64,
-        num_layers=2,
-        max_len=24,
-        positional=positional,
-    )
+    fields = dict(vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64, num_layers=2, max_len=24)
+    fields["positional"] = positional
     return ModelConfig(**{**fields, **overrides})
 
 
@@ -139,13 +134,13 @@ def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
                 jnp.broadcast_to(
                     jnp.arange(3),
                     (
-                        *x.shape[: x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]],
-                        *x.shape[x.ndim - decode._CACHE_LEAF_NDIM[path[-1].key] :],
+                        *x.shape[: x.ndim - 1 - CACHE_LEAF_NDIM[path[-1].key]],
+                        *x.shape[x.ndim - CACHE_LEAF_NDIM[path[-1].key] :],
                         3,
                     ),
                 ),
                 -1,
-                x.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key],
+                x.ndim - 1 - CACHE_LEAF_NDIM[path[-1].key],
             ).astype(x.dtype)
         ),
         cache,
@@ -153,7 +148,7 @@ def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
     rows = jnp.array([2, 2, 0, 1])
     for path, leaf in jax.tree_util.tree_leaves_with_path(decode.gather_rows(marked, rows)):
         if path[-1].key != "cache_index":
-            axis = leaf.ndim - 1 - decode._CACHE_LEAF_NDIM[path[-1].key]
+            axis = leaf.ndim - 1 - CACHE_LEAF_NDIM[path[-1].key]
             assert leaf.shape[axis] == 4
             np.testing.assert_array_equal(jnp.moveaxis(leaf, axis, -1).reshape(-1, 4)[0], rows)
 
@@ -227,7 +222,7 @@ def test_stop_token_ends_rows_and_exits_early():
 
 def test_top_k_filter_keeps_k_largest():
     logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]]))
-    kept = decode.top_k_filter(logits, 2) > decode.NEG_INF
+    kept = decode.top_k_filter(logits, 2) > NEG_INF
     assert kept.tolist() == [[False, True, False, True]]
 
 
@@ -236,7 +231,7 @@ def test_top_k_filter_keeps_k_largest():
 )
 def test_top_p_keeps_smallest_set_reaching_p(p, expected):
     probs = jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]])  # sorted: 0.5 (id 2), 0.2 (4), 0.15 (0), 0.1 (3), 0.05 (1)
-    kept = decode.top_p_filter(jnp.log(probs), p) > decode.NEG_INF
+    kept = decode.top_p_filter(jnp.log(probs), p) > NEG_INF
     assert set(np.flatnonzero(kept[0]).tolist()) == expected
 
 
@@ -334,6 +329,7 @@ def test_generate_windowed_is_generate_while_it_fits_then_slides():
 def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     """`run.py generate` and the BLEU/chrF of evaluation on an (untrained) encoder-decoder run."""
     import run
+    import txjax.cli.generate
     from txjax import config as config_lib
     from txjax import evaluate, experiment
     from txjax.data import CharTokenizer, ParallelDataset
@@ -348,8 +344,8 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     config.decode.update(max_new_tokens=8, beam_size=2)
     model = EncoderDecoder(tiny(vocab_size=tokenizer.vocab_size))
     params = random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
-    fake_run = experiment.Run(config, model, tokenizer, params, step=0)
-    monkeypatch.setattr(experiment, "load_workdir", lambda workdir: fake_run)
+    fake_run = experiment.TrainedRun(config, model, tokenizer, params, step=0)
+    monkeypatch.setattr(txjax.cli.generate, "load_workdir", lambda workdir: fake_run)
 
     assert run.main(["generate", "--workdir=unused", "--prompt=the cat"]) == 0
     assert capsys.readouterr().out.count("\n") == 1  # one translation (beam search; maybe empty, untrained)

@@ -11,24 +11,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from txjax.convert import load_gpt2, load_gpt2_tokenizer, save_gpt2
-from txjax.models import DecoderLM, ModelConfig
+from txjax.convert.gpt2 import GPT2_SMALL
+from txjax.models import DecoderLM
 
-CFG = ModelConfig(
-    vocab_size=50,
-    d_model=16,
-    num_heads=2,
-    d_ff=64,
-    num_layers=2,
-    max_len=12,
-    positional="learned",
-    norm="layernorm",
-    norm_placement="pre",
-    activation="gelu_tanh",
-    use_bias=True,
-    tie_embeddings=True,
-    dropout=0.1,
-    attention_dropout=0.1,
-)
+CFG = dataclasses.replace(GPT2_SMALL, vocab_size=50, d_model=16, num_heads=2, d_ff=64, num_layers=2, max_len=12)
 
 
 def random_params(cfg, seed=0):

@@ -1,5 +1,6 @@
 """run.py import: a GPT-2 folder becomes a workdir that load_workdir, eval, generation and attention use."""
 
+import dataclasses
 import json
 
 import jax
@@ -8,32 +9,17 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
+import test_gpt2_convert  # noqa: E402
 from test_gpt2_convert import random_params  # noqa: E402
 
 import run  # noqa: E402
+from txjax.cli.eval import main as eval_main  # noqa: E402
 from txjax.convert import save_gpt2  # noqa: E402
 from txjax.decode import generate  # noqa: E402
-from txjax.evaluate import main as eval_main  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
-from txjax.models import ModelConfig  # noqa: E402
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 40
-CFG = ModelConfig(
-    vocab_size=300,
-    d_model=16,
-    num_heads=2,
-    d_ff=64,
-    num_layers=2,
-    max_len=32,
-    positional="learned",
-    norm="layernorm",
-    norm_placement="pre",
-    activation="gelu_tanh",
-    use_bias=True,
-    tie_embeddings=True,
-    dropout=0.1,
-    attention_dropout=0.1,
-)
+CFG = dataclasses.replace(test_gpt2_convert.CFG, vocab_size=300, max_len=32)  # the tiny GPT-2, a wider vocab
 
 
 @pytest.fixture(scope="module")

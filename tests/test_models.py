@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from test_attention import random_params
 
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache, stack_layers, unstack_layers
+from txjax.decode import init_cache
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, stack_layers, unstack_layers
 
 POSITIONALS = ("none", "sinusoidal", "learned", "rope", "alibi")
 V, D, H, KV, F, NL, MAXLEN = 13, 16, 4, 2, 24, 2, 16

@@ -4,19 +4,11 @@ import dataclasses
 
 import jax
 
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+from txjax.convert.gpt2 import GPT2_SMALL  # noqa: E402
+from txjax.decode import init_cache
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
 from txjax.summary import summarize
 
-GPT2_SMALL = ModelConfig(
-    vocab_size=50257,
-    d_model=768,
-    num_heads=12,
-    d_ff=3072,
-    num_layers=12,
-    max_len=1024,
-    activation="gelu_tanh",
-    use_bias=True,
-)
 TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32, num_layers=2, max_len=12)
 
 

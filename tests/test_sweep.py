@@ -84,8 +84,7 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(txjax.sweep, "train", no_training)
-    monkeypatch.setattr(txjax.sweep, "train_group", no_training)
+    monkeypatch.setattr(txjax.sweep, "train_runs", no_training)
     before = results(workdir)
     run_sweep(sweep, workdir, [], vmap=False)
     assert results(workdir) == before
@@ -119,6 +118,10 @@ def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, mo
     assert [(r["split"], r["step"]) for r in together] == [(r["split"], r["step"]) for r in one]
     for key in ("loss", "learning_rate"):
         np.testing.assert_allclose([r.get(key, 0) for r in together], [r.get(key, 0) for r in one], rtol=1e-5)
+    # one loop: a stacked run logs what a single run logs (mfu and train_minutes included)
+    assert [sorted(r) for r in together] == [sorted(r) for r in one]
+    assert all("mfu" in r for r in together if r["split"] == "train")
+    assert all("train_minutes" in r for r in together if r["split"] == "valid")
 
 
 def test_report_shows_the_final_evals_generation_metrics(tmp_path):
@@ -126,7 +129,7 @@ def test_report_shows_the_final_evals_generation_metrics(tmp_path):
     setting; runs without it leave the cell empty."""
     runs = []
     for name, bleu in (("a", 10.0), ("b", 14.0), ("c", None)):
-        run = txjax.sweep.Run(
+        run = txjax.sweep.SweepRun(
             name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)}, tmp_path / name
         )
         run.workdir.mkdir()

@@ -15,14 +15,16 @@ import pytest
 
 import txjax.train
 from txjax import config as config_lib
+from txjax import families
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
-from txjax.train import Diverged, make_train_step, train
+from txjax.train import Diverged, train, train_runs
 from txjax.train_state import init_state, make_optimizer
+from txjax.train_step import make_train_step
 
 REPO = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
@@ -87,7 +89,7 @@ def test_bad_values_are_one_line_errors():
 @pytest.mark.parametrize("experiment", sorted(p.name for p in (REPO / "experiments").glob("*.py")))
 def test_every_experiment_file_validates(experiment):
     config = config_lib.from_command_line(str(REPO / "experiments" / experiment), [])
-    assert config.family in config_lib.FAMILIES and config.train.steps > 0
+    assert config.family in families.FAMILIES and config.train.steps > 0
 
 
 def test_cli_user_error_is_one_line_without_traceback():
@@ -297,6 +299,32 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         train(config, tmp_path)
     assert Checkpointer(tmp_path / "checkpoints", 3).manager.all_steps() == [1]
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params_of(tmp_path)))
+
+
+def test_a_stacked_run_diverges_alone_and_the_others_end_as_they_end_alone(tmp_path):
+    """One loop for one run and R stacked runs: in a group whose second run diverges, that run stops with the
+    single-run message naming its last good checkpoint, and the first ends with the parameters and the result
+    keys it has when trained alone."""
+    flags = ["--config.train.checkpoint_every=1", "--config.train.log_every=1"]
+    bad = tiny_config(*flags, "--config.train.learning_rate=1e30", "--config.train.warmup_steps=0")
+    good, bad_dir = tiny_config(*flags), tmp_path / "bad"
+    outcomes = train_runs([good, bad], [tmp_path / "good", bad_dir])
+    assert isinstance(outcomes[1], Diverged), outcomes[1]
+    assert "NaN/inf by step 2" in str(outcomes[1]) and "the last good checkpoint (step 1)" in str(outcomes[1])
+    assert Checkpointer(bad_dir / "checkpoints", 3).manager.all_steps() == [1]
+    alone = train(tiny_config(*flags), tmp_path / "alone")
+    assert sorted(outcomes[0]) == sorted(alone) and outcomes[0]["runs_vmapped"] == 2
+    for a, b in zip(
+        jax.tree_util.tree_leaves(params_of(tmp_path / "good")),
+        jax.tree_util.tree_leaves(params_of(tmp_path / "alone")),
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_divergence_before_any_save_says_so(tmp_path):
+    config = tiny_config("--config.train.learning_rate=1e30", "--config.train.warmup_steps=0")
+    with pytest.raises(Diverged, match="before any checkpoint was saved"):
+        train(config, tmp_path)
 
 
 def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_path, monkeypatch):

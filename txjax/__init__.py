@@ -16,7 +16,8 @@ from txjax.attention import (
     scaled_dot_product_attention,
     segment_mask,
 )
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+from txjax.decode.cache import init_cache
+from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
 
 __all__ = [
     "DecoderLM",

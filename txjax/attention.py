@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import einops
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -26,15 +27,18 @@ NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in f
 # The equation
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None):
+def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None, keep=None, return_weights=False):
     """softmax(mask(q k^T * scale + bias)) v for one head.
 
     q: [..., n_q, d_k], k: [..., n_k, d_k], v: [..., n_k, d_v]; mask: bool broadcastable to [..., n_q, n_k]
     (True = may attend); bias: float broadcastable to [..., n_q, n_k] (ALiBi). scale defaults to 1/sqrt(d_k).
+    keep: dropout on the attention weights, multipliers (0 or 1/(1-p)) broadcastable to [..., n_q, n_k].
     The softmax runs in float32 whatever the input dtype; a row whose keys are all masked returns zeros.
-    Returns [..., n_q, d_v].
+    Returns [..., n_q, d_v]; with return_weights also the weights softmax(...) [..., n_q, n_k] (before dropout).
     """
-    return attention_output(attention_weights(q, k, mask, bias=bias, scale=scale), v)
+    probs = attention_weights(q, k, mask, bias=bias, scale=scale)
+    out = attention_output(probs if keep is None else probs * keep, v)
+    return (out, probs) if return_weights else out
 
 
 def attention_weights(q, k, mask=None, *, bias=None, scale=None):
@@ -93,12 +97,12 @@ def _per_head(fn: Callable) -> Callable:
     over_g = jax.vmap(fn, in_axes=(-2, None, None, 1, 1), out_axes=(-2, 1))
     over_kv = jax.vmap(over_g, in_axes=(-3, -2, -2, 1, 1), out_axes=(-3, 1))
 
-    def run(q, k, v, bias, keep):
-        b, lq, h, dk = q.shape
-        g = k.shape[-2]
-        split = lambda t: None if t is None else t.reshape(t.shape[0], g, h // g, *t.shape[2:])
-        out, probs = over_kv(q.reshape(b, lq, g, h // g, dk), k, v, split(bias), split(keep))
-        return out.reshape(b, lq, h, -1), probs.reshape(probs.shape[0], h, lq, -1)
+    def run(q_BxLxHxK, k, v, bias, keep):
+        g = k.shape[-2]  # H = G * R: the R query heads of a group share its K/V head
+        split = lambda t: None if t is None else einops.rearrange(t, "b (g r) l s -> b g r l s", g=g)
+        q_BxLxGxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> b l g r k", g=g)
+        out, probs = over_kv(q_BxLxGxRxK, k, v, split(bias), split(keep))
+        return einops.rearrange(out, "b l g r k -> b l (g r) k"), einops.rearrange(probs, "b g r l s -> b (g r) l s")
 
     return run
 
@@ -197,9 +201,7 @@ class MultiHeadAttention(nn.Module):
         m = None if mask is None else mask[:, 0]  # [B|1, Lq, Lk], shared by all heads
 
         def one_head(q_, k_, v_, bias_, keep_):
-            probs = attention_weights(q_, k_, m, bias=bias_, scale=scale)
-            dropped = probs if keep_ is None else probs * keep_
-            return attention_output(dropped, v_), probs
+            return scaled_dot_product_attention(q_, k_, v_, m, bias=bias_, scale=scale, keep=keep_, return_weights=True)
 
         out_BxLxHxK, probs_BxHxLxS = _per_head(one_head)(q, k, v, bias, keep)
         if self.sow_weights:

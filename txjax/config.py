@@ -17,12 +17,12 @@ from pathlib import Path
 
 import ml_collections
 
+from txjax import families
 from txjax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-FAMILIES = ("decoder_lm", "encoder_decoder")
-DATA_KINDS = ("text", "parallel", "synthetic")
+DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
 
@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every field an experiment can set, with its default (see INTERFACES.md, "Config + workdir")."""
+    """Every field an experiment can set, with its default (README.md, "Experiments")."""
     model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
     model |= {"vocab_size": 0, "max_len": 0}  # 0: filled in from the tokenizer and the data's longest sequence
     config = ml_collections.ConfigDict(
@@ -177,7 +177,7 @@ def model_config(model: dict) -> ModelConfig:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks every value that can be checked before data is read (model fields included)."""
     choices = {
-        "family": (config.family, FAMILIES),
+        "family": (config.family, tuple(families.FAMILIES)),
         "data.kind": (config.data.kind, DATA_KINDS),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
     }
@@ -198,7 +198,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
-    if (config.data.kind == "parallel") != (config.family == "encoder_decoder") and config.data.kind != "synthetic":
+    if config.data.kind not in families.get(config.family).data_kinds:
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
 

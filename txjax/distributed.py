@@ -14,10 +14,8 @@ A process that dies is noticed by the others within --heartbeat_timeout seconds,
 
 from __future__ import annotations
 
-import argparse
 import collections
 import math
-import os
 import sys
 
 import jax
@@ -27,70 +25,34 @@ from jax.sharding import Mesh
 from txjax.config import ConfigError
 from txjax.sharding import make_mesh
 
-_ENV = {
-    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
-    "num_processes": "JAX_NUM_PROCESSES",
-    "process_id": "JAX_PROCESS_ID",
-}
 
-
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """The multi-process flags of `run.py train` and `run.py eval`."""
-    group = parser.add_argument_group("multi-process (jax.distributed; omit all for one process)")
-    group.add_argument(
-        "--coordinator_address",
-        default=os.environ.get(_ENV["coordinator_address"]),
-        help="HOST:PORT of process 0, the same for every process (env JAX_COORDINATOR_ADDRESS)",
-    )
-    group.add_argument(
-        "--num_processes",
-        type=int,
-        default=os.environ.get(_ENV["num_processes"]),
-        help="processes in the run, usually one per host (env JAX_NUM_PROCESSES)",
-    )
-    group.add_argument(
-        "--process_id",
-        type=int,
-        default=os.environ.get(_ENV["process_id"]),
-        help="this process, 0 .. num_processes - 1 (env JAX_PROCESS_ID)",
-    )
-    group.add_argument(
-        "--distributed",
-        action="store_true",
-        help="initialize jax.distributed, detecting what is not given from the cluster (SLURM, Cloud TPU, ...)",
-    )
-    group.add_argument(
-        "--initialization_timeout",
-        type=int,
-        default=300,
-        help="seconds to wait for every process to join (default 300)",
-    )
-    group.add_argument(
-        "--heartbeat_timeout",
-        type=int,
-        default=60,
-        help="seconds after which a silent process is declared dead and the others stop (default 60)",
-    )
-
-
-def initialize(args: argparse.Namespace) -> None:
-    """jax.distributed.initialize from the flags when any is given (before anything touches a device)."""
-    given = {name: getattr(args, name) for name in _ENV if getattr(args, name) is not None}
-    if not given and not args.distributed:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    detect: bool = False,
+    initialization_timeout: int = 300,
+    heartbeat_timeout: int = 60,
+) -> None:
+    """jax.distributed.initialize when any of the first three is given or `detect` is set (then JAX detects what is
+    not given from the cluster); call it before anything touches a device. Nothing happens otherwise."""
+    named = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
+    given = {name: value for name, value in named.items() if value is not None}
+    if not given and not detect:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes; no effect on GPU/TPU
     print(
         f"jax.distributed: joining {', '.join(f'{k}={v}' for k, v in given.items()) or 'the detected cluster'} "
-        f"(waiting up to {args.initialization_timeout}s for every process)",
+        f"(waiting up to {initialization_timeout}s for every process)",
         file=sys.stderr,
         flush=True,
     )
     try:
         jax.distributed.initialize(
             **given,
-            initialization_timeout=args.initialization_timeout,
-            heartbeat_timeout_seconds=args.heartbeat_timeout,
-            shutdown_timeout_seconds=args.heartbeat_timeout,
+            initialization_timeout=initialization_timeout,
+            heartbeat_timeout_seconds=heartbeat_timeout,
+            shutdown_timeout_seconds=heartbeat_timeout,
         )
     except (ValueError, RuntimeError) as e:  # jax's XlaRuntimeError is a RuntimeError
         raise ConfigError(
@@ -135,9 +97,8 @@ class InFlight:
     """Keeps at most `limit` dispatched steps unfinished: `add(outputs)` waits for the oldest beyond that.
 
     XLA:CPU queues at most 32 computations per device; with more dispatched ahead, steps whose collectives span
-    several devices of one process deadlock (measured, jax 0.10.2 on 2 cores: a (8,1,1) mesh of simulated devices
-    with 100 train steps in flight, or 2 processes x 2 devices with 33 eval steps in flight, hang for good; 31 do
-    not). Eight steps ahead keep one device or an accelerator just as busy.
+    several devices of one process deadlock (a mesh of simulated CPU devices with more than 32 steps in flight
+    hangs for good). Eight steps ahead keep one device or an accelerator just as busy.
     """
 
     def __init__(self, limit: int = 8):

@@ -9,7 +9,6 @@ ties and the float differences of the cached decode path); `txjax.decode` measur
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -21,12 +20,9 @@ import sacrebleu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax import config as config_lib
 from txjax import decode, distributed
-from txjax.config import user_errors
-from txjax.data import ParallelDataset, SyntheticTask, prefetch, read_text, resolve_path
-from txjax.experiment import build_dataset, load_workdir
-from txjax.models import EncoderDecoder
+from txjax.data import ParallelDataset, SyntheticTask, prefetch
+from txjax.families import family_of
 from txjax.objective import forward, hits, params_shardings, token_sums
 from txjax.sharding import batch_sharding, global_batch, process_rows
 
@@ -80,58 +76,15 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
     )
 
 
-def main(argv: list[str]) -> None:
-    """run.py eval --workdir=DIR [--split=valid|test | --text=FILE [--max_tokens=N --context=N]]
-    [--config.mesh.FIELD=N ...]: writes DIR/eval_<split>.json (eval_text.json),
-    prints it as the last line. The parameters are laid out on the run's mesh unless --config.mesh.* flags change it."""
-    parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--split", default="valid", choices=("valid", "test"))
-    parser.add_argument("--text", help="score this text file instead (txjax.score_text): writes eval_text.json")
-    parser.add_argument("--max_tokens", type=int, default=0, help="--text: score its first N tokens (0: all)")
-    parser.add_argument("--context", type=int, default=0, help="--text: window length (0: the model's max_len)")
-    distributed.add_flags(parser)
-    args, overrides = parser.parse_known_args(argv)
-    for flag in overrides:
-        if not flag.startswith("--config.mesh."):
-            parser.error(f"unrecognized argument {flag} (eval takes --config.mesh.data/fsdp/tensor=N only)")
-    score = {"max_tokens": args.max_tokens, "context": args.context}
-    distributed.initialize(args)
-    mesh_config = config_lib.load(args.workdir)
-    for flag in overrides:
-        config_lib.apply_override(mesh_config, flag)
-    mesh = distributed.run_mesh(mesh_config.mesh)
-    with user_errors():
-        run = load_workdir(args.workdir, mesh=mesh)
-        if args.text:  # a short or unencodable text is a one-line error too
-            from txjax.score_text import score_text  # it builds on this module
-
-            text = read_text(resolve_path(args.text, "text file", "--text"))
-            metrics = {"text": args.text, "step": run.step, **score_text(run, text, **score, mesh=mesh)}
-        else:
-            dataset = build_dataset(run.config, run.tokenizer, args.split)
-    if not args.text:
-        metrics = evaluate(
-            make_eval_step(run.model, mesh),
-            run.params,
-            eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
-            exact_match=run.config.data.kind == "synthetic",
-        )
-        metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
-    if distributed.is_lead():
-        write_metrics(args.workdir, "text" if args.text else args.split, metrics)
-        print(json.dumps(metrics))
-
-
 def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     """Metrics of decoded outputs, the whole split in jitted batches (txjax.decode.decode_all): synthetic tasks,
     greedy exact match (the answer, then EOS); translation, sacreBLEU BLEU and chrF of the config's `decode`
-    strategy (`strategy` overrides its fields, e.g. beam_size=1 for greedy) against the raw references, with
+    strategy (`strategy` overrides its fields, e.g. method="greedy") against the raw references, with
     sacreBLEU's signatures (also printed)."""
     tok, cfg = run.tokenizer, run.model.cfg
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
         prompts, answers = dataset.eval_examples()
-        bos = {"bos_id": tok.bos_id} if isinstance(run.model, EncoderDecoder) else {}
+        bos = {} if family_of(run.model).continues_input else {"bos_id": tok.bos_id}
         out = decode.decode_all(
             run.model,
             run.params,
@@ -145,7 +98,7 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
         right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
         return {"generated_exact_match": float(np.mean(right))}
     if isinstance(dataset, ParallelDataset):
-        strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, **{"temperature": 0.0, **strategy})
+        strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, **strategy)
         strategy["max_new_tokens"] = min(strategy["max_new_tokens"], cfg.max_len)
         out = decode.decode_all(
             run.model,

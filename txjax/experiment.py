@@ -9,28 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import ml_collections
 from jax.sharding import Mesh
 
 from txjax import config as config_lib
+from txjax import data, families
 from txjax.checkpoint import Checkpointer
-from txjax.data import (
-    TOKENIZER_FILE,
-    ByteTokenizer,
-    CharTokenizer,
-    ParallelDataset,
-    SentencePieceTokenizer,
-    SyntheticTask,
-    TextLMDataset,
-    Tokenizer,
-    load_tokenizer,
-    read_text,
-    resolve_path,
-    task_tokenizer,
-)
 from txjax.distributed import first_device_mesh
-from txjax.models import DecoderLM, EncoderDecoder
 from txjax.train_state import init_state, make_optimizer, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
@@ -45,53 +32,51 @@ def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
     path = d.path if d.kind == "text" or split == "train" else {"valid": d.valid_path, "test": d.test_path}[split]
     if not path:
         raise config_lib.ConfigError(f"no {split} split: set --config.data.{split}_path=FILE")
-    return resolve_path(
+    return data.resolve_path(
         config_lib.resolve_data_path(path),
         f"{split} data file",
         "--config.data.path" if path == d.path else f"--config.data.{split}_path",
     )
 
 
-def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> Tokenizer:
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.Tokenizer:
     """The workdir's tokenizer/ when there is one (resume, eval), else built from the training data and saved."""
     directory = Path(workdir) / TOKENIZER_DIR
-    if (directory / TOKENIZER_FILE).is_file():
-        return load_tokenizer(directory)
+    if (directory / data.TOKENIZER_FILE).is_file():
+        return data.load_tokenizer(directory)
     kind = config.data.tokenizer
     if kind == "task":
-        tokenizer = task_tokenizer()
+        tokenizer = data.task_tokenizer()
     elif kind == "byte":
-        tokenizer = ByteTokenizer()
+        tokenizer = data.ByteTokenizer()
     elif kind == "char":  # seq2seq needs pad/bos/eos; a char LM keeps exactly the corpus' characters (nanoGPT)
-        tokenizer = CharTokenizer.from_text(
-            read_text(data_file(config, "train")), specials=config.data.kind == "parallel"
+        tokenizer = data.CharTokenizer.from_text(
+            data.read_text(data_file(config, "train")), specials=config.data.kind == "parallel"
         )
     elif kind in ("byte_bpe", "hf"):
         raise config_lib.ConfigError(
             f"data.tokenizer={kind!r} is read from {directory.resolve()}, which has no "
-            f"{TOKENIZER_FILE}: create the workdir with `run.py import`, or set train.init_from"
+            f"{data.TOKENIZER_FILE}: create the workdir with `run.py import`, or set train.init_from"
         )
     else:  # one SentencePiece model shared by both sides of a parallel file (every tab-separated field)
-        tokenizer = SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)
+        tokenizer = data.SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)
     tokenizer.save(directory)
     return tokenizer
 
 
-def build_dataset(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str):
+def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, split: str):
     """The dataset of one split; every one has .batch(seed, k, batch_size) and .eval_batches(batch_size)."""
     d = config.data
     if split not in SPLITS:
         raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if d.kind == "synthetic":
-        form = "lm" if config.family == "decoder_lm" else "seq2seq"
-        return SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split])
+        form = families.get(config.family).task_form
+        return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split])
     if d.kind == "text":
         if split == "test":
             raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")
-        return TextLMDataset(
-            data_file(config, split), tokenizer, d.seq_len, "train" if split == "train" else "val", d.val_fraction
-        )
-    return ParallelDataset(
+        return data.TextLMDataset(data_file(config, split), tokenizer, d.seq_len, split, d.val_fraction)
+    return data.ParallelDataset(
         data_file(config, split),
         tokenizer,
         max_src_len=d.max_src_len,
@@ -100,11 +85,11 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split
     )
 
 
-def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: Tokenizer, train_data) -> None:
+def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, train_data) -> None:
     """Sets model.vocab_size and model.max_len left at 0 from the tokenizer and the longest sequence of the data."""
-    if isinstance(train_data, SyntheticTask):
-        longest = train_data.seq_len if config.family == "decoder_lm" else max(train_data.src_len, train_data.tgt_len)
-    elif isinstance(train_data, TextLMDataset):
+    if isinstance(train_data, data.SyntheticTask):
+        longest = train_data.seq_len if train_data.form == "lm" else max(train_data.src_len, train_data.tgt_len)
+    elif isinstance(train_data, data.TextLMDataset):
         longest = config.data.seq_len
     else:
         longest = max(config.data.max_src_len, config.data.max_tgt_len)
@@ -118,22 +103,22 @@ def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: Tokenizer, tr
         )
 
 
-def build_model(config: ml_collections.ConfigDict) -> DecoderLM | EncoderDecoder:
-    family = DecoderLM if config.family == "decoder_lm" else EncoderDecoder
-    return family(config_lib.model_config(config.model.to_dict()))
+def build_model(config: ml_collections.ConfigDict, sow_weights: bool = False) -> nn.Module:
+    """The model of the config's family (txjax.families), its ModelConfig validated."""
+    return families.build(config.family, config_lib.model_config(config.model.to_dict()), sow_weights)
 
 
-class Run(NamedTuple):
+class TrainedRun(NamedTuple):
     """A trained run, as `run.py eval`, `generate` and `attention` start from it."""
 
     config: ml_collections.ConfigDict
-    model: DecoderLM | EncoderDecoder
-    tokenizer: Tokenizer
+    model: nn.Module  # DecoderLM | EncoderDecoder
+    tokenizer: data.Tokenizer
     params: Any
     step: int
 
 
-def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None = None) -> Run:
+def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None = None) -> TrainedRun:
     """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir, laid out
     on `mesh` (default: the first device), whatever mesh and process count wrote them."""
     workdir = Path(workdir)
@@ -147,4 +132,4 @@ def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None
         state = ckpt.restore(jax.eval_shape(init), step)
     finally:
         ckpt.close()
-    return Run(config, model, load_tokenizer(workdir / TOKENIZER_DIR), state.params, int(state.step))
+    return TrainedRun(config, model, data.load_tokenizer(workdir / TOKENIZER_DIR), state.params, int(state.step))

@@ -18,7 +18,7 @@ import ml_collections
 
 from txjax import config as config_lib
 from txjax.experiment import TOKENIZER_DIR, load_workdir
-from txjax.train_state import TrainState, state_shardings
+from txjax.train_state import TrainState
 
 
 def source(config: ml_collections.ConfigDict) -> Path:
@@ -44,8 +44,16 @@ def adopt_model(config: ml_collections.ConfigDict, workdir: Path, lead: bool = T
         shutil.copytree(src / TOKENIZER_DIR, workdir / TOKENIZER_DIR)
 
 
-def initial_state(config: ml_collections.ConfigDict, model, tx, mesh) -> TrainState:
-    """Step 0: the source's latest parameters, laid out on `mesh`, and fresh optimizer moments."""
-    params = load_workdir(source(config), mesh=mesh).params
-    fresh = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
-    return jax.jit(fresh, out_shardings=state_shardings(model, tx, config.train.seed, mesh))(params)
+def source_params(path, mesh=None):
+    """The latest parameters of the workdir at `path`, laid out on `mesh` (default: the first device)."""
+    return load_workdir(path, mesh=mesh).params
+
+
+def fresh_state(params, tx) -> TrainState:
+    """Step 0 at `params`, with fresh optimizer moments."""
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def initial_state(path, model, tx, mesh, shardings) -> TrainState:
+    """fresh_state at the source's parameters, laid out as `shardings` (the run's state shardings on `mesh`)."""
+    return jax.jit(lambda p: fresh_state(p, tx), out_shardings=shardings)(source_params(path, mesh))

@@ -2,8 +2,9 @@
 
 Block, pre-LN (Xiong et al. 2020; GPT-2):     t1 = LN(x);  t3 = x + MHA(t1);  h = t3 + FFN(LN(t3))
 Block, post-LN (Vaswani et al. 2017):         t3 = LN(x + MHA(x));  h = LN(t3 + FFN(t3))
-A decoder block of an encoder-decoder adds cross-attention over the encoder output between the two:
-                                              t5 = t3 + CrossMHA(LN(t3), enc)   (pre-LN)
+A decoder block of an encoder-decoder adds cross-attention over the encoder output between the two, and the FFN
+reads t5 instead of t3:                       t5 = t3 + CrossMHA(LN(t3), enc)   (pre-LN)
+                                              t5 = LN(t3 + CrossMHA(t3, enc))   (post-LN)
 FFN(x) = act(x W1 + b1) W2 + b2 (ReLU in the 2017 paper, GELU in GPT-2); SwiGLU(x) = (silu(x W1) * x W3) W2.
 Dropout is applied to each residual branch before the addition and is off when deterministic.
 """
@@ -112,28 +113,25 @@ class Block(nn.Module):
         """ctx: dict with 'mask' [B,1,L,L], 'pos' [B,L], and for cross blocks 'enc' [B,S,D] (None on cached decode
         steps) and 'enc_mask' [B,1,L,S]."""
         cfg, deterministic, decode = self.cfg, self.deterministic, self.decode
-        drop = nn.Dropout(cfg.dropout)
-
-        def residual(x, branch, name):
-            if cfg.norm_placement == "pre":  # x + f(LN(x))
-                return x + drop(branch(make_norm(cfg, f"{name}_norm")(x)), deterministic=deterministic)
-            return make_norm(cfg, f"{name}_norm")(x + drop(branch(x), deterministic=deterministic))  # LN(x + f(x))
-
+        dropout = nn.Dropout(cfg.dropout)
+        drop = lambda y: dropout(y, deterministic=deterministic)  # on each residual branch, before the addition
+        ln = lambda name: make_norm(cfg, f"{name}_norm")
         self_attn = make_attention(cfg, False, "self_attention", self.sow_weights)
-        x = residual(
-            x_BxLxD,
-            lambda t: self_attn(t, ctx["mask"], q_pos=ctx["pos"], deterministic=deterministic, decode=decode),
-            "self_attention",
-        )
+        mha = lambda t: self_attn(t, ctx["mask"], q_pos=ctx["pos"], deterministic=deterministic, decode=decode)
         if self.cross:
             cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)
-            x = residual(
-                x,
-                lambda t: cross_attn(
-                    t, ctx["enc_mask"], q_pos=ctx["pos"], kv=ctx["enc"], deterministic=deterministic, decode=decode
-                ),
-                "cross_attention",
-            )
+            kv, mask = ctx["enc"], ctx["enc_mask"]
+            cross = lambda t: cross_attn(t, mask, q_pos=ctx["pos"], kv=kv, deterministic=deterministic, decode=decode)
         ffn = FeedForward(cfg, name="ffn")
-        x = residual(x, ffn, "ffn")
-        return x.astype(x_BxLxD.dtype), None
+        x = x_BxLxD
+
+        if cfg.norm_placement == "pre":  # Xiong et al. 2020; GPT-2
+            t1 = ln("self_attention")(x)
+            t3 = x + drop(mha(t1))
+            t5 = t3 + drop(cross(ln("cross_attention")(t3))) if self.cross else t3
+            h = t5 + drop(ffn(ln("ffn")(t5)))
+        else:  # post-LN, Vaswani et al. 2017
+            t3 = ln("self_attention")(x + drop(mha(x)))
+            t5 = ln("cross_attention")(t3 + drop(cross(t3))) if self.cross else t3
+            h = ln("ffn")(t5 + drop(ffn(t5)))
+        return h.astype(x_BxLxD.dtype), None

@@ -299,23 +299,6 @@ class EncoderDecoder(nn.Module):
         )
 
 
-def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
-    """An empty KV cache for `max_len` target tokens (encoder-decoder: and `src_len` source tokens).
-
-    Built from shapes alone (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
-    """
-    tokens = jnp.zeros((batch_size, max_len), jnp.int32)
-    if isinstance(model, EncoderDecoder):
-        enc = jnp.zeros((batch_size, src_len, model.cfg.d_model), model.cfg.compute_dtype)
-        src_seg = jnp.ones((batch_size, src_len), jnp.int32)
-        init = lambda: model.init(jax.random.key(0), tokens, enc, src_seg, decode=True, method=EncoderDecoder.decode)
-    else:
-        init = lambda: model.init(jax.random.key(0), tokens, decode=True)
-    shapes = jax.eval_shape(init)["cache"]
-    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
-    return jax.tree_util.tree_map_with_path(empty, shapes)
-
-
 def unstack_layers(tree):
     """Scanned -> looped parameter layout: each {'layers': tree with a leading [num_layers] axis} becomes
     {'layers_0': ..., 'layers_{N-1}': ...} (what scan_layers=False expects). Works on unboxed params or a cache."""

@@ -16,29 +16,20 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from txjax.models import EncoderDecoder
+from txjax.families import family_of
 from txjax.sharding import shardings_for
-
-_BATCH_KEYS = {  # family -> (model inputs, targets, weights)
-    "decoder_lm": (("inputs", "positions", "segment_ids"), "targets", "weights"),
-    "encoder_decoder": (
-        ("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions", "tgt_segment_ids"),
-        "tgt_targets",
-        "tgt_weights",
-    ),
-}
 
 
 def batch_keys(model):
-    return _BATCH_KEYS["encoder_decoder" if isinstance(model, EncoderDecoder) else "decoder_lm"]
+    """(model input keys, target key, weight key) of the model's family's batches."""
+    family = family_of(model)
+    return family.inputs, family.targets, family.weights
 
 
 def init_params(model, key, boxed: bool = False):
     """Float32 parameters, unboxed from their logical-axis metadata unless `boxed` (to derive shardings from; their
     shapes do not depend on the length)."""
-    tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
-    args = (tokens_1x1, tokens_1x1) if isinstance(model, EncoderDecoder) else (tokens_1x1,)
-    params = model.init(key, *args)["params"]
+    params = model.init(key, *family_of(model).init_inputs(jnp.zeros((1, 1), jnp.int32)))["params"]
     return params if boxed else nn.meta.unbox(params)
 
 

@@ -5,8 +5,8 @@
 Why not jnp.einsum(..., preferred_element_type=float32) alone: JAX transposes that dot with the float32 cotangent
 and multiplies it with the bfloat16 operand as float32 x float32, so the backward pass (2/3 of training FLOPs)
 runs at float32 speed; and a bfloat16 x bfloat16 -> bfloat16 dot does not accumulate in float32 at all. On a CPU
-with AVX512_BF16, bf16 x bf16 -> f32 runs 2.5-3.8x faster than either (shared/FACTS.md). Float32 operands take
-plain jnp.einsum, unchanged.
+with AVX512_BF16 or AMX, bf16 x bf16 -> f32 is the fast path (benchmarks/peak.py measures both). Float32 operands
+take plain jnp.einsum, unchanged.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def context_lengths(workdir: str | Path) -> dict:
             out[f"valid_loss_{factor}x"] = float("nan")
             continue
         model = DecoderLM(dataclasses.replace(cfg, max_len=cfg.max_len * factor))
-        data = TextLMDataset(data_file(run.config, "valid"), run.tokenizer, d.seq_len * factor, "val", d.val_fraction)
+        data = TextLMDataset(data_file(run.config, "valid"), run.tokenizer, d.seq_len * factor, "valid", d.val_fraction)
         metrics = evaluate(make_eval_step(model), run.params, eval_batches(data, run.config.train.batch_size))
         out[f"valid_loss_{factor}x"] = metrics["loss"]
     return out

@@ -9,8 +9,8 @@
   training token is one source plus one target token, L counts encoder self-attention and decoder self- and
   cross-attention; decoding a target token skips the encoder (its N and its L) and attends over T source tokens.
 - FLOPs per training step (`train_flops_per_batch`, the training loop's MFU numerator) for a batch of B rows:
-      decoder LM, inputs [B, T]:               B·T·(6N + 12·L·d·T)
-      encoder-decoder, src [B, S], tgt [B, T]: B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_dec·(T² + T·S)))
+      B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_self·T² + L_cross·T·S))    src [B, S], tgt [B, T]
+  which for a decoder LM (no encoder: S = N_enc = L_enc = L_cross = 0) is B·T·(6N + 12·L·d·T)
   with N_enc the encoder's weights and N_dec = N - N_enc (every decoder weight, cross-attention's key and value
   included, counted once per target position). Every position counts, padding included.
 - memory: parameters and gradients (float32), AdamW's two moments (2x the parameters), and the KV cache
@@ -19,18 +19,15 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import tempfile
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from txjax import config as config_lib
-from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, init_cache
+from txjax import families
+from txjax.decode.cache import init_cache
+from txjax.models import ModelConfig
+from txjax.objective import init_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,19 +94,9 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def build_model(cfg: ModelConfig, family: str = "decoder_lm", sow_weights: bool = False):
-    """DecoderLM or EncoderDecoder for a config's family."""
-    families = {"decoder_lm": DecoderLM, "encoder_decoder": EncoderDecoder}
-    if family not in families:
-        raise ValueError(f"family={family!r} is not one of {', '.join(families)}")
-    return families[family](cfg, sow_weights=sow_weights)
-
-
 def param_shapes(model) -> dict:
     """The unboxed parameter tree of `model` as ShapeDtypeStructs."""
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    args = (tokens, tokens) if isinstance(model, EncoderDecoder) else (tokens,)
-    return nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *args))["params"])
+    return jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
 
 
 def _lookup_only(path: str, cfg: ModelConfig, family: str) -> bool:
@@ -117,23 +104,22 @@ def _lookup_only(path: str, cfg: ModelConfig, family: str) -> bool:
     if path.endswith("positions/embedding"):
         return True
     if path.endswith("tokens/embedding"):
-        head = "embed" if family == "decoder_lm" else ("src_embed" if cfg.share_embeddings else "tgt_embed")
-        return not (cfg.tie_embeddings and path.split("/")[0] == head)
+        return not (cfg.tie_embeddings and path.split("/")[0] == families.get(family).head_table(cfg))
     return False
 
 
 def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1, context: int | None = None) -> Summary:
     """Parameters, FLOPs per token and memory of a config; `context` (default max_len) is T and the cache length."""
-    model = build_model(cfg, family)
+    model = families.build(family, cfg)
     context = context or cfg.max_len
     leaves = jax.tree_util.tree_leaves_with_path(param_shapes(model))
     rows = [("/".join(k.key for k in path), tuple(s.shape), math.prod(s.shape)) for path, s in leaves]
     total = sum(r[2] for r in rows)
     n = sum(c for p, _, c in rows if not _lookup_only(p, cfg, family))
     n_decode = n - sum(c for p, _, c in rows if p.startswith("encoder/"))  # the encoder runs once per source
-    attn_layers = cfg.num_layers if family == "decoder_lm" else cfg.encoder_layers + 2 * cfg.num_layers
-    decode_attn_layers = cfg.num_layers if family == "decoder_lm" else 2 * cfg.num_layers
-    src_len = context if family == "encoder_decoder" else None
+    encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
+    attn_layers, decode_attn_layers = encoder_layers + self_layers + cross_layers, self_layers + cross_layers
+    src_len = context if encoder_layers else None
     cache = jax.eval_shape(lambda: init_cache(model, batch_size, context, src_len))
     return Summary(
         rows=rows,
@@ -151,46 +137,13 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
 
 
 def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:
-    """Model FLOPs of one training step on `batch` (arrays or shapes; only `.shape` is read): B·T·(6N + 12·L·d·T)
-    for a decoder LM, B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_dec·(T² + T·S))) for an encoder-decoder."""
-    if family == "decoder_lm":
-        b, t = batch["inputs"].shape
-        return summarize(cfg, context=t).train_flops_per_token * b * t
-    (b, s), t = batch["src"].shape, batch["tgt_inputs"].shape[1]
-    summary = summarize(cfg, "encoder_decoder", context=t)
+    """Model FLOPs of one training step on `batch` (arrays or shapes; only `.shape` is read):
+    B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_self·T² + L_cross·T·S)), which for a decoder LM (no encoder:
+    S = N_enc = L_enc = L_cross = 0) is B·T·(6N + 12·L·d·T)."""
+    b, s, t = families.get(family).batch_lengths(batch)
+    summary = summarize(cfg, family, context=t)
     n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
     n_dec = summary.flop_params - n_enc
-    attention = 12 * cfg.d_model * (cfg.encoder_layers * s * s + cfg.num_layers * (t * t + t * s))
+    encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
+    attention = 12 * cfg.d_model * (encoder_layers * s * s + self_layers * t * t + cross_layers * t * s)
     return b * (6 * n_enc * s + 6 * n_dec * t + attention)
-
-
-def _config(args, overrides):
-    """The run config of a workdir, or an experiment's with vocab_size/max_len filled from its data when left 0."""
-    if args.workdir:
-        return config_lib.load(args.workdir)
-    config = config_lib.from_command_line(args.config, overrides)
-    if not (config.model.vocab_size and config.model.max_len):
-        with config_lib.user_errors(), tempfile.TemporaryDirectory() as tmp:  # the tokenizer is built, not kept
-            tokenizer = build_tokenizer(config, tmp)
-            fill_model_sizes(config, tokenizer, build_dataset(config, tokenizer, "train"))
-    return config
-
-
-def main(argv: list[str]) -> None:
-    """run.py inspect (--config=experiments/NAME.py [--config.SECTION.FIELD=VALUE ...] | --workdir=DIR)
-    [--batch_size=N] [--context=N]: parameters, FLOPs per token and memory; nothing is compiled."""
-    parser = argparse.ArgumentParser(prog="run.py inspect", description=main.__doc__, allow_abbrev=False)
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--config", help=f"experiment file (default: {config_lib.DEFAULT_EXPERIMENT.name})")
-    source.add_argument("--workdir", help="a run's folder: its config.json")
-    parser.add_argument("--batch_size", type=int, help="KV cache batch (default: config.train.batch_size)")
-    parser.add_argument("--context", type=int, help="T and the KV cache length (default: config.model.max_len)")
-    args, overrides = parser.parse_known_args(argv)
-    for flag in overrides:
-        if not flag.startswith("--config.") or args.workdir:
-            parser.error(f"unrecognized argument {flag}")
-    config = _config(args, overrides)
-    cfg = config_lib.model_config(config.model.to_dict())
-    summary = summarize(cfg, config.family, args.batch_size or config.train.batch_size, args.context or cfg.max_len)
-    print(f"{config.family}: {cfg}")
-    print(summary.table())

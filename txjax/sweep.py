@@ -17,17 +17,14 @@ DIR/<run name>/ is an ordinary run folder plus `result.json` (status done | fail
 the run ends; DIR/results.csv, results.md and results.png are rewritten after every run. Running the same command
 again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed run, a
 crash or Ctrl-C leaves a sweep that one more command finishes. Runs that differ only in the seed and the
-optimizer's scalar settings are trained together under jax.vmap (txjax.multirun) unless --no-vmap.
+optimizer's scalar settings are trained together under jax.vmap (txjax.runs) unless --no-vmap.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import json
-import shlex
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -36,10 +33,10 @@ from pathlib import Path
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.multirun import group_key, train_group
 from txjax.probes import run_probes
+from txjax.runs import group_key
 from txjax.sweep_report import write_report
-from txjax.train import train
+from txjax.train import train_runs
 
 RESULT_FILE = "result.json"
 SWEEP_FILE = "sweep.json"
@@ -47,7 +44,7 @@ _KEYS = {"experiment", "fixed", "grid", "zip", "seeds", "metrics", "probes"}
 
 
 @dataclass
-class Run:
+class SweepRun:
     """One point of the sweep: its settings (seed included), its folder, and its config or why it has none."""
 
     name: str
@@ -92,7 +89,7 @@ def load_sweep(path: str | Path) -> dict:
     return sweep
 
 
-def expand(sweep: dict, overrides: list[str], workdir: Path) -> list[Run]:
+def expand(sweep: dict, overrides: list[str], workdir: Path) -> list[SweepRun]:
     """Every run of the sweep, in grid order (seeds innermost), each with its validated config or its error."""
     clash = [f for f in overrides if f.removeprefix("--config.").partition("=")[0] in _axes(sweep)]
     if clash:
@@ -103,7 +100,7 @@ def expand(sweep: dict, overrides: list[str], workdir: Path) -> list[Run]:
     for point, together, seed in itertools.product(grid, zipped, sweep["seeds"]):
         settings = {**point, **together, "train.seed": seed}
         name = "_".join(f"{_short(k)}-{_fmt(v)}" for k, v in settings.items()).replace("/", "-")
-        run = Run(name, settings, workdir / name)
+        run = SweepRun(name, settings, workdir / name)
         try:
             run.config = _config(sweep, overrides, settings)
         except config_lib.ConfigError as e:
@@ -136,7 +133,7 @@ def _fmt(value) -> str:
 
 def run_sweep(
     sweep: dict, workdir: str | Path, overrides: list[str], vmap: bool = True, command: str = ""
-) -> list[Run]:
+) -> list[SweepRun]:
     """Trains every run of the sweep that has no result yet, then writes the report; returns the runs."""
     workdir = Path(workdir)
     runs = expand(sweep, overrides, workdir)
@@ -173,23 +170,20 @@ def _claim(workdir: Path, sweep: dict, overrides: list[str]) -> None:
     path.write_text(json.dumps(identity, indent=1) + "\n")
 
 
-def _groups(runs: list[Run]) -> list[list[Run]]:
+def _groups(runs: list[SweepRun]) -> list[list[SweepRun]]:
     """Runs that can share one vmapped program, in order of first appearance."""
-    groups: dict[str, list[Run]] = {}
+    groups: dict[str, list[SweepRun]] = {}
     for run in runs:
         groups.setdefault(group_key(run.config) or run.name, []).append(run)
     return list(groups.values())
 
 
-def _train(group: list[Run], probes: list[str]) -> None:
-    """Trains a group (one run: txjax.train.train; more: one vmapped program), then probes each run; records the
+def _train(group: list[SweepRun], probes: list[str]) -> None:
+    """Trains a group (txjax.train.train_runs: one run, or one vmapped program), then probes each run; records the
     outcome of every run in its result.json. An error fails the runs it hits, not the sweep."""
     began = time.monotonic()
     try:
-        if len(group) == 1:
-            outcomes = [train(group[0].config, group[0].workdir)]
-        else:
-            outcomes = train_group([r.config for r in group], [r.workdir for r in group])
+        outcomes = train_runs([r.config for r in group], [r.workdir for r in group])
     except Exception as e:  # noqa: BLE001 -- a failed program fails its runs and the sweep goes on
         traceback.print_exc()
         outcomes = [e] * len(group)
@@ -205,7 +199,7 @@ def _train(group: list[Run], probes: list[str]) -> None:
         _finish(run, {**result, "wall_s": wall_s, "runs_vmapped": len(group)})
 
 
-def _finish(run: Run, result: dict) -> None:
+def _finish(run: SweepRun, result: dict) -> None:
     run.workdir.mkdir(parents=True, exist_ok=True)
     (run.workdir / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
     run.result = result
@@ -217,29 +211,3 @@ def _finish(run: Run, result: dict) -> None:
 def _read_result(workdir: Path) -> dict:
     path = workdir / RESULT_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def main(argv: list[str]) -> None:
-    """run.py sweep --sweep=experiments/ablations/NAME.py --workdir=DIR [--no-vmap] [--config.SECTION.FIELD=VALUE]"""
-    parser = argparse.ArgumentParser(prog="run.py sweep", description=main.__doc__, allow_abbrev=False)
-    parser.add_argument("--sweep", required=True, help="sweep file (get_sweep())")
-    parser.add_argument("--workdir", help="sweep folder (default: runs/sweeps/<sweep name>); resumes if it has one")
-    parser.add_argument(
-        "--vmap",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="train runs that differ only in seed / optimizer scalars together (default: on)",
-    )
-    args, overrides = parser.parse_known_args(argv)
-    for flag in overrides:
-        if not flag.startswith("--config."):
-            parser.error(f"unrecognized argument {flag}")
-    workdir = args.workdir or Path("runs") / "sweeps" / Path(args.sweep).stem
-    command = "python run.py sweep " + " ".join(shlex.quote(a) for a in argv)
-    try:
-        runs = run_sweep(load_sweep(args.sweep), workdir, overrides, args.vmap, command)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: run the same command again to resume {workdir}", file=sys.stderr)
-        raise SystemExit(130) from None
-    failed = sum(r.result.get("status") == "failed" for r in runs)
-    print(json.dumps({"workdir": str(workdir), "runs": len(runs), "failed": failed}))

@@ -48,7 +48,7 @@ def run_row(run) -> dict:
     }
 
 
-def summarize(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
+def per_setting(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
     """Per setting (runs with equal labels, i.e. equal but for the seed): n done, mean and sd of each metric."""
     by_label: dict[str, list[dict]] = {}
     for run, row in zip(runs, rows):
@@ -75,7 +75,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> 
         writer.writeheader()
         writer.writerows(rows)
     shown = list(dict.fromkeys(["valid_loss", *metrics]))
-    summary = summarize(runs, rows, shown)
+    summary = per_setting(runs, rows, shown)
     lines = [
         f"# Sweep {workdir.name}",
         "",

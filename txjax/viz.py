@@ -8,8 +8,6 @@ one panel per head of one layer, or one per layer with its heads averaged.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,10 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from txjax.config import user_errors  # noqa: E402
 from txjax.decode import check_inputs, translate  # noqa: E402
-from txjax.experiment import load_workdir  # noqa: E402
-from txjax.models import EncoderDecoder, stack_layers  # noqa: E402
+from txjax.families import family_of  # noqa: E402
+from txjax.models import stack_layers  # noqa: E402
 
 
 def capture_attention(model, params, *inputs, method=None) -> dict[str, np.ndarray]:
@@ -54,18 +51,18 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     return labels
 
 
-def select_panels(weights_LxHxQxK: np.ndarray, layer: int | None, head: int | None):
+def select_panels(weights_NxHxQxS: np.ndarray, layer: int | None, head: int | None):
     """[(title, [Lq, Lk])]: every head of `layer`, one head of it, or per layer `head` or the mean over heads."""
-    num_layers, num_heads = weights_LxHxQxK.shape[:2]
+    num_layers, num_heads = weights_NxHxQxS.shape[:2]
     for name, value, limit in (("layer", layer, num_layers), ("head", head, num_heads)):
         if value is not None and not 0 <= value < limit:
             raise ValueError(f"--{name}={value} is out of range: the model has {limit} {name}s (0..{limit - 1})")
     if layer is not None:
         heads = range(num_heads) if head is None else [head]
-        return [(f"layer {layer} head {h}", weights_LxHxQxK[layer, h]) for h in heads]
+        return [(f"layer {layer} head {h}", weights_NxHxQxS[layer, h]) for h in heads]
     if head is not None:
-        return [(f"layer {i} head {head}", weights_LxHxQxK[i, head]) for i in range(num_layers)]
-    return [(f"layer {i} (mean of {num_heads} heads)", weights_LxHxQxK[i].mean(0)) for i in range(num_layers)]
+        return [(f"layer {i} head {head}", weights_NxHxQxS[i, head]) for i in range(num_layers)]
+    return [(f"layer {i} (mean of {num_heads} heads)", weights_NxHxQxS[i].mean(0)) for i in range(num_layers)]
 
 
 def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str], path, title: str = "") -> Path:
@@ -80,8 +77,8 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
     fig, axes = plt.subplots(
         rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)), squeeze=False, constrained_layout=True
     )
-    for ax, (name, w_QxK) in zip(axes.flat, panels):
-        im = ax.imshow(w_QxK, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
+    for ax, (name, w_QxS) in zip(axes.flat, panels):
+        im = ax.imshow(w_QxS, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
         ax.set_title(name, fontsize=10)
         ax.set_xticks(range(lk), key_labels, rotation=90, fontsize=fontsize)
         ax.set_yticks(range(lq), query_labels, fontsize=fontsize)
@@ -113,18 +110,16 @@ def attention_maps(
     """PNGs of every attention kind for one example: DecoderLM over `ids` -> `out`; EncoderDecoder over source `ids`
     and decoder inputs `target_ids` -> out with -encoder, -decoder and -cross before the suffix."""
     model = model.clone(sow_weights=True)
-    src = np.asarray([ids], np.int32)
-    if isinstance(model, EncoderDecoder):
-        if not target_ids:
-            raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
-        weights = capture_attention(model, params, src, np.asarray([target_ids], np.int32))
-    else:
-        weights = capture_attention(model, params, src)
+    continues = family_of(model).continues_input  # an LM: one sequence; an encoder-decoder: source and target
+    if not continues and not target_ids:
+        raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
+    inputs = [np.asarray([ids], np.int32)] + ([] if continues else [np.asarray([target_ids], np.int32)])
+    weights = capture_attention(model, params, *inputs)
     src_labels = token_labels(tokenizer, ids)
     tgt_labels = token_labels(tokenizer, target_ids) if target_ids else src_labels
     out = Path(out)
     files = {"decoder/self_attention": (out, tgt_labels, tgt_labels)}
-    if isinstance(model, EncoderDecoder):
+    if not continues:
         files = {
             "encoder/self_attention": (out.with_stem(out.stem + "-encoder"), src_labels, src_labels),
             "decoder/self_attention": (out.with_stem(out.stem + "-decoder"), tgt_labels, tgt_labels),
@@ -138,10 +133,15 @@ def attention_maps(
     ]
 
 
-def _encoder_decoder_inputs(run, text: str, target: str | None) -> tuple[list[int], list[int]]:
-    """(source ids + EOS as in training, decoder inputs BOS + target): the given target, else the greedy translation
-    (at most max_len - 1 tokens, so that BOS + translation fits the decoder's context)."""
+def attention_inputs(run, text: str, target: str | None) -> tuple[list[int], list[int] | None]:
+    """(ids, target ids) of `attention_maps` for a loaded run: an LM reads `text` alone (None); an encoder-decoder
+    reads (source ids + EOS as in training, decoder inputs BOS + target): the given target, else the greedy
+    translation (at most max_len - 1 tokens, so that BOS + translation fits the decoder's context)."""
     tok = run.tokenizer
+    if family_of(run.model).continues_input:
+        ids = tok.encode(text)
+        check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
+        return ids, None
     src = tok.encode(text) + [tok.eos_id]
     check_inputs([src], run.model.cfg.vocab_size, run.model.cfg.max_len, "source")
     if target is None:
@@ -159,37 +159,3 @@ def _encoder_decoder_inputs(run, text: str, target: str | None) -> tuple[list[in
         tgt = [tok.bos_id] + tok.encode(target)
     check_inputs([tgt], run.model.cfg.vocab_size, run.model.cfg.max_len, "target")
     return src, tgt
-
-
-def main(argv: list[str]) -> None:
-    """run.py attention --workdir=DIR --text=TEXT [--target=TEXT] [--layer=N] [--head=N] [--out=FILE.png]
-
-    Without --layer: one panel per layer, heads averaged (or --head's head); with it: one panel per head.
-    An encoder-decoder reads --text as the source and --target as the target (default: its greedy translation),
-    and writes FILE-encoder.png, FILE-decoder.png and FILE-cross.png.
-    """
-    parser = argparse.ArgumentParser(
-        prog="run.py attention",
-        description=main.__doc__,
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--text", required=True)
-    parser.add_argument("--target", help="encoder-decoder: the target text (default: the model's translation)")
-    parser.add_argument("--layer", type=int)
-    parser.add_argument("--head", type=int)
-    parser.add_argument("--out", help="PNG path (default: WORKDIR/attention.png)")
-    args = parser.parse_args(argv)
-    with user_errors():
-        run = load_workdir(args.workdir)
-        if isinstance(run.model, EncoderDecoder):
-            ids, target_ids = _encoder_decoder_inputs(run, args.text, args.target)
-        else:
-            ids, target_ids = run.tokenizer.encode(args.text), None
-            check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
-        out = args.out or Path(args.workdir) / "attention.png"
-        files = attention_maps(
-            run.model, run.params, run.tokenizer, ids, out, target_ids=target_ids, layer=args.layer, head=args.head
-        )
-    print(json.dumps({"files": [str(f) for f in files], "step": run.step}))

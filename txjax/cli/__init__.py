@@ -1,2 +1,70 @@
 """The command line: one module per `run.py` subcommand, each with `main(argv)` that parses flags and calls the
 library. Library modules take arguments; only this package (and run.py) parses them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from txjax import distributed
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str], prefix: str = "--config."):
+    """(args, overrides): the parser's flags, and every other flag, each of which must start with `prefix`
+    (`--config.SECTION.FIELD=VALUE`, applied later by txjax.config)."""
+    args, overrides = parser.parse_known_args(argv)
+    for flag in overrides:
+        if not flag.startswith(prefix):
+            parser.error(f"unrecognized argument {flag} (this command takes {prefix}*=VALUE overrides)")
+    return args, overrides
+
+
+def add_distributed_flags(parser: argparse.ArgumentParser) -> None:
+    """The multi-process flags of `run.py train` and `run.py eval`."""
+    group = parser.add_argument_group("multi-process (jax.distributed; omit all for one process)")
+    group.add_argument(
+        "--coordinator_address",
+        default=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+        help="HOST:PORT of process 0, the same for every process (env JAX_COORDINATOR_ADDRESS)",
+    )
+    group.add_argument(
+        "--num_processes",
+        type=int,
+        default=os.environ.get("JAX_NUM_PROCESSES"),
+        help="processes in the run, usually one per host (env JAX_NUM_PROCESSES)",
+    )
+    group.add_argument(
+        "--process_id",
+        type=int,
+        default=os.environ.get("JAX_PROCESS_ID"),
+        help="this process, 0 .. num_processes - 1 (env JAX_PROCESS_ID)",
+    )
+    group.add_argument(
+        "--distributed",
+        action="store_true",
+        help="initialize jax.distributed, detecting what is not given from the cluster (SLURM, Cloud TPU, ...)",
+    )
+    group.add_argument(
+        "--initialization_timeout",
+        type=int,
+        default=300,
+        help="seconds to wait for every process to join (default 300)",
+    )
+    group.add_argument(
+        "--heartbeat_timeout",
+        type=int,
+        default=60,
+        help="seconds after which a silent process is declared dead and the others stop (default 60)",
+    )
+
+
+def initialize_distributed(args: argparse.Namespace) -> None:
+    """jax.distributed from the flags of add_distributed_flags (nothing when none is given)."""
+    distributed.initialize(
+        args.coordinator_address,
+        args.num_processes,
+        args.process_id,
+        detect=args.distributed,
+        initialization_timeout=args.initialization_timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
+    )

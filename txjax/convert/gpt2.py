@@ -97,6 +97,12 @@ def config_from_hf(hf: Mapping) -> ModelConfig:
     )
 
 
+# GPT-2 small (124M parameters), the architecture of Hugging Face's "gpt2" config.json
+GPT2_SMALL = config_from_hf(
+    {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12}
+)
+
+
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
     """ModelConfig -> a GPT-2 config.json dict that transformers' GPT2Config loads; ValueError if not GPT-2-shaped."""
     for name, want in _GPT2_FIELDS.items():

@@ -52,17 +52,8 @@ def run_config(cfg: ModelConfig, tokenizer, experiment: str | None = None, overr
     config = config_lib.load_config(experiment) if experiment else config_lib.base_config()
     if not experiment:
         config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", seq_len=min(256, cfg.max_len))
-        config.train.update(
-            steps=20,
-            batch_size=4,
-            learning_rate=3e-5,
-            warmup_steps=2,
-            weight_decay=0.0,
-            eval_every=0,
-            eval_batches=8,
-            checkpoint_every=20,
-            log_every=5,
-        )
+        config.train.update(steps=20, batch_size=4, learning_rate=3e-5, warmup_steps=2, weight_decay=0.0)
+        config.train.update(eval_every=0, eval_batches=8, checkpoint_every=20, log_every=5)
     config.family = "decoder_lm"
     config.data.tokenizer = tokenizer.kind  # restored from the workdir's tokenizer/, never rebuilt
     config.model.update(dataclasses.asdict(cfg))

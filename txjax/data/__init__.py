@@ -8,13 +8,13 @@ Tokenizers (`tokenizers.py`; saved as a directory with `tokenizer.json`, restore
 Datasets: every one has `.batch(seed, k, batch_size, rows=slice(None))` (a pure function of (seed, k); `rows`
 builds only those rows, one process's share) and a finite `.eval_batches(batch_size)` that visits its eval set
 exactly once (padding carries weight 0):
-  TextLMDataset(path, tokenizer, seq_len, split='train'|'val', val_fraction=0.1)     LM batches
+  TextLMDataset(path, tokenizer, seq_len, split='train'|'valid', val_fraction=0.1)   LM batches
   ParallelDataset(path, src_tokenizer, tgt_tokenizer=None, max_src_len=128, max_tgt_len=128, pack=False)
                                                     seq2seq batches; .raw_pairs() for BLEU
-  SyntheticTask(name in TASKS, form='lm'|'seq2seq', min_len=1, max_len=8, eval_size=512, eval_seed=...)
+  SyntheticTask(name in TASKS, form='lm'|'seq2seq', min_digits=1, max_digits=8, eval_size=512, eval_seed=...)
                                                     .eval_examples(n, seed) for exact match; .tokenizer
 Helpers: prefetch(iterator, size=2), first_fit (packing), resolve_path (one-line FileNotFoundError).
-Batch layouts: INTERFACES.md.
+Batch layouts: the keys each model family reads are in txjax/families (inputs, targets, weights).
 """
 
 from txjax.data.batching import Batch, prefetch

@@ -1,4 +1,4 @@
-"""Batch assembly (fixed shapes, INTERFACES.md layout), deterministic rngs and a background prefetcher.
+"""Batch assembly (fixed shapes, the keys of txjax/families), deterministic rngs and a background prefetcher.
 
 segment_ids: 0 = padding, 1..n = sequence number inside a (possibly packed) row; positions restart at 0 per segment.
 """

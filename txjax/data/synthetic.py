@@ -1,7 +1,7 @@
 """Algorithmic tasks generated in code (copy, reverse, sort, addition), as LM or seq2seq batches.
 
-Symbols are decimal digits. A prompt is `max_len`-bounded: copy/reverse/sort take a string of min_len..max_len
-digits; add takes two numbers of min_len..max_len digits each, written "a+b", and answers str(a + b).
+Symbols are decimal digits. A prompt is `max_digits`-bounded: copy/reverse/sort take a string of min_digits..max_digits
+digits; add takes two numbers of min_digits..max_digits digits each, written "a+b", and answers str(a + b).
 - form='lm':      sequence = BOS prompt '=' answer EOS; inputs/targets are it shifted by one and weights are 1
                   only on the answer and EOS targets, so the LM learns to answer.  L = P + A + 2.
 - form='seq2seq': src = prompt EOS, tgt = answer EOS (tgt_inputs = BOS answer).  S = P + 1, T = A + 1.
@@ -40,8 +40,8 @@ class SyntheticTask:
         self,
         name: str,
         form: str = "lm",
-        min_len: int = 1,
-        max_len: int = 8,
+        min_digits: int = 1,
+        max_digits: int = 8,
         eval_size: int = 512,
         eval_seed: int = 2**31 - 1,
     ):
@@ -49,21 +49,21 @@ class SyntheticTask:
             raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
         if form not in ("lm", "seq2seq"):
             raise ValueError(f"form must be 'lm' or 'seq2seq', got {form!r}")
-        if not 1 <= min_len <= max_len:
-            raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
-        self.name, self.form, self.min_len, self.max_len = name, form, min_len, max_len
+        if not 1 <= min_digits <= max_digits:
+            raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+        self.name, self.form, self.min_digits, self.max_digits = name, form, min_digits, max_digits
         self.eval_size, self.eval_seed = eval_size, eval_seed
         self.tokenizer = task_tokenizer()
         tok = self.tokenizer
         self.pad_id, self.bos_id, self.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
         self.sep_id = tok.encode(SEPARATOR)[0]
-        prompt_len, answer_len = (2 * max_len + 1, max_len + 1) if name == "add" else (max_len, max_len)
+        prompt_len, answer_len = (2 * max_digits + 1, max_digits + 1) if name == "add" else (max_digits, max_digits)
         self.seq_len = prompt_len + answer_len + 2  # LM: BOS prompt = answer EOS, minus the shift
         self.src_len, self.tgt_len = prompt_len + 1, answer_len + 1
 
     def sample(self, rng: np.random.Generator) -> tuple[str, str]:
         """One (prompt, answer) pair of strings."""
-        lengths = rng.integers(self.min_len, self.max_len + 1, size=2)
+        lengths = rng.integers(self.min_digits, self.max_digits + 1, size=2)
         if self.name == "add":
             a, b = (_digits(rng, int(n), leading_nonzero=True) for n in lengths)
             return f"{a}+{b}", str(int(a) + int(b))

@@ -15,7 +15,7 @@ from txjax.data.tokenizers import Tokenizer
 class TextLMDataset:
     """One split of a text file, tokenized whole once into `self.tokens` (int32[N]).
 
-    Split as nanoGPT: the first (1 - val_fraction) of the tokens are 'train', the rest 'val'.
+    Split as nanoGPT: the first (1 - val_fraction) of the tokens are 'train', the rest 'valid'.
     Training batch k: B random windows of L + 1 tokens at uniform starts in [0, N - L), inputs = x[i:i+L],
     targets = x[i+1:i+L+1] (all weights 1). Evaluation: non-overlapping windows that predict every token of the
     split but the first exactly once; the last window is padded with weight 0, segment_id 0.
@@ -24,8 +24,8 @@ class TextLMDataset:
     def __init__(
         self, path: PathLike, tokenizer: Tokenizer, seq_len: int, split: str = "train", val_fraction: float = 0.1
     ):
-        if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        if split not in ("train", "valid"):
+            raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
         self.path = resolve_path(path)
         self.tokenizer = tokenizer
         self.seq_len = seq_len
@@ -43,7 +43,7 @@ class TextLMDataset:
     def from_tokens(cls, tokens: np.ndarray, seq_len: int) -> TextLMDataset:
         """A corpus tokenized elsewhere (txjax.score_text scores any file with the eval windows below)."""
         dataset = cls.__new__(cls)
-        dataset.path, dataset.tokenizer, dataset.seq_len, dataset.split = None, None, seq_len, "val"
+        dataset.path, dataset.tokenizer, dataset.seq_len, dataset.split = None, None, seq_len, "valid"
         dataset.tokens = np.asarray(tokens, np.int32)
         return dataset
 

@@ -1,6 +1,6 @@
 """Tokenizers: byte-level, character-level, SentencePiece subword and GPT-2 BPE, all saved as a directory.
 
-Protocol (see INTERFACES.md): `.vocab_size`, `.encode(str) -> list[int]`, `.decode(ids) -> str`, `.pad_id`,
+Protocol (the `Tokenizer` base class): `.vocab_size`, `.encode(str) -> list[int]`, `.decode(ids) -> str`, `.pad_id`,
 `.bos_id`, `.eos_id` (int or None), `.save(dir)`; `load_tokenizer(dir)` restores any of them. Fast paths used by
 the datasets: `.encode_array(str) -> int32[N]` (a whole file at once) and `.encode_batch(list[str])`.
 
@@ -53,10 +53,6 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode_array(t) for t in texts]
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset(i for i in (self.pad_id, self.bos_id, self.eos_id) if i is not None)
 
     def _config(self, directory: Path) -> dict:
         """Writes the kind's own files into `directory`; returns the rest of tokenizer.json."""

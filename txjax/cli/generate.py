@@ -1,0 +1,35 @@
+"""`run.py generate`: continue a prompt (LM) or translate a source (encoder-decoder) from a workdir."""
+
+from __future__ import annotations
+
+import argparse
+
+from txjax.config import user_errors
+from txjax.decode import generate_from_workdir
+from txjax.experiment import load_workdir
+
+
+def main(argv: list[str]) -> None:
+    """run.py generate --workdir=DIR --prompt=TEXT [--chat --max_new_tokens --temperature --top_k --top_p
+    --beam_size --length_penalty --seed --num_samples]: prints each sample (defaults: the workdir config's `decode`
+    section)."""
+    parser = argparse.ArgumentParser(prog="run.py generate", description=main.__doc__)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--prompt", required=True, help="LM: the text to continue; encoder-decoder: the source")
+    for name, kind in [
+        ("max_new_tokens", int),
+        ("temperature", float),
+        ("top_k", int),
+        ("top_p", float),
+        ("beam_size", int),
+        ("length_penalty", float),
+        ("num_samples", int),
+    ]:
+        parser.add_argument(f"--{name}", type=kind, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")
+    args = vars(parser.parse_args(argv))
+    with user_errors():
+        run = load_workdir(args.pop("workdir"))
+        texts = generate_from_workdir(run, args.pop("prompt"), **args)
+    print("\n---------------\n".join(texts))

@@ -1,0 +1,27 @@
+"""`run.py train`: train (or resume) one run from an experiment file and --config.* overrides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from txjax import config as config_lib
+from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
+from txjax.distributed import is_lead
+from txjax.train import train
+
+
+def main(argv: list[str]) -> None:
+    """run.py train [--config=experiments/NAME.py] [--workdir=DIR] [--config.SECTION.FIELD=VALUE ...]"""
+    parser = argparse.ArgumentParser(prog="run.py train", description=main.__doc__, allow_abbrev=False)
+    parser.add_argument("--config", help=f"experiment file (default: {config_lib.DEFAULT_EXPERIMENT.name})")
+    parser.add_argument("--workdir", help="run folder (default: runs/<experiment name>); resumes if it has one")
+    add_distributed_flags(parser)
+    args, overrides = parse_with_overrides(parser, argv)
+    config = config_lib.from_command_line(args.config, overrides, args.workdir)
+    initialize_distributed(args)
+    workdir = args.workdir or Path("runs") / Path(args.config or config_lib.DEFAULT_EXPERIMENT).stem
+    result = train(config, workdir)
+    if is_lead():
+        print(json.dumps(result))

@@ -1,0 +1,79 @@
+"""Generation with a KV cache: prefill, one-token decode steps, sampling and beam search in one compiled loop.
+
+The Flax wmt/lm1b split, one job per file:
+- strategy.py: `Strategy`, how tokens are chosen (static: part of the compiled program);
+- sampling.py: greedy (temperature 0), temperature, top-k, top-p (nucleus, Holtzman et al. 2020) in one
+  `choose_tokens`, and the per-step update of independent rows;
+- beam.py: beam search (Wu et al. 2016) with the GNMT length penalty lp(L) = ((5 + L) / 6)^alpha, K alive and K
+  finished hypotheses per row (the t5x / Flax wmt formulation);
+- cache.py: the KV cache (`init_cache`, one cached call `extend`, row gathers for beams and samples);
+- search.py: `generate_ids`, the family's prefill then one `lax.while_loop` around the one `tokens_to_logits`
+  closure (no host round trip per token, one compilation whatever the length);
+- api.py: the host side (`generate`, `translate`, `decode_all`, `generate_windowed`, from a workdir).
+
+Prompts of different lengths are left-padded: pad slots get segment id 0 (no query attends to them, the cache stores
+them as empty) and positions start at 0 at each row's first real token, so each row generates exactly what it
+would alone. The encoder-decoder encodes the source once; its cross-attention keys/values are written into the
+cache by the prefill call and reused at every step (`encoded=None`).
+
+Lengths: a prompt of P tokens generating N tokens feeds positions 0 .. P+N-2 (the last token is never fed back), so
+P + N - 1 <= model max_len is required; anything longer is a one-line ValueError, never a silent truncation.
+"""
+
+from txjax.decode.api import (
+    Generation,
+    check_inputs,
+    decode_all,
+    encode_prompt,
+    generate,
+    generate_from_workdir,
+    generate_windowed,
+    pad_batch,
+    strategy_from_config,
+    translate,
+)
+from txjax.decode.beam import BeamState, beam_update, init_beam_state, length_penalty
+from txjax.decode.cache import decode_step, extend, for_decoding, gather_rows, init_cache, prefill, tile_rows
+from txjax.decode.sampling import (
+    SampleState,
+    choose_tokens,
+    init_sample_state,
+    sample_update,
+    top_k_filter,
+    top_p_filter,
+)
+from txjax.decode.search import generate_ids, search
+from txjax.decode.strategy import Strategy
+
+__all__ = [
+    "BeamState",
+    "Generation",
+    "SampleState",
+    "Strategy",
+    "beam_update",
+    "check_inputs",
+    "choose_tokens",
+    "decode_all",
+    "decode_step",
+    "encode_prompt",
+    "extend",
+    "for_decoding",
+    "gather_rows",
+    "generate",
+    "generate_from_workdir",
+    "generate_ids",
+    "generate_windowed",
+    "init_beam_state",
+    "init_cache",
+    "init_sample_state",
+    "length_penalty",
+    "pad_batch",
+    "prefill",
+    "sample_update",
+    "search",
+    "strategy_from_config",
+    "tile_rows",
+    "top_k_filter",
+    "top_p_filter",
+    "translate",
+]

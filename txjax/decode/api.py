@@ -1,0 +1,233 @@
+"""Generation from the host: padding and checks, `generate` (DecoderLM) and `translate` (EncoderDecoder), whole
+splits in fixed-shape batches, sampling past the context, and generation from a training workdir."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from txjax.decode.cache import for_decoding
+from txjax.decode.search import generate_ids
+from txjax.decode.strategy import Strategy
+from txjax.families import family_of
+from txjax.models import DecoderLM, EncoderDecoder
+
+
+@dataclasses.dataclass
+class Generation:
+    """One entry per prompt and sample (prompt-major): generated ids (without EOS or anything after it), the
+    score (sampling: sum of log-probs; beam: log P / lp(length)), whether EOS was produced, and the number of
+    tokens the loop generated before every row had stopped (<= max_new_tokens)."""
+
+    ids: list[list[int]]
+    scores: np.ndarray
+    stopped: list[bool]
+    steps: int
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None, left: bool = False):
+    """Id lists -> (int32 [B, length] padded with pad_id on the left or the right, lengths int32 [B])."""
+    longest = max(map(len, seqs))
+    if length is not None and length < longest:
+        raise ValueError(f"padded length {length} is shorter than the longest sequence ({longest} tokens)")
+    length = longest if length is None else length
+    out_BxL = np.full((len(seqs), length), pad_id, np.int32)
+    for row_L, s in zip(out_BxL, seqs):
+        if len(s):
+            (row_L[length - len(s) :] if left else row_L[: len(s)])[...] = s
+    return out_BxL, np.array([len(s) for s in seqs], np.int32)
+
+
+def check_inputs(seqs: Sequence[Sequence[int]], vocab_size: int, max_len: int, what: str, new_tokens: int = 1):
+    """One-line ValueErrors for what would otherwise be a silent wrong answer: no prompt, an empty one, an id
+    outside the vocab, or more positions than the context (P + new_tokens - 1 > max_len)."""
+    if not len(seqs):
+        raise ValueError(f"no {what}s given")
+    for i, s in enumerate(seqs):
+        if not len(s):
+            raise ValueError(f"{what} {i} is empty: give at least one token")
+        bad = [t for t in s if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{what} {i} has token id {bad[0]} outside the vocab [0, {vocab_size})")
+        if len(s) + new_tokens - 1 > max_len:
+            if new_tokens == 1:
+                raise ValueError(f"{what} {i} has {len(s)} tokens, more than the model's context max_len={max_len}")
+            raise ValueError(
+                f"{what} {i} of {len(s)} tokens + max_new_tokens={new_tokens} needs "
+                f"{len(s) + new_tokens - 1} positions, more than the model's context max_len={max_len};"
+                f" lower max_new_tokens to <= {max_len - len(s) + 1}"
+            )
+
+
+def _results(strategy: Strategy, tokens_NxT, scores_N, steps) -> Generation:
+    """Cut each row at its first EOS."""
+    ids, stopped = [], []
+    for row in np.asarray(tokens_NxT).tolist():
+        end = row.index(strategy.eos_id) if strategy.eos_id in row else len(row)
+        ids.append(row[:end])
+        stopped.append(end < len(row))
+    return Generation(ids=ids, scores=np.asarray(scores_N), stopped=stopped, steps=int(steps))
+
+
+def generate(
+    model: DecoderLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int | None = None,
+    length: int | None = None,
+    seed: int = 0,
+    **strategy,
+) -> Generation:
+    """Continue each prompt (a list of ids) with a DecoderLM; `strategy`: the fields of Strategy.
+
+    Prompts are left-padded to `length` (default: the longest; fix it to compile once for many batches).
+    Same seed, same text. Beam search returns the best hypothesis per prompt; sampling num_samples per prompt.
+    A scanned model is decoded with its layers unrolled (`for_decoding`; pass its result to skip that copy).
+    """
+    strategy = Strategy(**strategy)
+    cfg = model.cfg
+    check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
+    pad_id = 0 if pad_id is None else pad_id
+    prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
+    model, params = for_decoding(model, params)
+    out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, jax.random.key(seed))
+    return _results(strategy, *out)
+
+
+def translate(
+    model: EncoderDecoder,
+    params,
+    sources: Sequence[Sequence[int]],
+    *,
+    bos_id: int,
+    pad_id: int,
+    length: int | None = None,
+    seed: int = 0,
+    **strategy,
+) -> Generation:
+    """Generate a target for each source (ids, ending with EOS as in training) with an EncoderDecoder.
+
+    The decoder starts from BOS; sources are right-padded to `length` (default: the longest). Layers unrolled as
+    in `generate`.
+    """
+    strategy = Strategy(**strategy)
+    cfg = model.cfg
+    check_inputs(sources, cfg.vocab_size, cfg.max_len, "source")
+    check_inputs([[bos_id]], cfg.vocab_size, cfg.max_len, "target", strategy.max_new_tokens)
+    src_BxS, lengths_B = pad_batch(sources, pad_id, length)
+    model, params = for_decoding(model, params)
+    out = generate_ids(model, params, strategy, pad_id, bos_id, src_BxS, lengths_B, jax.random.key(seed))
+    return _results(strategy, *out)
+
+
+def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: int, **kwargs) -> Generation:
+    """`generate` (DecoderLM) or `translate` (EncoderDecoder) over many inputs in fixed-shape batches: one
+    compilation for the whole list. Inputs are sorted by length (rows that stop together share a batch, so the
+    loop exits early), the last batch is filled by repeating an input; results come back in input order, one per
+    input (so no num_samples)."""
+    if kwargs.get("num_samples", 1) != 1:
+        raise ValueError("decode_all gives one output per input: num_samples must be 1")
+    model, params = for_decoding(model, params)
+    batch_size = min(batch_size, len(inputs))
+    run = generate if family_of(model).continues_input else translate
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+    outs = []
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        batch = [inputs[i] for i in rows + rows[-1:] * (batch_size - len(rows))]
+        outs.append((rows, run(model, params, batch, length=max(map(len, inputs)), **kwargs)))
+    ids, stopped, scores = [None] * len(inputs), [None] * len(inputs), np.zeros(len(inputs), np.float32)
+    for rows, out in outs:
+        for j, i in enumerate(rows):
+            ids[i], stopped[i], scores[i] = out.ids[j], out.stopped[j], out.scores[j]
+    return Generation(ids=ids, scores=scores, stopped=stopped, steps=max(out.steps for _, out in outs))
+
+
+def generate_windowed(
+    model: DecoderLM,
+    params,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    keep: int | None = None,
+    num_samples: int = 1,
+    seed: int = 0,
+    pad_id: int | None = None,
+    **strategy,
+) -> list[list[int]]:
+    """Sampling beyond the model's context (nanoGPT's sample.py crops the sequence to its last max_len tokens):
+    generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
+    with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
+    which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the num_samples
+    continuations (ids, cut at EOS). Chunks after the first have one shape: at most three compilations."""
+    max_len = model.cfg.max_len
+    keep = keep or max_len // 2
+    if not 0 < keep < max_len:
+        raise ValueError(f"keep={keep} must be in [1, {max_len - 1}] (the context is max_len={max_len})")
+    prompt = list(prompt)[-max_len:]
+    model, params = for_decoding(model, params)
+    new = min(max_new_tokens, max_len - len(prompt) + 1)
+    out = generate(
+        model, params, [prompt], max_new_tokens=new, num_samples=num_samples, seed=seed, pad_id=pad_id, **strategy
+    )
+    seqs, stopped, generated = [prompt + ids for ids in out.ids], list(out.stopped), [list(ids) for ids in out.ids]
+    for chunk in itertools.count(1):
+        remaining = max_new_tokens - max(map(len, generated))
+        if remaining <= 0 or all(stopped):
+            break
+        new = min(remaining, max_len - keep + 1)
+        out = generate(
+            model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk, pad_id=pad_id, **strategy
+        )
+        for i, ids in enumerate(out.ids):
+            if not stopped[i]:  # a stopped row's continuation is computed (fixed shapes) and dropped
+                seqs[i] += ids
+                generated[i] += ids
+                stopped[i] = out.stopped[i]
+    return generated
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# From a training workdir: `run.py generate`
+
+
+def encode_prompt(tokenizer, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
+    """Text -> ids, with BOS first / EOS last when asked; unencodable characters are the tokenizer's ValueError."""
+    return [tokenizer.bos_id] * bos + tokenizer.encode(text) + [tokenizer.eos_id] * eos
+
+
+def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict:
+    """Strategy fields from a config's `decode` section, overridden by the non-None `overrides`; config beam_size 1
+    means sampling (temperature 0: greedy), > 1 beam search."""
+    options = {**decode_config.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
+    beam_size = options.pop("beam_size")
+    return dict(options, beam_size=beam_size if beam_size > 1 else None, eos_id=eos_id)
+
+
+def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
+    """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
+    include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
+    chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
+    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
+    tokenizer, continues = run.tokenizer, family_of(run.model).continues_input  # an LM continues a prompt
+    shown = "" if chat else text
+    if chat:
+        text = tokenizer.render_chat([{"role": "user", "content": text}])
+    ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and continues, eos=not continues)
+    ids = tokenizer.prefix() + ids if continues else ids  # a pretrained model's BOS
+    strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
+    if not continues:
+        out = translate(
+            run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
+        )
+        return [tokenizer.decode(row) for row in out.ids]
+    if strategy["beam_size"] is None:  # sampling may run past the context (generate_windowed)
+        rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
+    else:
+        rows = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy).ids
+    return [shown + tokenizer.decode(row) for row in rows]

@@ -1,0 +1,106 @@
+"""The KV cache: an empty one from shapes, one cached model call (`extend`), its jitted prefill / decode-step
+forms, and row gathers (tiling prompts to beams or samples, reordering beams)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import einops
+import jax
+import jax.numpy as jnp
+
+from txjax.families import family_of
+from txjax.models import unstack_layers
+
+# dims of each cache leaf without the batch axis (and without nn.scan's leading layer axis); cache_index has no batch
+CACHE_LEAF_NDIM = {"cached_key": 3, "cached_value": 3, "cross_key": 3, "cross_value": 3, "cached_pos": 1}
+
+
+def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
+    """An empty KV cache for `max_len` target tokens (encoder-decoder: and `src_len` source tokens).
+
+    Built from shapes alone (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
+    """
+    family = family_of(model)
+    shapes = jax.eval_shape(lambda: family.decode_variables(model, jax.random.key(0), batch_size, max_len, src_len))
+    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
+    return jax.tree_util.tree_map_with_path(empty, shapes["cache"])
+
+
+def extend(
+    model,
+    params,
+    cache,
+    tokens_NxL,
+    positions_NxL,
+    segment_ids_NxL=None,
+    *,
+    src_segment_ids_NxS=None,
+    encoded_NxSxD=None,
+):
+    """Append L tokens to the cache in one call (prefill: the prompt; a decode step: L = 1).
+
+    Returns (next-token logits at the last slot [N, V] float32, cache). Encoder-decoder: `src_segment_ids_NxS` is
+    required; `encoded_NxSxD` is given at prefill (cross K/V get cached) and None afterwards (they are reused).
+    """
+    variables = {"params": params, "cache": cache}
+    logits, mutated = family_of(model).extend(
+        model, variables, tokens_NxL, positions_NxL, segment_ids_NxL, src_segment_ids_NxS, encoded_NxSxD
+    )
+    return logits[:, -1], mutated["cache"]
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def prefill(
+    model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None, src_segment_ids_NxS=None, encoded_NxSxD=None
+):
+    """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [N, V], cache)."""
+    return extend(
+        model,
+        params,
+        cache,
+        tokens_NxL,
+        positions_NxL,
+        segment_ids_NxL,
+        src_segment_ids_NxS=src_segment_ids_NxS,
+        encoded_NxSxD=encoded_NxSxD,
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def decode_step(model, params, cache, tokens_N, positions_N, src_segment_ids_NxS=None):
+    """One token per row at its absolute position: -> (logits [N, V], cache). Jitted; the cache is donated (updated
+    in place) and its shape never changes, so this compiles once for a given batch and cache size."""
+    return extend(
+        model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
+    )
+
+
+def for_decoding(model, params):
+    """The same model with its layers unrolled (scan_layers=False, params via unstack_layers) for decoding: under
+    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache (the speed-up
+    is measured by benchmarks/decode.py)."""
+    if not model.cfg.scan_layers:
+        return model, params
+    return model.clone(cfg=dataclasses.replace(model.cfg, scan_layers=False)), unstack_layers(params)
+
+
+def gather_rows(cache, rows_M):
+    """cache rows (batch axis) -> cache[rows_M] for every per-row leaf: beam reordering and tiling to B*W rows.
+
+    The batch axis is found from the leaf's rank (nn.scan adds a leading layer axis); cache_index is shared.
+    """
+
+    def gather(path, leaf):
+        name = path[-1].key
+        if name not in CACHE_LEAF_NDIM:
+            return leaf
+        return jnp.take(leaf, rows_M, axis=leaf.ndim - 1 - CACHE_LEAF_NDIM[name])
+
+    return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def tile_rows(x, w: int):
+    """Repeat each row w times along axis 0: [B, ...] -> [B*w, ...] (row b*w + j is a copy of row b)."""
+    return x if w == 1 else einops.repeat(x, "b ... -> (b w) ...", w=w)

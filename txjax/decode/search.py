@@ -1,0 +1,91 @@
+"""The compiled generation loop: prefill, then feed-and-choose inside one lax.while_loop.
+
+A pure `tokens_to_logits(tokens_N, positions_N, cache) -> (logits_NxV, cache)` closure (Flax wmt/lm1b style) runs
+for the whole generation (no host round trip per token, one compilation whatever the length); a strategy's
+`update(state, logits_NxV, cache) -> (state, cache)` picks the next tokens (sampling.sample_update or
+beam.beam_update). Both stop a row at `eos_id` and leave the loop early once every row has stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from txjax.decode.beam import beam_update, init_beam_state
+from txjax.decode.cache import extend, gather_rows, init_cache, tile_rows
+from txjax.decode.sampling import init_sample_state, sample_update
+from txjax.decode.strategy import Strategy
+from txjax.families import family_of
+
+
+def search(tokens_to_logits, update, state, first_logits_NxV, cache, start_positions_N, max_new_tokens: int):
+    """Choose from the prefill logits, then feed-and-choose in one lax.while_loop until max_new_tokens or `done`.
+
+    The token chosen at step s (0-based) sits at position start + s; it is fed back only if another is needed.
+    """
+    state, cache = update(state, first_logits_NxV, cache)
+
+    def cond(carry):
+        state, _ = carry
+        return (state.step < max_new_tokens) & ~state.done
+
+    def body(carry):
+        state, cache = carry
+        logits_NxV, cache = tokens_to_logits(state.last_N, start_positions_N + state.step - 1, cache)
+        return update(state, logits_NxV, cache)
+
+    state, _ = jax.lax.while_loop(cond, body, (state, cache))
+    return state
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
+def generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id: int | None, inputs_BxS, lengths_B, rng):
+    """Prompts (DecoderLM: left-padded, real tokens last) or sources (EncoderDecoder: right-padded) [B, S] ->
+    (tokens [B*W', T], scores [B*W'], steps) in one compiled call, W' = num_samples for sampling and 1 (the best
+    hypothesis) for beam search; steps: loop steps taken.
+
+    The family's prefill fills the cache in one call; the cache is tiled to W rows per input (beams or samples);
+    then `search` runs with the one `tokens_to_logits` closure.
+    """
+    b, w = inputs_BxS.shape[0], strategy.rows_per_prompt
+    p = family_of(model).prefill(model, params, inputs_BxS, lengths_B, strategy.max_new_tokens, bos_id)
+    cache = init_cache(model, b, p.cache_len, p.src_len)
+    first_logits_BxV, cache = extend(
+        model,
+        params,
+        cache,
+        p.tokens_BxL,
+        p.positions_BxL,
+        p.segment_ids_BxL,
+        src_segment_ids_NxS=p.src_segment_ids_BxS,
+        encoded_NxSxD=p.encoded_BxSxD,
+    )
+    if w > 1:
+        cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
+    src_segment_ids_NxS = None if p.src_segment_ids_BxS is None else tile_rows(p.src_segment_ids_BxS, w)
+
+    def tokens_to_logits(tokens_N, positions_N, cache):
+        return extend(
+            model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
+        )
+
+    if strategy.beam_size is None:
+        update = functools.partial(sample_update, strategy, pad_id)
+        state = init_sample_state(strategy, b * w, pad_id, rng)
+    else:
+        update = functools.partial(beam_update, strategy)
+        state = init_beam_state(strategy, b, pad_id)
+    state = search(
+        tokens_to_logits,
+        update,
+        state,
+        tile_rows(first_logits_BxV, w),
+        cache,
+        tile_rows(p.start_positions_B, w),
+        strategy.max_new_tokens,
+    )
+    if strategy.beam_size is None:
+        return state.tokens_NxT, state.logp_N, state.step
+    return state.finished_BxWxT[:, 0], state.finished_score_BxW[:, 0], state.step

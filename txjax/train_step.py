@@ -1,0 +1,83 @@
+"""The pure training step: one optimizer step of a TrainState on a batch, and its jitted form on a mesh.
+
+train_step(state, batch, dropout_key) -> (state, metrics):
+    g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
+                                                       lax.scan before the one division: the full batch's gradient
+    theta, opt_state <- AdamW(clip(g))                 (txjax.train_state)
+Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
+optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
+vmapped for stacked runs (txjax.runs).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from txjax.distributed import first_device_mesh
+from txjax.objective import forward, token_sums
+from txjax.sharding import batch_sharding
+from txjax.train_state import TrainState, current_learning_rate, run_keys, state_shardings
+
+
+def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict, mesh: Mesh | None = None):
+    """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and t = config.train, on `mesh` (default: the
+    first device): the state laid out as train_state.state_shardings, the batch's rows split over data x fsdp."""
+    mesh = mesh or first_device_mesh()
+    state_sharding = state_shardings(model, tx, t.seed, mesh)
+    train_step = train_step_function(model, tx, t)
+    dropout_key = run_keys(t.seed)[1]
+    return jax.jit(
+        lambda state, batch: train_step(state, batch, dropout_key),
+        in_shardings=(state_sharding, batch_sharding(mesh)),
+        out_shardings=(state_sharding, NamedSharding(mesh, P())),
+        donate_argnums=0,
+    )
+
+
+def train_step_function(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
+    """The pure train_step(state, batch, dropout_key) -> (state, metrics), to jit, or to vmap over runs.
+
+    Everything that may differ between runs (parameters, optimizer hyperparameters, batch, dropout key) is an argument.
+    """
+    dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
+
+    def objective_sum(params, batch, rng):
+        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing)
+        return sums["objective"], sums
+
+    grad_sums = jax.grad(objective_sum, has_aux=True)
+
+    def train_step(state: TrainState, batch, dropout_key):
+        rng = jax.random.fold_in(dropout_key, state.step)
+        if t.grad_accum == 1:
+            grads, sums = grad_sums(state.params, batch, rng)
+        else:  # micro-batch i holds rows i, i + A, i + 2A, ...: on a data-parallel mesh every device has a share
+            micro = jax.tree_util.tree_map(lambda x: x.reshape(-1, t.grad_accum, *x.shape[1:]), batch)
+
+            def add(total, i):
+                one = jax.tree_util.tree_map(lambda x: x[:, i], micro)
+                one_sums = grad_sums(state.params, one, jax.random.fold_in(rng, i))
+                return jax.tree_util.tree_map(jnp.add, total, one_sums), None
+
+            shapes = jax.eval_shape(grad_sums, state.params, jax.tree_util.tree_map(lambda x: x[:, 0], micro), rng)
+            zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            (grads, sums), _ = jax.lax.scan(add, zeros, jnp.arange(t.grad_accum))
+        weight = jnp.maximum(sums["weight"], 1.0)
+        grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        finite = jnp.stack([jnp.isfinite(sums["loss"])] + [jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), {
+            "loss": sums["loss"] / weight,
+            "token_accuracy": sums["correct"] / weight,
+            "grad_norm": optax.tree.norm(grads),
+            "finite": finite.all(),
+            "learning_rate": current_learning_rate(state.opt_state, state.step),
+        }
+
+    return train_step
