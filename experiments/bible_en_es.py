@@ -32,5 +32,5 @@ def get_config():
     config.train.update(steps=2100, batch_size=16, learning_rate=1e-3, warmup_steps=200, label_smoothing=0.1)
     config.train.update(max_minutes=20.0, eval_every_minutes=5.0, eval_generation=True)  # the budget, timed evals
     config.train.update(log_every=50, eval_every=0, eval_batches=0, checkpoint_every=250)
-    config.decode.update(max_new_tokens=160, beam_size=4, length_penalty=0.6)
+    config.decode.update(method="beam", max_new_tokens=160, beam_size=4, length_penalty=0.6)
     return config

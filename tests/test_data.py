@@ -16,6 +16,7 @@ from txjax.data import (
     first_fit,
     load_tokenizer,
     prefetch,
+    task_tokenizer,
 )
 
 SHARED = Path(__file__).parents[2] / "shared" / "data"
@@ -309,3 +310,28 @@ def test_bible_tsv_with_sentencepiece():
     assert batch["src"].shape == (8, 64) and batch["tgt_segment_ids"].max() >= 1
     source, _ = next(ds.raw_pairs())
     assert tok.decode(tok.encode(source)) == source
+
+
+@pytest.mark.parametrize("name,form", [("reverse", "lm"), ("add", "seq2seq")])
+def test_held_out_prompts_are_never_trained_on_and_valid_and_test_are_disjoint(name, form):
+    """The eval sets of valid and test hold distinct prompts of their own splits, and none of them appears in the
+    first 2,000 training batches (128,000 examples) of the default experiment's shape."""
+    tok = task_tokenizer()
+    valid, test = (SyntheticTask(name, form, eval_seed=7, split=split) for split in ("valid", "test"))
+    decode_prompt = (lambda p: tok.decode(p)[:-1]) if form == "lm" else (lambda p: tok.decode(p))  # drop '=' / EOS
+    held_out = {}
+    for task in (valid, test):
+        prompts = [decode_prompt(p) for p in task.eval_examples()[0]]
+        assert len(prompts) == len(set(prompts)) == task.eval_size  # distinct, and the space is large enough
+        held_out[task.split] = set(prompts)
+    assert not held_out["valid"] & held_out["test"]
+    key = "inputs" if form == "lm" else "src"
+    for k in range(2000):
+        rows = valid.batch(0, k, 64)[key]
+        trained = {tok.decode(row).split("=")[0] for row in rows} if form == "lm" else set(map(tok.decode, rows))
+        assert not trained & (held_out["valid"] | held_out["test"]), k
+
+
+def test_a_space_too_small_to_hold_out_is_a_one_line_error():
+    with pytest.raises(ValueError, match="no valid prompts to draw: raise --config.data.max_digits"):
+        SyntheticTask("sort", "lm", min_digits=1, max_digits=1, eval_size=4).eval_examples()  # no 1-digit one is

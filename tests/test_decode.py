@@ -237,21 +237,29 @@ def test_top_p_keeps_smallest_set_reaching_p(p, expected):
 
 def test_top_p_sampling_stays_in_the_nucleus():
     logits_NxV = jnp.log(jnp.tile(jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]]), (400, 1)))
-    strategy = decode.Strategy(max_new_tokens=1, temperature=1.0, top_p=0.6)
+    strategy = decode.Strategy(max_new_tokens=1, method="sample", temperature=1.0, top_p=0.6)
     tokens = decode.choose_tokens(strategy, logits_NxV, jax.random.key(0))
     assert set(np.asarray(tokens).tolist()) == {2, 4}
 
 
 def test_top_k_one_equals_greedy():
     model, params = lm("rope")
-    top1 = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, temperature=1.0, top_k=1, seed=3)
+    top1 = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, method="sample", top_k=1, seed=3)
     assert top1.ids == lm_greedy().ids
 
 
 def test_sampling_same_seed_same_text():
     model, params = lm("rope")
     sample = functools.partial(
-        decode.generate, model, params, LM_PROMPTS[:1], max_new_tokens=12, temperature=1.5, top_p=0.95, num_samples=3
+        decode.generate,
+        model,
+        params,
+        LM_PROMPTS[:1],
+        max_new_tokens=12,
+        method="sample",
+        temperature=1.5,
+        top_p=0.95,
+        num_samples=3,
     )
     a, b, c = sample(seed=0), sample(seed=0), sample(seed=1)
     assert a.ids == b.ids and len(a.ids) == 3
@@ -263,13 +271,15 @@ def test_sampling_same_seed_same_text():
 
 def test_beam_size_one_equals_greedy():
     model, params = seq2seq("rope")
-    beam = decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, beam_size=1)
+    beam = decode.translate(
+        model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, method="beam", beam_size=1
+    )
     assert beam.ids == seq2seq_greedy().ids
 
 
 def test_lm_beam_size_one_equals_greedy():
     model, params = lm("rope")
-    beam = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, beam_size=1)
+    beam = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, method="beam", beam_size=1)
     assert beam.ids == lm_greedy().ids
 
 
@@ -278,7 +288,16 @@ def test_beam_search_scores_at_least_greedy():
     model, params = seq2seq("rope")
     greedy = seq2seq_greedy()
     beam = decode.translate(
-        model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, beam_size=4, length_penalty=alpha
+        model,
+        params,
+        SOURCES,
+        bos_id=BOS,
+        pad_id=PAD,
+        max_new_tokens=8,
+        eos_id=EOS,
+        method="beam",
+        beam_size=4,
+        length_penalty=alpha,
     )
     for logp, ids, stopped, beam_score in zip(greedy.scores, greedy.ids, greedy.stopped, beam.scores):
         greedy_score = logp / decode.length_penalty(len(ids) + stopped, alpha)  # EOS counts in the length
@@ -341,7 +360,7 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     config.unlock()
     config.update(family="encoder_decoder")
     config.data.update(kind="parallel")
-    config.decode.update(max_new_tokens=8, beam_size=2)
+    config.decode.update(method="beam", max_new_tokens=8, beam_size=2)
     model = EncoderDecoder(tiny(vocab_size=tokenizer.vocab_size))
     params = random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
     fake_run = experiment.TrainedRun(config, model, tokenizer, params, step=0)
@@ -356,3 +375,55 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     metrics = evaluate.generation_metrics(fake_run, dataset, batch_size=4)
     assert capsys.readouterr().out.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100 and metrics["bleu_signature"]
+
+
+# ---------------------------------------------------------------- one meaning for the decode section, flags and API
+
+BEAM = {"beam_size": 4, "length_penalty": 0.6}
+SAMPLE = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_samples": 1}
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ({}, {"method": "greedy"}),  # the config's method
+        ({"beam_size": 1}, {"method": "beam", **BEAM, "beam_size": 1}),  # a beam option alone means beam search
+        ({"temperature": 0.8}, {"method": "sample", **SAMPLE, "temperature": 0.8}),  # a sampling option: sampling
+        ({"method": "sample"}, {"method": "sample", **SAMPLE}),
+        ({"method": "beam", "length_penalty": 0.0}, {"method": "beam", **BEAM, "length_penalty": 0.0}),
+        ({"method": "greedy", "max_new_tokens": 5}, {"method": "greedy", "max_new_tokens": 5}),
+    ],
+)
+def test_the_config_the_flags_and_the_api_agree_on_the_method(flags, expected):
+    from txjax import config as config_lib
+
+    strategy = decode.strategy_from_config(config_lib.base_config().decode, 7, **flags)
+    assert strategy == {"max_new_tokens": 64, "eos_id": 7, **expected}
+    assert decode.Strategy(**strategy).method == expected["method"]  # the API takes exactly what they give
+
+
+def test_an_option_of_another_method_is_an_error_not_ignored():
+    from txjax import config as config_lib
+
+    config = config_lib.base_config().decode
+    with pytest.raises(ValueError, match="temperature applies to method='sample', not method='greedy'"):
+        decode.Strategy(**decode.strategy_from_config(config, 7, method="greedy", temperature=0.8))
+    with pytest.raises(ValueError, match="options of several methods"):
+        decode.strategy_from_config(config, 7, beam_size=2, temperature=0.8)
+    with pytest.raises(ValueError, match="temperature applies to method='sample'"):
+        decode.generate(*lm("rope"), LM_PROMPTS, max_new_tokens=4, temperature=0.8)  # the API does not go greedy
+
+
+def test_generate_from_a_workdir_with_beam_size_one_is_greedy_not_sampling():
+    """`run.py generate --beam_size=1` is beam search with one beam (greedy), whatever the config's temperature."""
+    from txjax import config as config_lib
+    from txjax.data import CharTokenizer
+    from txjax.experiment import TrainedRun
+
+    model, params = lm("rope")
+    config = config_lib.base_config()
+    config.decode.update(max_new_tokens=6, temperature=1.0)
+    run = TrainedRun(config, model, CharTokenizer("0123456789", specials=True), params, 0)
+    greedy, beam1 = (decode.generate_from_workdir(run, "3141", **flags) for flags in ({}, {"beam_size": 1}))
+    sampled = {decode.generate_from_workdir(run, "3141", method="sample", seed=s)[0] for s in range(4)}
+    assert beam1 == greedy and len(sampled) > 1

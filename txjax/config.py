@@ -81,13 +81,15 @@ def base_config() -> ml_collections.ConfigDict:
                 "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
             },
             "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
-            "decode": {
+            "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
+                "method": "greedy",
                 "max_new_tokens": 64,
-                "temperature": 1.0,
-                "top_k": 0,
-                "top_p": 1.0,
-                "beam_size": 1,
-                "length_penalty": 0.6,
+                "temperature": 1.0,  # sample
+                "top_k": 0,  # sample
+                "top_p": 1.0,  # sample
+                "num_samples": 1,  # sample
+                "beam_size": 4,  # beam
+                "length_penalty": 0.6,  # beam
             },
         }
     )
@@ -180,6 +182,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "family": (config.family, tuple(families.FAMILIES)),
         "data.kind": (config.data.kind, DATA_KINDS),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
+        "decode.method": (config.decode.method, ("greedy", "sample", "beam")),
     }
     for name, (value, allowed) in choices.items():
         if value not in allowed:

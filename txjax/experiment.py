@@ -23,7 +23,7 @@ from txjax.train_state import init_state, make_optimizer, state_shardings
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
 SPLITS = ("train", "valid", "test")
-_EVAL_SEEDS = {"train": 2**31 - 1, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
+_EVAL_SEEDS = {"train": 2**31 - 3, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
 
 
 def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
@@ -71,7 +71,7 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, 
         raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if d.kind == "synthetic":
         form = families.get(config.family).task_form
-        return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split])
+        return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split], split)
     if d.kind == "text":
         if split == "test":
             raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")

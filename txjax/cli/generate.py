@@ -6,16 +6,24 @@ import argparse
 
 from txjax.config import user_errors
 from txjax.decode import generate_from_workdir
+from txjax.decode.strategy import METHODS
 from txjax.experiment import load_workdir
 
 
 def main(argv: list[str]) -> None:
-    """run.py generate --workdir=DIR --prompt=TEXT [--chat --max_new_tokens --temperature --top_k --top_p
-    --beam_size --length_penalty --seed --num_samples]: prints each sample (defaults: the workdir config's `decode`
-    section)."""
-    parser = argparse.ArgumentParser(prog="run.py generate", description=main.__doc__)
+    """run.py generate --workdir=DIR --prompt=TEXT [--method=greedy|sample|beam] [--temperature --top_k --top_p
+    --num_samples (sample)] [--beam_size --length_penalty (beam)] [--max_new_tokens --seed] [--chat]: prints each
+    output (--chat: the prompt is a user message in the model's chat template, the output its reply).
+
+    Defaults: the workdir config's `decode` section. Without --method, a sampling option (--temperature, ...) means
+    --method=sample and a beam option means --method=beam; an option of another method than --method is an error.
+    """
+    parser = argparse.ArgumentParser(
+        prog="run.py generate", description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--prompt", required=True, help="LM: the text to continue; encoder-decoder: the source")
+    parser.add_argument("--method", choices=METHODS, default=None)
     for name, kind in [
         ("max_new_tokens", int),
         ("temperature", float),

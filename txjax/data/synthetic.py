@@ -6,10 +6,21 @@ digits; add takes two numbers of min_digits..max_digits digits each, written "a+
                   only on the answer and EOS targets, so the LM learns to answer.  L = P + A + 2.
 - form='seq2seq': src = prompt EOS, tgt = answer EOS (tgt_inputs = BOS answer).  S = P + 1, T = A + 1.
 (P, A: the longest prompt and answer.)  `eval_examples` gives prompts + reference answers for exact match.
+
+Held out means held out: every prompt belongs to one split, by a hash of (task, prompt) in [0, 1):
+    [0, 0.05) valid,  [0.05, 0.10) test,  the rest train                     (HELD_OUT)
+Training batches draw only train prompts (a draw of another split is drawn again), and a split's eval set holds
+`eval_size` distinct prompts of that split, so no eval example is ever trained on and valid and test are disjoint.
+Short strings are a small space: of the ten 1-digit strings, the hundred 2-digit ones, ... only about a tenth are
+held out (for some lengths none), so the eval sets hold mostly the longer strings, and exact match is reported on
+the strings that can be held out. A task whose whole space is too small to hold out eval_size strings gets a
+smaller eval set; one with no held-out string at all is an error.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,6 +30,16 @@ from txjax.data.tokenizers import CharTokenizer
 
 TASKS = ("copy", "reverse", "sort", "add")
 SEPARATOR = "="
+SPLITS = ("train", "valid", "test")
+HELD_OUT = {"valid": (0.0, 0.05), "test": (0.05, 0.10)}  # a prompt's hash in [lo, hi): that split; else train
+_DRAWS_PER_EXAMPLE = 200  # an eval set stops drawing after eval_size * this (a space too small to fill it)
+
+
+def split_of(task: str, prompt: str) -> str:
+    """The split a prompt belongs to, from the hash of (task, prompt): the same on every machine and run."""
+    digest = hashlib.blake2b(f"{task}:{prompt}".encode(), digest_size=8).digest()
+    h = int.from_bytes(digest, "big") / 2**64
+    return next((split for split, (lo, hi) in HELD_OUT.items() if lo <= h < hi), "train")
 
 
 def task_tokenizer() -> CharTokenizer:
@@ -44,15 +65,19 @@ class SyntheticTask:
         max_digits: int = 8,
         eval_size: int = 512,
         eval_seed: int = 2**31 - 1,
+        split: str = "valid",
     ):
+        """split: whose prompts eval_batches / eval_examples hold; training batches hold train prompts only."""
         if name not in TASKS:
             raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
         if form not in ("lm", "seq2seq"):
             raise ValueError(f"form must be 'lm' or 'seq2seq', got {form!r}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if not 1 <= min_digits <= max_digits:
             raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
         self.name, self.form, self.min_digits, self.max_digits = name, form, min_digits, max_digits
-        self.eval_size, self.eval_seed = eval_size, eval_seed
+        self.eval_size, self.eval_seed, self.split = eval_size, eval_seed, split
         self.tokenizer = task_tokenizer()
         tok = self.tokenizer
         self.pad_id, self.bos_id, self.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
@@ -61,8 +86,21 @@ class SyntheticTask:
         self.seq_len = prompt_len + answer_len + 2  # LM: BOS prompt = answer EOS, minus the shift
         self.src_len, self.tgt_len = prompt_len + 1, answer_len + 1
 
-    def sample(self, rng: np.random.Generator) -> tuple[str, str]:
-        """One (prompt, answer) pair of strings."""
+    def sample(self, rng: np.random.Generator, split: str = "train") -> tuple[str, str]:
+        """One (prompt, answer) pair of strings whose prompt belongs to `split` (drawn again until it does)."""
+        for _ in range(self.eval_size * _DRAWS_PER_EXAMPLE):
+            prompt, answer = self._draw(rng)
+            if split_of(self.name, prompt) == split:
+                return prompt, answer
+        raise self._no_prompts(split)
+
+    def _no_prompts(self, split: str) -> ValueError:
+        return ValueError(
+            f"task {self.name!r} with {self.min_digits}..{self.max_digits} digits has no {split} prompts to draw: "
+            "raise --config.data.max_digits"
+        )
+
+    def _draw(self, rng: np.random.Generator) -> tuple[str, str]:
         lengths = rng.integers(self.min_digits, self.max_digits + 1, size=2)
         if self.name == "add":
             a, b = (_digits(rng, int(n), leading_nonzero=True) for n in lengths)
@@ -71,8 +109,26 @@ class SyntheticTask:
         answer = {"copy": x, "reverse": x[::-1], "sort": "".join(sorted(x))}[self.name]
         return x, answer
 
-    def _encoded(self, rng: np.random.Generator, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [tuple(self.tokenizer.encode_array(s) for s in self.sample(rng)) for _ in range(n)]
+    def _encoded(self, pairs) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [tuple(self.tokenizer.encode_array(s) for s in pair) for pair in pairs]
+
+    def _held_out(self, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Up to n distinct examples of this task's split, drawn with `seed` (fewer if its space is smaller)."""
+        rng, pairs = np.random.default_rng(seed), {}
+        for _ in range(n * _DRAWS_PER_EXAMPLE):
+            if len(pairs) == n:
+                break
+            prompt, answer = self._draw(rng)
+            if split_of(self.name, prompt) == self.split:
+                pairs.setdefault(prompt, answer)
+        if not pairs:
+            raise self._no_prompts(self.split)
+        return self._encoded(pairs.items())
+
+    @functools.cached_property
+    def eval_set(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The split's eval examples: eval_size distinct prompts (fewer when the task's space is too small)."""
+        return self._held_out(self.eval_size, self.eval_seed)
 
     def _lm_sequence(self, prompt: np.ndarray, answer: np.ndarray) -> np.ndarray:
         return np.concatenate([[self.bos_id], prompt, [self.sep_id], answer, [self.eos_id]]).astype(np.int32)
@@ -92,12 +148,13 @@ class SyntheticTask:
 
     def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
         """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
-        examples = self._encoded(batch_rng(seed, k), batch_size)[rows]
+        rng = batch_rng(seed, k)
+        examples = self._encoded([self.sample(rng) for _ in range(batch_size)][rows])
         return self._make_batch(examples, len(examples))
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
-        """The eval set (eval_size examples from eval_seed) once, teacher-forced; last batch padded with weight 0."""
-        examples = self._encoded(np.random.default_rng(self.eval_seed), self.eval_size)
+        """The eval set once, teacher-forced; the last batch padded with weight-0 rows."""
+        examples = self.eval_set
         for start in range(0, len(examples), batch_size):
             yield self._make_batch(examples[start : start + batch_size], batch_size)
 
@@ -106,10 +163,9 @@ class SyntheticTask:
 
         A prompt is what the model is given: BOS prompt '=' for the LM form, prompt EOS for seq2seq. An answer is the
         reference without EOS: generation is right iff it yields exactly these ids and then EOS. The defaults give the
-        examples of eval_batches.
+        examples of eval_batches; n and seed draw n other distinct ones of the same split.
         """
-        rng = np.random.default_rng(self.eval_seed if seed is None else seed)
-        examples = self._encoded(rng, self.eval_size if n is None else n)
+        examples = self.eval_set if n is None and seed is None else self._held_out(n or self.eval_size, seed or 0)
         if self.form == "lm":
             prompts = [[self.bos_id, *p.tolist(), self.sep_id] for p, _ in examples]
         else:

@@ -1,7 +1,8 @@
 """Generation with a KV cache: prefill, one-token decode steps, sampling and beam search in one compiled loop.
 
 The Flax wmt/lm1b split, one job per file:
-- strategy.py: `Strategy`, how tokens are chosen (static: part of the compiled program);
+- strategy.py: `Strategy`, how tokens are chosen: method greedy, sample or beam, each with its own options (static:
+  part of the compiled program);
 - sampling.py: greedy (temperature 0), temperature, top-k, top-p (nucleus, Holtzman et al. 2020) in one
   `choose_tokens`, and the per-step update of independent rows;
 - beam.py: beam search (Wu et al. 2016) with the GNMT length penalty lp(L) = ((5 + L) / 6)^alpha, K alive and K

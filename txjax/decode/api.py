@@ -12,7 +12,7 @@ import numpy as np
 
 from txjax.decode.cache import for_decoding
 from txjax.decode.search import generate_ids
-from txjax.decode.strategy import Strategy
+from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.families import family_of
 from txjax.models import DecoderLM, EncoderDecoder
 
@@ -155,7 +155,6 @@ def generate_windowed(
     *,
     max_new_tokens: int,
     keep: int | None = None,
-    num_samples: int = 1,
     seed: int = 0,
     pad_id: int | None = None,
     **strategy,
@@ -163,8 +162,9 @@ def generate_windowed(
     """Sampling beyond the model's context (nanoGPT's sample.py crops the sequence to its last max_len tokens):
     generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
     with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
-    which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the num_samples
-    continuations (ids, cut at EOS). Chunks after the first have one shape: at most three compilations."""
+    which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the continuations
+    (num_samples of them when sampling; ids, cut at EOS). Chunks after the first have one shape: at most three
+    compilations."""
     max_len = model.cfg.max_len
     keep = keep or max_len // 2
     if not 0 < keep < max_len:
@@ -172,9 +172,8 @@ def generate_windowed(
     prompt = list(prompt)[-max_len:]
     model, params = for_decoding(model, params)
     new = min(max_new_tokens, max_len - len(prompt) + 1)
-    out = generate(
-        model, params, [prompt], max_new_tokens=new, num_samples=num_samples, seed=seed, pad_id=pad_id, **strategy
-    )
+    out = generate(model, params, [prompt], max_new_tokens=new, seed=seed, pad_id=pad_id, **strategy)
+    one_each = {k: v for k, v in strategy.items() if k != "num_samples"}  # later chunks: one row per sample
     seqs, stopped, generated = [prompt + ids for ids in out.ids], list(out.stopped), [list(ids) for ids in out.ids]
     for chunk in itertools.count(1):
         remaining = max_new_tokens - max(map(len, generated))
@@ -182,7 +181,7 @@ def generate_windowed(
             break
         new = min(remaining, max_len - keep + 1)
         out = generate(
-            model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk, pad_id=pad_id, **strategy
+            model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk, pad_id=pad_id, **one_each
         )
         for i, ids in enumerate(out.ids):
             if not stopped[i]:  # a stopped row's continuation is computed (fixed shapes) and dropped
@@ -202,11 +201,21 @@ def encode_prompt(tokenizer, text: str, *, bos: bool = False, eos: bool = False)
 
 
 def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict:
-    """Strategy fields from a config's `decode` section, overridden by the non-None `overrides`; config beam_size 1
-    means sampling (temperature 0: greedy), > 1 beam search."""
-    options = {**decode_config.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
-    beam_size = options.pop("beam_size")
-    return dict(options, beam_size=beam_size if beam_size > 1 else None, eos_id=eos_id)
+    """Strategy fields from a config's `decode` section and the non-None `overrides` (e.g. command-line flags).
+
+    The method is the overrides' `method`, else the one method the overridden options belong to (--beam_size: beam;
+    --temperature, --top_k, --top_p, --num_samples: sample), else the config's. Only that method's options are
+    taken from the config; an override of another method's option is the Strategy's one-line ValueError.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    implied = {m for m, options in METHOD_OPTIONS.items() for name in given if name in options}
+    if "method" not in given and len(implied) > 1:
+        raise ValueError(f"options of several methods given ({', '.join(sorted(given))}): choose one with --method")
+    method = given.pop("method", None) or (implied.pop() if implied else decode_config.method)
+    options = {name: decode_config[name] for name in METHOD_OPTIONS[method]} | given
+    return dict(
+        options, method=method, max_new_tokens=given.get("max_new_tokens", decode_config.max_new_tokens), eos_id=eos_id
+    )
 
 
 def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
@@ -226,7 +235,7 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, 
             run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
         )
         return [tokenizer.decode(row) for row in out.ids]
-    if strategy["beam_size"] is None:  # sampling may run past the context (generate_windowed)
+    if strategy["method"] != "beam":  # greedy and sampled continuations may run past the context
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
     else:
         rows = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy).ids

@@ -32,7 +32,7 @@ class BeamState:
 
 
 def init_beam_state(strategy: Strategy, b: int, pad_id: int) -> BeamState:
-    w, t = strategy.beam_size, strategy.max_new_tokens
+    w, t = strategy.option("beam_size"), strategy.max_new_tokens
     seqs = jnp.full((b, w, t), pad_id, jnp.int32)
     alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (w - 1), jnp.float32), (b, 1))  # all beams start as one
     return BeamState(
@@ -62,7 +62,8 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
     # like Hugging Face's BeamSearchScorer, only an EOS ranked among the W best may finish (so W=1 is greedy)
     finishes_Bx2W = (eos_Bx2W & (jnp.arange(2 * w) < w)) | last
 
-    lp = length_penalty(state.step + 1.0, strategy.length_penalty)
+    alpha = strategy.option("length_penalty")
+    lp = length_penalty(state.step + 1.0, alpha)
     new_scores_Bx2W = jnp.where(finishes_Bx2W, top_logp_Bx2W / lp, NEG_INF)
     finished_score_BxW, pick_BxW = jax.lax.top_k(
         jnp.concatenate([state.finished_score_BxW, new_scores_Bx2W], axis=1), w
@@ -76,7 +77,7 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
     parent_BxW = jnp.take_along_axis(parent_Bx2W, keep_BxW, axis=1)
     token_BxW = jnp.take_along_axis(token_Bx2W, keep_BxW, axis=1)
     # log P only falls and lp(L) <= lp(max) for alpha >= 0, so no alive beam can beat this bound any more
-    best_possible_B = alive_logp_BxW[:, 0] / length_penalty(float(strategy.max_new_tokens), strategy.length_penalty)
+    best_possible_B = alive_logp_BxW[:, 0] / length_penalty(float(strategy.max_new_tokens), alpha)
     new = state.replace(
         step=state.step + 1,
         last_N=token_BxW.reshape(-1),

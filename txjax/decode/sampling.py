@@ -1,4 +1,4 @@
-"""Sampling: greedy (temperature 0), temperature, top-k, top-p (nucleus, Holtzman et al. 2020), all one
+"""Sampling: greedy (the argmax), temperature, top-k, top-p (nucleus, Holtzman et al. 2020), all one
 `choose_tokens`, and the per-step update of N independent rows."""
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ def top_p_filter(logits_NxV, p: float):
 
 
 def choose_tokens(strategy: Strategy, logits_NxV, rng):
-    """Greedy argmax (temperature 0), else a sample from softmax(filtered logits / temperature)."""
-    if strategy.temperature == 0:
+    """The argmax (method greedy), else a sample from softmax(filtered logits / temperature)."""
+    if strategy.method == "greedy":
         return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
-    logits_NxV = logits_NxV / strategy.temperature
-    if strategy.top_k:
-        logits_NxV = top_k_filter(logits_NxV, strategy.top_k)
-    if strategy.top_p < 1:
-        logits_NxV = top_p_filter(logits_NxV, strategy.top_p)
+    logits_NxV = logits_NxV / strategy.option("temperature")
+    if strategy.option("top_k"):
+        logits_NxV = top_k_filter(logits_NxV, strategy.option("top_k"))
+    if strategy.option("top_p") < 1:
+        logits_NxV = top_p_filter(logits_NxV, strategy.option("top_p"))
     return jax.random.categorical(rng, logits_NxV).astype(jnp.int32)
 
 

@@ -71,7 +71,7 @@ def generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id: int | N
             model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
         )
 
-    if strategy.beam_size is None:
+    if strategy.method != "beam":
         update = functools.partial(sample_update, strategy, pad_id)
         state = init_sample_state(strategy, b * w, pad_id, rng)
     else:
@@ -86,6 +86,6 @@ def generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id: int | N
         tile_rows(p.start_positions_B, w),
         strategy.max_new_tokens,
     )
-    if strategy.beam_size is None:
+    if strategy.method != "beam":
         return state.tokens_NxT, state.logp_N, state.step
     return state.finished_BxWxT[:, 0], state.finished_score_BxW[:, 0], state.step

@@ -1,4 +1,11 @@
-"""How tokens are chosen: one frozen, hashable Strategy, part of the compiled program."""
+"""How tokens are chosen: one frozen, hashable Strategy, part of the compiled program.
+
+One method per strategy, and each option belongs to one method (METHOD_OPTIONS):
+    greedy   the argmax at every step
+    sample   softmax(filtered logits / temperature): top_k, top_p (nucleus), num_samples continuations per prompt
+    beam     beam search with beam_size beams and the GNMT length_penalty (beam_size 1 with alpha 0 is greedy)
+An option of another method is an error, not silently ignored (`Strategy(temperature=0.8)` does not sample).
+"""
 
 from __future__ import annotations
 
@@ -6,43 +13,59 @@ import dataclasses
 
 import jax.numpy as jnp
 
+METHODS = ("greedy", "sample", "beam")
+METHOD_OPTIONS = {
+    "greedy": (),
+    "sample": ("temperature", "top_k", "top_p", "num_samples"),
+    "beam": ("beam_size", "length_penalty"),
+}
+_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_samples": 1, "beam_size": 4, "length_penalty": 0.0}
+
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-    """How tokens are chosen; static (hashable), so it is part of the compiled program.
-
-    temperature 0 is greedy; top_k 0 and top_p 1 are off. beam_size None samples; W >= 1 runs beam search (W=1 with
-    length_penalty 0 is greedy). num_samples > 1 draws that many continuations per prompt (sampling only).
-    """
+    """How tokens are chosen; static (hashable), so it is part of the compiled program. Options left None take
+    their method's default (temperature 1, top_k 0 and top_p 1 = off, one sample; 4 beams, length penalty 0)."""
 
     max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    method: str = "greedy"
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    num_samples: int | None = None
     beam_size: int | None = None
-    length_penalty: float = 0.0  # GNMT alpha
+    length_penalty: float | None = None  # GNMT alpha
     eos_id: int | None = None
-    num_samples: int = 1
 
     def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
+        for name in _DEFAULTS:
+            if getattr(self, name) is not None and name not in METHOD_OPTIONS[self.method]:
+                owner = next(m for m, options in METHOD_OPTIONS.items() if name in options)
+                raise ValueError(f"{name} applies to method={owner!r}, not method={self.method!r}")
         checks = [
             (self.max_new_tokens >= 1, f"max_new_tokens={self.max_new_tokens} must be >= 1"),
-            (self.temperature >= 0, f"temperature={self.temperature} must be >= 0 (0 = greedy)"),
-            (self.top_k >= 0, f"top_k={self.top_k} must be >= 0 (0 = off)"),
-            (0 < self.top_p <= 1, f"top_p={self.top_p} must be in (0, 1]"),
-            (self.beam_size is None or self.beam_size >= 1, f"beam_size={self.beam_size} must be >= 1"),
-            (self.length_penalty >= 0, f"length_penalty={self.length_penalty} must be >= 0"),
-            (self.num_samples >= 1, f"num_samples={self.num_samples} must be >= 1"),
-            (self.beam_size is None or self.num_samples == 1, "num_samples > 1 needs sampling, not beam search"),
+            (self.option("temperature") > 0, f"temperature={self.temperature} must be > 0 (greedy: method='greedy')"),
+            (self.option("top_k") >= 0, f"top_k={self.top_k} must be >= 0 (0 = off)"),
+            (0 < self.option("top_p") <= 1, f"top_p={self.top_p} must be in (0, 1]"),
+            (self.option("num_samples") >= 1, f"num_samples={self.num_samples} must be >= 1"),
+            (self.option("beam_size") >= 1, f"beam_size={self.beam_size} must be >= 1"),
+            (self.option("length_penalty") >= 0, f"length_penalty={self.length_penalty} must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
 
+    def option(self, name: str):
+        """The option's value, or its method's default when left None."""
+        value = getattr(self, name)
+        return _DEFAULTS[name] if value is None else value
+
     @property
     def rows_per_prompt(self) -> int:
         """W: cache rows per prompt (beams or samples)."""
-        return self.beam_size or self.num_samples
+        return {"greedy": 1, "sample": self.option("num_samples"), "beam": self.option("beam_size")}[self.method]
 
 
 def is_eos(strategy: Strategy, tokens):
