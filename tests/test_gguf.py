@@ -13,6 +13,8 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
+from test_llama_convert import COMMON, randomized  # noqa: E402
+
 import run  # noqa: E402
 from txjax.convert.gguf import _NAMES, load_gguf  # noqa: E402
 from txjax.decode import generate  # noqa: E402
@@ -94,25 +96,11 @@ def bpe():
 
 
 def random_model(kind, vocab):
+    """test_llama_convert's shape (GQA 4/2 heads, rope base 5e4): llama with a tied head, qwen2 untied."""
     config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind]
-    config = config_class(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-5,
-        rope_theta=5e4,
-        tie_word_embeddings=kind == "llama",
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name else 0.0, 0.2)
-    return model
+    fields = dict(vocab_size=vocab, num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=kind == "llama")
+    config = config_class(**{**COMMON, **fields})
+    return randomized(config)
 
 
 def hf_logits(model, ids):

@@ -38,15 +38,19 @@ MODELS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/
 }
 
 
-def random_model(kind: str):
-    """A random model whose logits are of order 10: norm gains ~ N(1, 0.2^2), everything else ~ N(0, 0.2^2)."""
-    config_class, fields = MODELS[kind]
+def randomized(config):
+    """A transformers model whose logits are of order 10: norm gains ~ N(1, 0.2^2), all else ~ N(0, 0.2^2)."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**COMMON, **fields)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(1.0 if "norm" in name else 0.0, 0.2)
     return model
+
+
+def random_model(kind: str):
+    config_class, fields = MODELS[kind]
+    return randomized(config_class(**COMMON, **fields))
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

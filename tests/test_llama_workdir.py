@@ -12,6 +12,8 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
+from test_llama_convert import randomized  # noqa: E402
+
 import run  # noqa: E402
 from txjax.convert.llama import load_llama  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
@@ -46,11 +48,7 @@ def folder(tmp_path_factory):
         eos_token_id=1,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    model = randomized(config)
     model.save_pretrained(root / "hf")
     fast.save_pretrained(root / "hf")
     (root / "text.txt").write_text(TEXT)

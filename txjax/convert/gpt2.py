@@ -23,21 +23,20 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import flax.linen as nn
-import jax
 import numpy as np
 from safetensors.numpy import save_file
 
 from txjax.convert.hf_folder import (
     CONFIG_FILE,
     WEIGHTS_FILE,
-    check_params,
+    Tensors,
+    looped_numpy,
     read_config,
     read_tensors,
     write_atomically,
 )
 from txjax.data.tokenizers import ByteLevelBPETokenizer
-from txjax.models import ModelConfig, stack_layers, unstack_layers
+from txjax.models import ModelConfig
 
 # Hugging Face activation_function -> txjax activation (gelu_new is GPT-2's tanh approximation)
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -188,21 +187,10 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     Layers come out stacked on a leading axis when cfg.scan_layers, else as layers_0, layers_1, ...; float32.
     A missing, extra or misshapen tensor is a ValueError naming it.
     """
-    named = {k.removeprefix("transformer."): v for k, v in tensors.items()}
-    used = set()
-
-    def get(name, shape):
-        if name not in named:
-            raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing (not a GPT-2 checkpoint?)")
-        if tuple(named[name].shape) != shape:
-            raise ValueError(
-                f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, config.json implies {shape}"
-            )
-        used.add(name)
-        return np.asarray(named[name], np.float32)
-
+    t = Tensors(tensors, "transformer.")
+    get = t.get
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
-    if "lm_head.weight" in named:
+    if "lm_head.weight" in t:
         if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
             raise ValueError(
                 f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)"
@@ -220,20 +208,12 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
             },
         },
     }
-    if cfg.scan_layers:
-        params = stack_layers(params)
-    extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFER_SUFFIXES))
-    if extra:
-        raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused; not plain GPT-2)")
-    check_params(params, cfg)
-    return params
+    return t.finish(params, cfg, _BUFFER_SUFFIXES)
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
-    check_params(params, cfg)
-    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
-    dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
+    params, dec = looped_numpy(params, cfg)
     out = {
         "wte.weight": params["embed"]["tokens"]["embedding"],
         "wpe.weight": params["embed"]["positions"]["embedding"],

@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from txjax.data.hf_tokenizer import HFTokenizer
-from txjax.models import DecoderLM, ModelConfig
+from txjax.models import DecoderLM, ModelConfig, stack_layers, unstack_layers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -66,6 +66,46 @@ def read_tensors(folder: Path) -> dict[str, np.ndarray]:
             except (SafetensorError, OSError) as e:
                 raise ValueError(f"{path}: unreadable safetensors file ({e}); is it complete?") from None
     return tensors
+
+
+class Tensors:
+    """A checkpoint's tensors handed out by name and expected shape, float32; the names used are remembered, so that
+    a tensor nothing asked for is an error too (`finish`)."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], prefix: str):
+        self.named = {k.removeprefix(prefix): v for k, v in tensors.items()}
+        self.used = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.named
+
+    def get(self, name: str, shape: tuple) -> np.ndarray:
+        if name not in self.named:
+            raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing")
+        if tuple(self.named[name].shape) != shape:
+            raise ValueError(
+                f"{WEIGHTS_FILE}: {name} has shape {tuple(self.named[name].shape)}, the config implies {shape}"
+            )
+        self.used.add(name)
+        return np.asarray(self.named[name], np.float32)
+
+    def finish(self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = ()) -> dict:
+        """The params (looped layers_i, stacked when cfg.scan_layers), once every tensor but `buffers` (name
+        suffixes of non-parameters) was used and the tree is DecoderLM(cfg)'s."""
+        extra = sorted(k for k in self.named if k not in self.used and not k.endswith(buffers))
+        if extra:
+            raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused)")
+        params = stack_layers(params) if cfg.scan_layers else params
+        check_params(params, cfg)
+        return params
+
+
+def looped_numpy(params: Mapping, cfg: ModelConfig) -> tuple[dict, dict]:
+    """(params, decoder with layers_0 .. layers_{N-1}) as float32 NumPy, checked against DecoderLM(cfg): what the
+    exporters read."""
+    check_params(params, cfg)
+    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
+    return params, unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
 
 
 def expected_shapes(cfg: ModelConfig):

@@ -26,20 +26,19 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import flax.linen as nn
-import jax
 import numpy as np
 from safetensors.numpy import save_file
 
 from txjax.convert.hf_folder import (
     CONFIG_FILE,
     WEIGHTS_FILE,
-    check_params,
+    Tensors,
+    looped_numpy,
     read_config,
     read_tensors,
     write_atomically,
 )
-from txjax.models import ModelConfig, stack_layers, unstack_layers
+from txjax.models import ModelConfig
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -213,45 +212,28 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
     """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
     cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
     A missing, extra or misshapen tensor is a ValueError naming it."""
-    named = {k.removeprefix("model."): v for k, v in tensors.items()}
-    used = set()
-
-    def get(name, shape):
-        if name not in named:
-            raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing")
-        if tuple(named[name].shape) != shape:
-            raise ValueError(f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, the config implies {shape}")
-        used.add(name)
-        return np.asarray(named[name], np.float32)
-
+    t = Tensors(tensors, "model.")
     to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
     d, v = cfg.d_model, cfg.vocab_size
-    embed = {"tokens": {"embedding": get("embed_tokens.weight", (v, d))}}
+    embed = {"tokens": {"embedding": t.get("embed_tokens.weight", (v, d))}}
     if not cfg.tie_embeddings:
-        embed["lm_head"] = {"kernel": get("lm_head.weight", (v, d)).T}
-    elif "lm_head.weight" in named:  # a tied checkpoint may store the head too; it must be the embedding
-        if not np.array_equal(get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
+        embed["lm_head"] = {"kernel": t.get("lm_head.weight", (v, d)).T}
+    elif "lm_head.weight" in t:  # a tied checkpoint may store the head too; it must be the embedding
+        if not np.array_equal(t.get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
             raise ValueError(
                 f"{CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
             )
     decoder = {
-        f"layers_{i}": _layer_from_hf(lambda n, s, i=i: get(f"layers.{i}.{n}", s), cfg, to_pairs)
+        f"layers_{i}": _layer_from_hf(lambda n, s, i=i: t.get(f"layers.{i}.{n}", s), cfg, to_pairs)
         for i in range(cfg.num_layers)
     }
-    decoder["final_norm"] = {"scale": get("norm.weight", (d,))}
-    params = {"embed": embed, "decoder": stack_layers(decoder) if cfg.scan_layers else decoder}
-    extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFERS))
-    if extra:
-        raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused)")
-    check_params(params, cfg)
-    return params
+    decoder["final_norm"] = {"scale": t.get("norm.weight", (d,))}
+    return t.finish({"embed": embed, "decoder": decoder}, cfg, _BUFFERS)
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them."""
-    check_params(params, cfg)
-    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
-    dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
+    params, dec = looped_numpy(params, cfg)
     out = {
         "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],
         "model.norm.weight": dec["final_norm"]["scale"],
