@@ -17,7 +17,8 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
-from txjax.train_state import init_state, make_optimizer
+from txjax.optim import make_optimizer
+from txjax.train_state import init_state
 from txjax.train_step import make_train_step
 
 

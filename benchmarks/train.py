@@ -14,8 +14,9 @@ steps. The batches are built once and live on the device, so this measures the s
     model FLOPs per step = txjax.summary.train_flops_per_batch (the training loop's count): (6N + 12·L·d·T) per
     token x the positions of the batch
 Encoder-decoder (marian_small): 6·N_enc per source and 6·N_dec per target position, plus 12·d·(S² per encoder layer
-+ T² + T·S per decoder layer) per row; tokens/s counts target tokens that are not padding (what the Hugging Face
-peer reported: 3,017 target tokens/s), over real batches of ../shared/data/bible with an 8,000-piece vocabulary.
++ T² + T·S per decoder layer) per row; target_tokens_per_s counts the target tokens that are not padding (what the
+Hugging Face peer reports), slots_per_s every input position (source, target and padding), over real batches of
+../shared/data/bible with an 8,000-piece vocabulary; the training loop logs the same two quantities.
 The last line is JSON for the config txjax uses by default (the experiment's config as written).
 """
 
@@ -30,9 +31,11 @@ import jax
 import numpy as np
 
 from txjax import config as config_lib
+from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer
+from txjax.optim import make_optimizer
 from txjax.summary import train_flops_per_batch
-from txjax.train_state import init_state, make_optimizer
+from txjax.train_state import init_state
 from txjax.train_step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"
@@ -131,11 +134,12 @@ def seq2seq_batches(config, n: int = 16):
     return [data.batch(config.train.seed, k, config.train.batch_size) for k in range(n)]
 
 
-def tokens_per_step(config, batches) -> float:
-    """LM: every position; encoder-decoder: the target tokens that are not padding (mean over the batches)."""
-    if config.family == "decoder_lm":
-        return float(batches[0]["inputs"].size)
-    return float(np.mean([b["tgt_weights"].sum() for b in batches]))
+def tokens_per_step(config, batches) -> tuple[float, int]:
+    """(target tokens: the tokens predicted with weight > 0, mean over the batches; slots: every input position of
+    a row, source, target and padding) per step, as the training loop's target_tokens_per_s and slots_per_s count."""
+    family = families.get(config.family)
+    b, s, t = family.batch_lengths(batches[0])
+    return float(np.mean([(batch[family.weights] > 0).sum() for batch in batches])), b * (s + t)
 
 
 def stepper(config):
@@ -182,7 +186,7 @@ def main():
     peak = common.peak_gflops()
     cfg = config_lib.model_config(base.model.to_dict())
     flops = train_flops_per_batch(cfg, base.family, batches[0])
-    tokens = tokens_per_step(base, batches)
+    tokens, slots = tokens_per_step(base, batches)
     device_batches = [jax.device_put(b) for b in batches]
 
     fns = {}
@@ -206,14 +210,14 @@ def main():
                 "min_ms": s["min_ms"],
                 "max_ms": s["max_ms"],
                 "cpu_ms": s["cpu_ms"],
-                "tokens_per_s": tokens / seconds,
+                "target_tokens_per_s": tokens / seconds,
+                "slots_per_s": slots / seconds,
                 "tflops": flops / seconds / 1e12,
                 "mfu": flops / seconds / (peak[dtype] * 1e9),
             }
         )
     print(
-        f"{args.shape}: batch {base.train.batch_size}, {tokens:,.0f} tokens/step"
-        f"{' (target tokens, no padding)' if base.family == 'encoder_decoder' else ''}, "
+        f"{args.shape}: batch {base.train.batch_size}, {tokens:,.0f} target tokens and {slots:,} slots per step, "
         f"{flops / 1e9:,.2f} GFLOP/step, peak GFLOP/s {peak['float32']:,.0f} (f32) / {peak['bfloat16']:,.0f} (bf16)"
         f"{'; CPU: a few steps at a small batch' if small else ''}"
     )
@@ -224,7 +228,8 @@ def main():
             "shape": args.shape,
             "config": base.to_dict(),
             "steps": steps,
-            "tokens_per_step": tokens,
+            "target_tokens_per_step": tokens,
+            "slots_per_step": slots,
             "flops_per_step": flops,
             "peak_gflops": peak,
             "rows": rows,
@@ -241,7 +246,7 @@ def main():
                 "attention": chosen["attention"],
                 "layers": chosen["layers"],
                 "batch_size": base.train.batch_size,
-                **{k: chosen[k] for k in ("ms_per_step", "tokens_per_s", "mfu")},
+                **{k: chosen[k] for k in ("ms_per_step", "target_tokens_per_s", "slots_per_s", "mfu")},
             }
         )
     )

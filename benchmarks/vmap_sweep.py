@@ -21,8 +21,9 @@ import numpy as np
 
 from txjax import config as config_lib
 from txjax.experiment import build_model
+from txjax.optim import make_optimizer
 from txjax.runs import stack
-from txjax.train_state import init_state, make_optimizer, run_keys
+from txjax.train_state import init_state, run_keys
 from txjax.train_step import train_step_function
 
 VOCAB = 65

@@ -3,18 +3,22 @@ vmapped runs equal the same runs trained one by one (tiny models, a few steps ea
 
 import csv
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 import txjax.sweep
+from experiments.ablations import baseline
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
 from txjax.metrics_log import MetricsLog, read_metrics
 from txjax.sweep import expand, load_sweep, run_sweep
 from txjax.sweep_report import write_report
 from txjax.train import train
+
+REPO = Path(__file__).parents[1]
 
 TINY = {
     "model.num_layers": 1,
@@ -140,3 +144,15 @@ def test_report_shows_the_final_evals_generation_metrics(tmp_path):
     rows = {row["run"]: row for row in csv.DictReader((tmp_path / "results.csv").open())}
     assert [rows[n]["valid_bleu"] for n in "abc"] == ["10.0", "14.0", ""]
     assert "| dropout=0 | 2/2 | 3.0000 ± 0.0000 | 12.0000 ± 2.8284 |" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments" / "ablations").glob("*.py")), ids=lambda p: p.stem)
+def test_every_ablation_states_its_baseline_and_expands(path, tmp_path):
+    """Each shakespeare_char ablation fixes the baseline it ablates from, so a change of the experiment's defaults
+    does not change what it measures; every sweep file loads and expands into valid configs."""
+    if path.stem == "baseline":
+        return
+    sweep = load_sweep(path)
+    if sweep["experiment"].endswith("shakespeare_char.py"):
+        assert set(baseline.SHAKESPEARE_CHAR) <= set(sweep["fixed"]) and "train.steps" in sweep["fixed"]
+    assert expand(sweep, [], tmp_path)

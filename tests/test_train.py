@@ -22,8 +22,9 @@ from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
+from txjax.optim import make_optimizer
 from txjax.train import Diverged, train, train_runs
-from txjax.train_state import init_state, make_optimizer
+from txjax.train_state import init_state
 from txjax.train_step import make_train_step
 
 REPO = Path(__file__).parents[1]
@@ -201,9 +202,25 @@ def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
     assert json.loads((tmp_path / "eval_valid.json").read_text())["examples"] == 20
     saved = (tmp_path / "config.json").read_text()
-    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another model \(model.d_model 32 -> 64\)"):
+    with pytest.raises(config_lib.ConfigError, match=r"checkpoints of another run \(model.d_model 32 -> 64\)"):
         train(tiny_config("--config.model.d_model=64"), tmp_path)
+    # another batch stream would not continue the run either; a longer schedule does
+    with pytest.raises(config_lib.ConfigError, match=r"another run \(.*data.max_digits 4 -> 5; train.seed 0 -> 3\)"):
+        train(tiny_config("--config.data.max_digits=5", "--config.train.seed=3"), tmp_path)
     assert (tmp_path / "config.json").read_text() == saved
+    assert train(tiny_config("--config.train.steps=8"), tmp_path)["step"] == 8
+
+
+def test_resuming_without_a_config_says_the_saved_one_is_used(tmp_path, capsys):
+    import run
+
+    flags = [f"--workdir={tmp_path}", "--config.train.steps=2", "--config.data.eval_size=8"]
+    flags += ["--config.model.num_layers=1", "--config.model.d_model=16", "--config.model.d_ff=32"]
+    assert run.main(["train", "--config=" + str(REPO / "experiments" / "reverse.py"), *flags]) == 0
+    assert "resuming with" not in capsys.readouterr().err
+    assert run.main(["train", *flags]) == 0  # the saved config.json, steps already done: evaluates again
+    err = capsys.readouterr().err
+    assert f"resuming with {tmp_path / 'config.json'}; edits to the experiment file are not applied" in err
 
 
 def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkeypatch, capsys):
@@ -359,3 +376,11 @@ def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
     result = train(tiny_config("--config.train.max_minutes=1e-9"), tmp_path)
     assert result["step"] == 1 and "valid_loss" in result
     assert Checkpointer(tmp_path / "checkpoints", 3).latest_step() == 1
+
+
+def test_profile_steps_write_a_trace_of_those_steps(tmp_path):
+    train(tiny_config("--config.train.profile_steps=2:4"), tmp_path)
+    traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and list(traces[0].parent.glob("*.trace.json.gz"))
+    with pytest.raises(config_lib.ConfigError, match="profile_steps='4:2': expected A:B with 0 <= A < B"):
+        tiny_config("--config.train.profile_steps=4:2")

@@ -126,6 +126,8 @@ class MultiHeadAttention(nn.Module):
     impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' (jax.nn.dot_product_attention)
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
+    qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
+    norm_eps: float = 1e-5
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
     init_std: float = 0.02  # W^Q, W^K, W^V ~ N(0, init_std^2)
@@ -152,11 +154,17 @@ class MultiHeadAttention(nn.Module):
                 ).astype(self.dtype)
             return out
 
-        q_BxLxHxK = proj("query", self.num_heads, x_BxLxD, ("embed", "heads", "kv"))
+        def rms_norm(name, t):  # QK-norm: g * t / sqrt(mean_k(t^2) + eps) over each head's d_k, in float32
+            if not self.qk_norm:
+                return t
+            scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("kv",))
+            return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, name=name)(t).astype(t.dtype)
+
+        q_BxLxHxK = rms_norm("query_norm", proj("query", self.num_heads, x_BxLxD, ("embed", "heads", "kv")))
         if kv is None:  # cross-attention decode step: K/V of the encoder output, computed once at prefill
             k_BxSxGxK, v_BxSxGxK = self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
         else:
-            k_BxSxGxK = proj("key", self.num_kv_heads, kv, ("embed", "kv_heads", "kv"))
+            k_BxSxGxK = rms_norm("key_norm", proj("key", self.num_kv_heads, kv, ("embed", "kv_heads", "kv")))
             v_BxSxGxK = proj("value", self.num_kv_heads, kv, ("embed", "kv_heads", "kv"))
             if decode and self.cross:
                 self.put_variable("cache", "cross_key", k_BxSxGxK)

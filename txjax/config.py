@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ml_collections
 
-from txjax import families
+from txjax import families, optim, profiling
 from txjax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,13 +61,17 @@ def base_config() -> ml_collections.ConfigDict:
                 "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
                 "grad_accum": 1,
                 "learning_rate": 1e-3,
-                "min_lr_ratio": 0.1,  # cosine decays to learning_rate * min_lr_ratio at the last step
+                "optimizer": "adamw",  # adamw | lion | adafactor | muon | schedule_free_adamw (txjax.optim)
+                "schedule": "cosine",  # cosine | linear | constant | wsd, each after a linear warmup
+                "decay_fraction": 0.2,  # wsd: the last 20% of the steps after warmup decay linearly
+                "min_lr_ratio": 0.1,  # the schedule ends at learning_rate * min_lr_ratio
                 "warmup_steps": 100,
                 "weight_decay": 0.1,
                 "b1": 0.9,
                 "b2": 0.99,
                 "grad_clip": 1.0,  # global-norm clipping; 0 disables it
                 "label_smoothing": 0.0,
+                "z_loss": 0.0,  # coefficient of logsumexp(z)^2 in the objective (PaLM's 1e-4); 0 = off
                 "seed": 0,
                 "log_every": 50,
                 "eval_every": 500,  # 0: only at the end
@@ -77,6 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
                 # checkpoint + final eval
                 "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
+                "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (txjax.profiling)
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
                 "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
             },
@@ -183,6 +188,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "data.kind": (config.data.kind, DATA_KINDS),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
         "decode.method": (config.decode.method, ("greedy", "sample", "beam")),
+        "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
+        "train.schedule": (config.train.schedule, optim.SCHEDULES),
     }
     for name, (value, allowed) in choices.items():
         if value not in allowed:
@@ -197,6 +204,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.train.{name}={t[name]} must be positive")
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
+    try:
+        profiling.parse_steps(t.profile_steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not 0.0 < t.decay_fraction <= 1.0:
+        raise ConfigError(f"config.train.decay_fraction={t.decay_fraction} must be in (0, 1]")
+    if t.z_loss < 0:
+        raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel") and not config.data.path:
@@ -227,21 +242,46 @@ def from_command_line(
 
 
 RESUMABLE_CHANGES = ("dtype", "dropout", "attention_dropout", "attention_impl", "remat")  # the state's shapes stay
+# what batch k is (data, seed, batch shape): a resumed run with other values would not continue the run it resumes
+RESUME_FIXED = {
+    "data": (
+        "kind",
+        "path",
+        "task",
+        "min_digits",
+        "max_digits",
+        "tokenizer",
+        "vocab_size",
+        "seq_len",
+        "val_fraction",
+        "max_src_len",
+        "max_tgt_len",
+        "pack",
+    ),
+    "train": ("seed", "batch_size", "grad_accum"),
+}
 
 
 def check_resumable(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> None:
-    """A workdir's checkpoints fit the model that wrote them: any other family or model field (but those in
-    RESUMABLE_CHANGES) is an error, raised before config.json is overwritten."""
+    """A workdir's checkpoints fit the run that wrote them: another family, model field (but those in
+    RESUMABLE_CHANGES) or batch stream (RESUME_FIXED) is one error line, raised before config.json is
+    overwritten. The schedule's length (train.steps) and the evaluation settings may change."""
     changes = [f"family {saved.family!r} -> {config.family!r}"] if saved.family != config.family else []
     changes += [
         f"model.{name} {saved.model.get(name)!r} -> {value!r}"
         for name, value in config.model.items()
         if name not in RESUMABLE_CHANGES and saved.model.get(name) != value
     ]
+    changes += [
+        f"{section}.{name} {saved[section].get(name)!r} -> {config[section][name]!r}"
+        for section, names in RESUME_FIXED.items()
+        for name in names
+        if saved[section].get(name) != config[section][name]
+    ]
     if changes:
         raise ConfigError(
-            f"{workdir} holds checkpoints of another model ({'; '.join(changes)}): pass a new "
-            "--workdir, or the model flags it was trained with"
+            f"{workdir} holds checkpoints of another run ({'; '.join(changes)}): pass a new --workdir, or the "
+            f"settings it was trained with (no --config resumes with {Path(workdir) / CONFIG_FILE})"
         )
 
 
@@ -250,8 +290,15 @@ def save(config: ml_collections.ConfigDict, workdir: Path) -> None:
 
 
 def load(workdir: Path) -> ml_collections.ConfigDict:
-    """The resolved config a run wrote into its workdir."""
+    """The resolved config a run wrote into its workdir, on top of today's defaults (so a field added since the run
+    was trained reads as its default)."""
     path = Path(workdir) / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"no {CONFIG_FILE} in {Path(workdir).resolve()}: is it the workdir of a `run.py train`?")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+    def merged(defaults: dict, saved: dict) -> dict:
+        return defaults | {
+            k: merged(defaults[k], v) if isinstance(defaults.get(k), dict) else v for k, v in saved.items()
+        }
+
+    return ml_collections.ConfigDict(merged(base_config().to_dict(), json.loads(path.read_text())))

@@ -18,7 +18,8 @@ from txjax import config as config_lib
 from txjax import data, families
 from txjax.checkpoint import Checkpointer
 from txjax.distributed import first_device_mesh
-from txjax.train_state import init_state, make_optimizer, state_shardings
+from txjax.optim import eval_params, make_optimizer
+from txjax.train_state import init_state, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
@@ -132,4 +133,5 @@ def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None
         state = ckpt.restore(jax.eval_shape(init), step)
     finally:
         ckpt.close()
-    return TrainedRun(config, model, data.load_tokenizer(workdir / TOKENIZER_DIR), state.params, int(state.step))
+    params = eval_params(config.train, state)  # schedule-free AdamW: the averaged point
+    return TrainedRun(config, model, data.load_tokenizer(workdir / TOKENIZER_DIR), params, int(state.step))

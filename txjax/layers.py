@@ -27,6 +27,7 @@ ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # GPT-2's
     "swiglu": nn.silu,  # gated: silu(x W1) * (x W3)
+    "relu2": lambda x: jnp.square(nn.relu(x)),  # ReLU^2 (So et al. 2021, Primer; modded-nanogpt)
 }
 NORMS = ("layernorm", "rmsnorm")
 
@@ -88,6 +89,8 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         impl=cfg.attention_impl,
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
         alibi=not cross and cfg.positional == "alibi",
+        qk_norm=cfg.qk_norm,
+        norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
         cross=cross,
         init_std=cfg.init_std,

@@ -37,12 +37,14 @@ class MetricsLog:
         lead: bool = True,
         flops_per_step: float | None = None,
         peak_flops_per_s: float | None = None,
+        slots_per_step: int = 0,
     ):
         """Only the `lead` process of a multi-process run writes; the others compute the same records. With the
         model FLOPs of a step and the peak FLOP/s of the run's devices (all of them together) given, every train
         record also holds mfu."""
         self.workdir, self.lead = Path(workdir), lead
         self.flops_per_step, self.peak_flops_per_s = flops_per_step, peak_flops_per_s
+        self.slots_per_step = slots_per_step
         if lead:
             kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
             self.file = (self.workdir / METRICS_FILE).open("w")
@@ -60,17 +62,20 @@ class MetricsLog:
         """Starts timing afresh (after an evaluation or a save, which are not training steps)."""
         self.last_time = time.perf_counter()
 
-    def train(self, step: int, pending: list[dict], tokens: int) -> dict:
+    def train(self, step: int, pending: list[dict]) -> dict:
         """Logs the mean of the per-step metrics since the last call (device arrays, fetched now) and the speed
-        over the interval (the first one includes the compilation): ms/step, tokens/s of the `tokens` input
-        positions its steps processed, and the model FLOPs utilisation when the constructor was given its terms:
+        over the interval (the first one includes the compilation): ms_per_step; target_tokens_per_s, the tokens
+        predicted with weight > 0 (each step's metrics carry their count, "target_tokens"); slots_per_s, every
+        input position of every row (source, target and padding: `slots_per_step`, from the batch shape); and the
+        model FLOPs utilisation when the constructor was given its terms:
             mfu = flops_per_step · steps / seconds / peak_flops_per_s"""
         host = jax.device_get(pending)
         now = time.perf_counter()
         n, dt = step - self.last_step, now - self.last_time
         record = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-        record |= {"ms_per_step": 1000.0 * dt / n, "tokens_per_s": tokens / dt}
-        postfix = {"loss": f"{record['loss']:.4f}", "tok_s": f"{record['tokens_per_s']:,.0f}"}
+        record |= {"ms_per_step": 1000.0 * dt / n, "target_tokens_per_s": record.pop("target_tokens") * n / dt}
+        record["slots_per_s"] = self.slots_per_step * n / dt
+        postfix = {"loss": f"{record['loss']:.4f}", "tok_s": f"{record['target_tokens_per_s']:,.0f}"}
         if self.flops_per_step and self.peak_flops_per_s:
             record["mfu"] = self.flops_per_step * n / dt / self.peak_flops_per_s
             postfix["mfu"] = f"{record['mfu']:.2%}"

@@ -65,6 +65,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, sec. 3.4)
+    qk_norm: bool = False  # RMSNorm of q and k per head before the scores
+    logit_softcap: float = 0.0  # > 0: logits = c tanh(logits / c) (Gemma 2; modded-nanogpt); 0 = off
     init_std: float = 0.02
 
     def __post_init__(self):
@@ -90,6 +92,8 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
+        if self.logit_softcap < 0:
+            raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:
@@ -164,13 +168,16 @@ class Embedder(nn.Module):
 
     def logits(self, x_BxLxD):
         """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product
-        in the compute dtype (x comes from a float32 norm), accumulated in float32."""
+        in the compute dtype (x comes from a float32 norm), accumulated in float32; soft-capped when
+        logit_softcap = c > 0: c tanh(z / c)."""
         x_BxLxD = x_BxLxD.astype(self.cfg.compute_dtype)
         if not self.cfg.tie_embeddings:
-            return self.lm_head(x_BxLxD).astype(jnp.float32)
-        return precision.einsum(
-            "bld,vd->blv", x_BxLxD, self.tokens.embedding.astype(x_BxLxD.dtype), out_dtype=jnp.float32
-        )
+            logits_BxLxV = self.lm_head(x_BxLxD).astype(jnp.float32)
+        else:
+            embedding_VxD = self.tokens.embedding.astype(x_BxLxD.dtype)
+            logits_BxLxV = precision.einsum("bld,vd->blv", x_BxLxD, embedding_VxD, out_dtype=jnp.float32)
+        cap = self.cfg.logit_softcap
+        return cap * jnp.tanh(logits_BxLxV / cap) if cap > 0 else logits_BxLxV
 
 
 class Stack(nn.Module):

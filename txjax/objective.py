@@ -3,6 +3,7 @@
     loss = sum_t w_t CE_t / sum_t w_t,     CE_t = -log p(y_t | context)     (w_t = 0 on padding and prompts)
     label smoothing eps (Szegedy et al. 2016, sec. 7): target (1 - eps) onehot(y) + eps / V, so
     CE_t^eps = (1 - eps) CE_t + eps mean_v(-log p(v)) = (1 - eps) CE_t + eps (logsumexp(z) - mean_v z_v)
+    z-loss (Chowdhery et al. 2022, PaLM): objective += z_loss * logsumexp(z)^2 per token (train.z_loss)
 Everything here returns sums over tokens, so batches and micro-batches add up exactly before the one division.
 """
 
@@ -58,15 +59,20 @@ def hits(logits_BxLxV, targets_BxL):
     return target_logit_BxL >= logits_BxLxV.max(axis=-1)
 
 
-def token_sums(logits_BxLxV, targets_BxL, weights_BxL, label_smoothing: float = 0.0) -> dict:
-    """Weighted sums over the batch's tokens: loss (CE), objective (CE with label smoothing), correct (argmax
-    hits), weight (tokens counted)."""
+def token_sums(logits_BxLxV, targets_BxL, weights_BxL, label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict:
+    """Weighted sums over the batch's tokens: loss (CE), objective (CE with label smoothing, plus z_loss *
+    logsumexp(z)^2, PaLM's auxiliary loss that keeps the log-partition near 0), correct (argmax hits), weight
+    (tokens counted)."""
     logits_BxLxV = logits_BxLxV.astype(jnp.float32)
     ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
     objective_BxL = ce_BxL
+    if label_smoothing or z_loss:
+        log_z_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
     if label_smoothing:
-        uniform_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1) - logits_BxLxV.mean(axis=-1)
+        uniform_BxL = log_z_BxL - logits_BxLxV.mean(axis=-1)
         objective_BxL = (1.0 - label_smoothing) * ce_BxL + label_smoothing * uniform_BxL
+    if z_loss:
+        objective_BxL = objective_BxL + z_loss * jnp.square(log_z_BxL)
     correct_BxL = hits(logits_BxLxV, targets_BxL).astype(jnp.float32)
     return {
         "loss": (weights_BxL * ce_BxL).sum(),

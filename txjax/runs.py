@@ -4,7 +4,7 @@ on a leading run axis and trained together under jax.vmap on one device:
     states_R, metrics_R = jit(vmap(train_step))(states_R, batches_R, dropout_keys_R)
 
 Stacked runs may differ only in train.seed (parameters, batch order, dropout) and the optimizer's scalar settings
-(txjax.train_state.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
+(txjax.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
 their results equal those of the runs trained one by one (up to float reassociation in the batched matmuls).
 `OneRun` and `StackedRuns` have the same methods, so txjax.train's one loop serves both.
 """
@@ -22,8 +22,9 @@ from jax.sharding import Mesh
 
 from txjax import init_from
 from txjax.checkpoint import Checkpointer
+from txjax.optim import HYPERPARAMS, make_optimizer
 from txjax.sharding import global_batch, process_rows
-from txjax.train_state import HYPERPARAMS, init_state, make_optimizer, run_keys, state_shardings
+from txjax.train_state import init_state, run_keys, state_shardings
 from txjax.train_step import make_train_step, train_step_function
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)

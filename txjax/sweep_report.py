@@ -2,8 +2,8 @@
 
 Per run: its settings, status (done | failed | unfinished | pending), steps, final train loss (last logged
 interval), final valid metrics (eval_valid.json: the whole valid split), the probes' metrics, wall time of the
-program that trained it, its training tokens/s (median over the logged intervals after the first, which includes
-compilation; runs trained together share the program's time, so each one's tokens/s is its share) and how many runs
+program that trained it, its training target_tokens_per_s (median over the logged intervals after the first, which
+includes compilation; runs trained together share the program's time, so each one's rate is its share) and how many runs
 that program trained. Per setting: mean and sample standard deviation over the seeds that finished.
 """
 
@@ -29,7 +29,7 @@ def run_row(run) -> dict:
     train = [r for r in records if r["split"] == "train"]
     valid_file = run.workdir / "eval_valid.json"
     valid = json.loads(valid_file.read_text()) if valid_file.is_file() and status == "done" else {}
-    speeds = [r["tokens_per_s"] for r in train[1:]]
+    speeds = [r.get("target_tokens_per_s", math.nan) for r in train[1:]]
     probes = {k: v for k, v in result.items() if k not in ("status", "error", "wall_s", "runs_vmapped")}
     return {
         "run": run.name,
@@ -42,7 +42,7 @@ def run_row(run) -> dict:
         **{f"valid_{k}": valid[k] for k in GENERATION_METRICS if k in valid},
         **probes,
         "wall_s": result.get("wall_s", math.nan),
-        "tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
+        "target_tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
         "runs_vmapped": result.get("runs_vmapped", 0),
         "error": result.get("error", ""),
     }

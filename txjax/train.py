@@ -5,7 +5,8 @@ Batch k is a pure function of (seed, k), step s draws its dropout masks from fol
 checkpoints hold the whole state, so a resumed run takes the same steps as one that never stopped (bit for bit on
 CPU). The loop reads values back from the device only every log_every steps and before a save or an eval, and runs
 at most 8 steps ahead of the device (distributed.InFlight: more deadlock XLA:CPU meshes). Each logged interval
-records ms_per_step, tokens_per_s and
+records ms_per_step, target_tokens_per_s (tokens predicted with weight > 0), slots_per_s (every input position,
+padding included) and
     mfu = model FLOPs per step / seconds per step / (devices x peak FLOP/s of one device in model.dtype)
 with the FLOPs from the batch shape (summary.train_flops_per_batch; R stacked runs: R times one run's, since they
 share the device) and the peak measured once per device kind (txjax.peak.peak_gflops, cached).
@@ -22,7 +23,7 @@ from time import monotonic
 import ml_collections
 
 from txjax import config as config_lib
-from txjax import init_from
+from txjax import families, init_from
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, is_lead, run_mesh
@@ -36,8 +37,9 @@ from txjax.experiment import (
     fill_model_sizes,
 )
 from txjax.metrics_log import MetricsLog
-from txjax.objective import batch_keys
+from txjax.optim import eval_params
 from txjax.peak import peak_gflops
+from txjax.profiling import StepProfiler
 from txjax.runs import common_step, layout
 from txjax.summary import train_flops_per_batch
 
@@ -117,13 +119,12 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
     if start:
         print(f"resuming {', '.join(map(str, workdirs))} from step {start}", flush=True)
     eval_step, exact_match = make_eval_step(model, mesh), config.data.kind == "synthetic"
-    flops = runs.size * train_flops_per_batch(model.cfg, config.family, train_data.batch(t.seed, start, t.batch_size))
+    first = train_data.batch(t.seed, start, t.batch_size)
+    flops = runs.size * train_flops_per_batch(model.cfg, config.family, first)
+    b, s, l = families.get(config.family).batch_lengths(first)
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
-    logs = [
-        MetricsLog(w, t.steps, start, lead=is_lead(), flops_per_step=flops, peak_flops_per_s=peak) for w in workdirs
-    ]
+    logs = [MetricsLog(w, t.steps, start, is_lead(), flops, peak, slots_per_step=b * (s + l)) for w in workdirs]
     batches = prefetch(runs.batch(train_data, k) for k in range(start, t.steps))
-    tokens_key = batch_keys(model)[0][0]
     budget_s = 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
     every_s = 60.0 * t.eval_every_minutes if t.eval_every_minutes > 0 else math.inf
     began, paused, next_eval_s = monotonic(), 0.0, every_s  # paused: seconds of evals and saves
@@ -135,7 +136,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
         """Run r's loss metrics over the valid split (or its first batches) and, with eval_generation, greedy
         BLEU/chrF or exact match of the whole split; the minutes trained so far (evals and saves not counted)."""
         trained_minutes = (monotonic() - began - paused) / 60.0
-        params = runs.of(state.params, r)
+        params = eval_params(t, runs.of(state, r))
         metrics = evaluate(
             eval_step, params, eval_batches(valid_data, t.batch_size, batches_to_read, mesh), exact_match
         )
@@ -146,12 +147,14 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             metrics |= {k: v for k, v in generated.items() if not k.endswith("_signature")}
         return metrics | {"train_minutes": trained_minutes}
 
-    step, pending, tokens, records, in_flight = start, [], 0, {}, InFlight()
+    step, pending, records, in_flight = start, [], {}, InFlight()
+    profiler = StepProfiler(t.profile_steps, workdirs[0])
     try:
         for step, batch in zip(range(start + 1, t.steps + 1), batches):  # step: optimizer steps done after it
+            profiler.before(step)
             state, metrics = runs.train_step(state, batch)
+            profiler.after(step, metrics)
             pending.append(in_flight.add(metrics))
-            tokens += batch[tokens_key].size // runs.size
             trained_s = monotonic() - began - paused
             last = step == t.steps or trained_s > budget_s
             save = last or step % t.checkpoint_every == 0
@@ -161,11 +164,11 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             eval_now = not last and (timed_eval or (t.eval_every > 0 and step % t.eval_every == 0))
             if save or eval_now or step % t.log_every == 0:
                 for r in live():
-                    records[r] = logs[r].train(step, [runs.of(m, r) for m in pending], tokens)
+                    records[r] = logs[r].train(step, [runs.of(m, r) for m in pending])
                     if records[r]["finite"] < 1:
                         logs[r].close()
                         failed[r] = _diverged(step, records[r], saved[r], ckpts[r])
-                pending, tokens = [], 0
+                pending = []
             if not live():
                 break
             paused_from = monotonic()
@@ -184,6 +187,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
                 break
     finally:
         batches.close()
+        profiler.close()
     results = dict(failed)
     for r in live():
         final = valid_metrics(r, 0)

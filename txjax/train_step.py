@@ -20,8 +20,9 @@ from jax.sharding import PartitionSpec as P
 
 from txjax.distributed import first_device_mesh
 from txjax.objective import forward, token_sums
+from txjax.optim import current_learning_rate
 from txjax.sharding import batch_sharding
-from txjax.train_state import TrainState, current_learning_rate, run_keys, state_shardings
+from txjax.train_state import TrainState, run_keys, state_shardings
 
 
 def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict, mesh: Mesh | None = None):
@@ -47,7 +48,7 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(params, batch, rng):
-        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing)
+        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing, t.z_loss)
         return sums["objective"], sums
 
     grad_sums = jax.grad(objective_sum, has_aux=True)
@@ -76,8 +77,9 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
             "loss": sums["loss"] / weight,
             "token_accuracy": sums["correct"] / weight,
             "grad_norm": optax.tree.norm(grads),
+            "target_tokens": sums["weight"],
             "finite": finite.all(),
-            "learning_rate": current_learning_rate(state.opt_state, state.step),
+            "learning_rate": current_learning_rate(t, state.opt_state, state.step),
         }
 
     return train_step

@@ -4,11 +4,13 @@ layer) versus SwiGLU with three matrices and d_ff = 341 = round(2/3 * 512) (3 * 
 shakespeare_char shape with 500 instead of 2000 steps (CPU time), 3 seeds.
 """
 
+from experiments.ablations import baseline
+
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "fixed": {"train.steps": 500},
+        "fixed": baseline.shakespeare_char(500),
         "zip": {"model.activation": ["relu", "gelu", "swiglu"], "model.d_ff": [512, 512, 341]},
         "seeds": [0, 1, 2],
     }

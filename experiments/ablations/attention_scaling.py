@@ -5,11 +5,13 @@ the mean entropy of the attention distributions on the first valid batch (txjax.
 shakespeare_char shape with 1000 instead of 2000 steps (CPU time), 3 seeds.
 """
 
+from experiments.ablations import baseline
+
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "fixed": {"train.steps": 1000},
+        "fixed": baseline.shakespeare_char(1000),
         "grid": {"model.attention_scale": ["sqrt", "none", "linear"]},
         "seeds": [0, 1, 2],
         "metrics": ["valid_loss", "attention_entropy"],

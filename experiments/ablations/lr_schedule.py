@@ -6,10 +6,13 @@ is whether that survives a tuned learning rate. Learning rate and beta2 are opti
 runs train together in one vmapped program.
 """
 
+from experiments.ablations import baseline
+
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
+        "fixed": baseline.shakespeare_char(2000),
         "grid": {
             "model.attention_scale": ["sqrt", "none"],
             "train.learning_rate": [1e-3, 2e-3, 4e-3, 8e-3],

@@ -5,11 +5,13 @@ shakespeare_char shape with 500 instead of 2000 steps (CPU time), 3 seeds. The w
 scalar, so each placement's 6 runs train together in one vmapped program.
 """
 
+from experiments.ablations import baseline
+
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "fixed": {"train.steps": 500},
+        "fixed": baseline.shakespeare_char(500),
         "grid": {"model.norm_placement": ["pre", "post"], "train.warmup_steps": [100, 0]},
         "seeds": [0, 1, 2],
     }

@@ -5,11 +5,13 @@ with the embeddings scaled by sqrt(d_model) first, as Vaswani et al. (2017, sec.
 shakespeare_char shape with 500 instead of 2000 steps (CPU time), 3 seeds.
 """
 
+from experiments.ablations import baseline
+
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
-        "fixed": {"train.steps": 500},
+        "fixed": baseline.shakespeare_char(500),
         "zip": {
             "model.positional": ["none", "sinusoidal", "sinusoidal", "learned", "rope", "alibi"],
             "model.embed_scale": [False, False, True, False, False, False],

@@ -4,10 +4,13 @@ the two best candidates the ablations and the lr_schedule sweep point to: RoPE a
 1/sqrt(d_k) scaling at lr 4e-3, or unscaled scores at lr 1e-3 (the best two of lr_schedule, 1.778 and 1.756).
 """
 
+from experiments.ablations import baseline
+
 
 def get_sweep():
     return {
         "experiment": "experiments/shakespeare_char.py",
+        "fixed": baseline.shakespeare_char(2000),
         "zip": {
             "model.positional": ["learned", "rope", "rope"],
             "model.activation": ["gelu", "relu", "relu"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from txjax import config as config_lib
@@ -22,6 +23,12 @@ def main(argv: list[str]) -> None:
     config = config_lib.from_command_line(args.config, overrides, args.workdir)
     initialize_distributed(args)
     workdir = args.workdir or Path("runs") / Path(args.config or config_lib.DEFAULT_EXPERIMENT).stem
+    if args.config is None and args.workdir and (Path(workdir) / config_lib.CONFIG_FILE).is_file() and is_lead():
+        print(
+            f"resuming with {Path(workdir) / config_lib.CONFIG_FILE}; edits to the experiment file are not applied",
+            file=sys.stderr,
+            flush=True,
+        )
     result = train(config, workdir)
     if is_lead():
         print(json.dumps(result))

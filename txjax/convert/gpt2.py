@@ -49,6 +49,8 @@ _GPT2_FIELDS = {
     "use_bias": True,
     "tie_embeddings": True,
     "embed_scale": False,
+    "qk_norm": False,
+    "logit_softcap": 0.0,
 }
 # HF keys that are buffers, not parameters (the causal mask of old checkpoints)
 _BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")

@@ -31,7 +31,8 @@ from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
 from txjax.models import ModelConfig, unstack_layers
-from txjax.train_state import TrainState, init_state, make_optimizer
+from txjax.optim import make_optimizer
+from txjax.train_state import TrainState, init_state
 
 
 def read_checkpoint(source) -> tuple[ModelConfig, dict, object]:
