@@ -51,6 +51,8 @@ _LLAMA_FIELDS = {
     "use_bias": False,
     "embed_scale": False,
     "attention_scale": "sqrt",
+    "qk_norm": False,
+    "logit_softcap": 0.0,
 }
 _BUFFERS = ("rotary_emb.inv_freq",)  # old checkpoints store RoPE's frequencies; they are recomputed
 
