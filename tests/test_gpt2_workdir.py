@@ -1,4 +1,4 @@
-"""run.py import-gpt2: a GPT-2 folder becomes a workdir that load_workdir, eval, generation and attention use."""
+"""run.py import: a GPT-2 folder becomes a workdir that load_workdir, eval, generation and attention use."""
 
 import dataclasses
 import json
@@ -43,7 +43,7 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     assert (
         run.main(
             [
-                "import-gpt2",
+                "import",
                 f"--from={folder}",
                 f"--workdir={workdir}",
                 f"--config.data.path={folder.parent / 'text.txt'}",
@@ -80,7 +80,7 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
 )
 def test_bad_override_writes_nothing(gpt2, tmp_path, capsys, flags, message):
     folder, _ = gpt2
-    assert run.main(["import-gpt2", f"--from={folder}", f"--workdir={tmp_path / 'run'}", *flags]) == 2
+    assert run.main(["import", f"--from={folder}", f"--workdir={tmp_path / 'run'}", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
     assert list(tmp_path.iterdir()) == []
@@ -88,6 +88,6 @@ def test_bad_override_writes_nothing(gpt2, tmp_path, capsys, flags, message):
 
 def test_folder_without_tokenizer_writes_nothing(tmp_path, capsys):
     save_gpt2(tmp_path / "bare", CFG, random_params(CFG))
-    assert run.main(["import-gpt2", f"--from={tmp_path / 'bare'}", f"--workdir={tmp_path / 'run'}"]) == 2
+    assert run.main(["import", f"--from={tmp_path / 'bare'}", f"--workdir={tmp_path / 'run'}"]) == 2
     assert "tokenizer" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -120,6 +120,7 @@ class MultiHeadAttention(nn.Module):
     head_dim: int
     dtype: jnp.dtype = jnp.float32
     use_bias: bool = False
+    qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
     impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' (jax.nn.dot_product_attention)
@@ -145,7 +146,7 @@ class MultiHeadAttention(nn.Module):
         def proj(name, heads, inp, spec):
             w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
             out = precision.einsum("bld,dhk->blhk", inp.astype(self.dtype), w.astype(self.dtype))
-            if self.use_bias:
+            if self.use_bias or self.qkv_bias:
                 out = out + self.param(
                     f"{name}_bias",
                     nn.with_logical_partitioning(nn.initializers.zeros, spec[1:]),

@@ -23,7 +23,7 @@ from txjax.models import ModelConfig
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
-TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe")  # byte_bpe: GPT-2's, from the workdir (import-gpt2)
+TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
 
 
@@ -83,6 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
                 "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (txjax.profiling)
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
+                "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
             },
             "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
             "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
@@ -231,7 +232,7 @@ def from_command_line(
     experiment: str | None, overrides: list[str], workdir: Path | None = None
 ) -> ml_collections.ConfigDict:
     """Experiment file + overrides, validated: the config a run starts from. Without an experiment file, a workdir
-    that already holds a config.json (a resumed or imported run, e.g. `run.py import-gpt2`) starts from that one."""
+    that already holds a config.json (a resumed or imported run, e.g. `run.py import`) starts from that one."""
     from_workdir = experiment is None and workdir is not None and (Path(workdir) / CONFIG_FILE).is_file()
     config = load(workdir) if from_workdir else load_config(experiment)
     for flag in overrides:

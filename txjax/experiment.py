@@ -61,10 +61,10 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.To
         tokenizer = data.CharTokenizer.from_text(
             data.read_text(data_file(config, "train")), specials=config.data.kind == "parallel"
         )
-    elif kind == "byte_bpe":
+    elif kind in ("byte_bpe", "hf"):
         raise config_lib.ConfigError(
-            f"data.tokenizer='byte_bpe' is read from {directory.resolve()}, which has no "
-            f"{data.TOKENIZER_FILE}: create the workdir with `run.py import-gpt2`"
+            f"data.tokenizer={kind!r} is read from {directory.resolve()}, which has no "
+            f"{data.TOKENIZER_FILE}: create the workdir with `run.py import`, or set train.init_from"
         )
     else:  # one SentencePiece model shared by both sides of a parallel file (every tab-separated field)
         tokenizer = data.SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)

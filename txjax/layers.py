@@ -83,6 +83,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         head_dim=cfg.head_dim,
         dtype=cfg.compute_dtype,
         use_bias=cfg.use_bias,
+        qkv_bias=cfg.qkv_bias,
         dropout=cfg.attention_dropout,
         scale=cfg.attention_scale,
         impl=cfg.attention_impl,

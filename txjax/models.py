@@ -41,6 +41,7 @@ class ModelConfig:
     d_model: int = 128
     num_heads: int = 4
     num_kv_heads: int | None = None  # None: = num_heads; fewer gives grouped-query attention (smaller KV cache)
+    d_head: int | None = None  # None: d_model // num_heads; set when a checkpoint fixes it apart (Qwen2, Mistral)
     d_ff: int = 512
     num_layers: int = 4  # decoder layers (and encoder layers unless num_encoder_layers is set)
     num_encoder_layers: int | None = None
@@ -52,6 +53,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     share_embeddings: bool = True  # encoder-decoder: one table for source and target tokens
     use_bias: bool = False
+    qkv_bias: bool = False  # biases on the query/key/value projections only (Qwen2), whatever use_bias says
     dropout: float = 0.0
     attention_dropout: float = 0.0
     dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
@@ -74,19 +76,19 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
-        for name in ("num_kv_heads", "num_encoder_layers"):  # optional: None or a positive integer
+        for name in ("num_kv_heads", "num_encoder_layers", "d_head"):  # optional: None or a positive integer
             if getattr(self, name) is not None and (
                 not isinstance(getattr(self, name), int) or getattr(self, name) <= 0
             ):
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be None or a positive integer")
-        if self.d_model % self.num_heads:
+        if self.d_head is None and self.d_model % self.num_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.kv_heads:
             raise ValueError(
                 f"model.num_heads={self.num_heads} must be a multiple of model.num_kv_heads={self.kv_heads}"
             )
         if self.positional == "rope" and self.head_dim % 2:
-            raise ValueError(f"model.positional='rope' needs an even head dim, got d_model/num_heads={self.head_dim}")
+            raise ValueError(f"model.positional='rope' needs an even head dim, got {self.head_dim}")
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
@@ -110,7 +112,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.d_model // self.num_heads if self.d_head is None else self.d_head
 
     @property
     def encoder_layers(self) -> int:

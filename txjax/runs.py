@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from txjax import init_from
 from txjax.checkpoint import Checkpointer
 from txjax.config import ConfigError
 from txjax.optim import HYPERPARAMS, make_optimizer
@@ -66,11 +67,15 @@ class OneRun:
         self.mesh, self.seed, self.rows = mesh, t.seed, process_rows(mesh, t.batch_size)
         shardings = state_shardings(model, tx, t.seed, mesh)
         self.init = jax.jit(lambda: init_state(model, tx, t.seed), out_shardings=shardings)
+        self.first = self.init
+        if t.get("init_from"):  # fine-tuning: another workdir's parameters, fresh moments
+            self.first = lambda: init_from.initial_state(t.init_from, model, tx, mesh, shardings)
         self.train_step = make_train_step(model, tx, t, mesh)
 
     def start(self, ckpts: list[Checkpointer], step: int):
-        """The state at `step`: drawn afresh at 0, else restored (onto this mesh, whatever mesh wrote it)."""
-        return self.init() if step == 0 else ckpts[0].restore(jax.eval_shape(self.init), step)
+        """The state at `step`: at 0 drawn afresh (or train.init_from's), else restored (onto this mesh, whatever
+        mesh wrote it)."""
+        return self.first() if step == 0 else ckpts[0].restore(jax.eval_shape(self.init), step)
 
     def batch(self, data, k: int):
         return global_batch(data.batch(self.seed, k, self.train_config.batch_size, self.rows), self.mesh)
@@ -104,6 +109,10 @@ class StackedRuns:
             abstract = jax.eval_shape(lambda: init_state(self.model, make_optimizer(t), t.seed))
             return stack([ckpt.restore(abstract, step) for ckpt in ckpts])
         hyperparams = {name: jnp.asarray([c.train[name] for c in self.configs]) for name in HYPERPARAMS}
+        if t.get("init_from"):  # every run from the same imported parameters, each with its own fresh moments
+            params = init_from.source_params(t.init_from)
+            fresh = lambda h: init_from.fresh_state(params, make_optimizer({**t.to_dict(), **h}))
+            return jax.jit(jax.vmap(fresh))(hyperparams)
         init = jax.vmap(lambda seed, h: init_state(self.model, make_optimizer({**t.to_dict(), **h}), seed))
         return jax.jit(init)(jnp.asarray(self.seeds), hyperparams)
 

@@ -125,8 +125,8 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
         rows=rows,
         total_params=total,
         flop_params=n,
-        train_flops_per_token=6 * n + 12 * attn_layers * cfg.d_model * context,
-        decode_flops_per_token=2 * n_decode + 4 * decode_attn_layers * cfg.d_model * context,
+        train_flops_per_token=6 * n + 12 * attn_layers * cfg.num_heads * cfg.head_dim * context,
+        decode_flops_per_token=2 * n_decode + 4 * decode_attn_layers * cfg.num_heads * cfg.head_dim * context,
         param_bytes=4 * total,
         optimizer_bytes=8 * total,
         kv_cache_bytes=sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(cache)),
@@ -139,11 +139,14 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
 def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:
     """Model FLOPs of one training step on `batch` (arrays or shapes; only `.shape` is read):
     B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_self·T² + L_cross·T·S)), which for a decoder LM (no encoder:
-    S = N_enc = L_enc = L_cross = 0) is B·T·(6N + 12·L·d·T)."""
+    S = N_enc = L_enc = L_cross = 0) is B·T·(6N + 12·L·d·T); d: the attention width heads x head_dim (d_model
+    unless model.d_head sets it apart)."""
     b, s, t = families.get(family).batch_lengths(batch)
     summary = summarize(cfg, family, context=t)
     n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
     n_dec = summary.flop_params - n_enc
     encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
-    attention = 12 * cfg.d_model * (encoder_layers * s * s + self_layers * t * t + cross_layers * t * s)
+    attention = (
+        12 * cfg.num_heads * cfg.head_dim * (encoder_layers * s * s + self_layers * t * t + cross_layers * t * s)
+    )
     return b * (6 * n_enc * s + 6 * n_dec * t + attention)

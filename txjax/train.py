@@ -26,7 +26,7 @@ from time import monotonic
 import ml_collections
 
 from txjax import config as config_lib
-from txjax import families, preemption, workdir_lock
+from txjax import families, init_from, preemption, workdir_lock
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, is_lead, run_mesh
@@ -82,6 +82,9 @@ def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Pa
 def prepare(config: ml_collections.ConfigDict, workdir: Path):
     """(tokenizer, train, valid) of a run; the tokenizer saved in `workdir`, the model sizes filled into `config`."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if config.train.get("init_from"):  # fine-tuning: the source's model section and tokenizer
+        init_from.adopt_model(config, workdir, lead=is_lead())
+        barrier("init_from")
     with config_lib.user_errors():
         tokenizer = build_tokenizer(config, workdir) if is_lead() else None
         barrier("tokenizer")  # the other processes load the one process 0 built and saved

@@ -9,17 +9,23 @@ from txjax import config as config_lib
 from txjax import distributed
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import user_errors
+from txjax.data import read_text, resolve_path
 from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import build_dataset, load_workdir
+from txjax.score_text import score_text
 
 
 def main(argv: list[str]) -> None:
-    """run.py eval --workdir=DIR [--split=valid|test] [--config.mesh.FIELD=N ...]: writes DIR/eval_<split>.json,
-    prints it as the last line. The parameters are laid out on the run's mesh (on one device when this machine has
-    fewer devices than it needs) unless --config.mesh.* flags choose another."""
+    """run.py eval --workdir=DIR [--split=valid|test | --text=FILE [--max_tokens=N] [--context=N]]
+    [--config.mesh.FIELD=N ...]: writes DIR/eval_<split>.json (--text: eval_text.json), prints it as the last line.
+    The parameters are laid out on the run's mesh (on one device when this machine has fewer devices than it needs)
+    unless --config.mesh.* flags choose another."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
+    parser.add_argument("--text", help="score this text file instead (txjax.score_text): loss, nats/char, bits/byte")
+    parser.add_argument("--max_tokens", type=int, default=0, help="--text: its first N tokens only (0: all)")
+    parser.add_argument("--context", type=int, default=0, help="--text: tokens per window (0: the model's max_len)")
     add_distributed_flags(parser)
     args, overrides = parse_with_overrides(parser, argv, prefix="--config.mesh.")
     initialize_distributed(args)
@@ -29,14 +35,20 @@ def main(argv: list[str]) -> None:
     mesh = (distributed.run_mesh if overrides else distributed.fitting_mesh)(mesh_config.mesh)
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh)
-        dataset = build_dataset(run.config, run.tokenizer, args.split)
-    metrics = evaluate(
-        make_eval_step(run.model, mesh),
-        run.params,
-        eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
-        exact_match=run.config.data.kind == "synthetic",
-    )
-    metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
+        if args.text:  # a missing, short or unencodable text is a one-line error
+            text = read_text(resolve_path(args.text, "text file", "--text"))
+            score = score_text(run, text, max_tokens=args.max_tokens, context=args.context, mesh=mesh)
+            metrics = {"text": args.text, "step": run.step, **score}
+        else:
+            dataset = build_dataset(run.config, run.tokenizer, args.split)
+    if not args.text:
+        metrics = evaluate(
+            make_eval_step(run.model, mesh),
+            run.params,
+            eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
+            exact_match=run.config.data.kind == "synthetic",
+        )
+        metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
     if distributed.is_lead():
-        write_metrics(args.workdir, args.split, metrics)
+        write_metrics(args.workdir, "text" if args.text else args.split, metrics)
         print(json.dumps(metrics))

@@ -12,7 +12,8 @@ from txjax.experiment import load_workdir
 
 def main(argv: list[str]) -> None:
     """run.py generate --workdir=DIR --prompt=TEXT [--method=greedy|sample|beam] [--temperature --top_k --top_p
-    --num_samples (sample)] [--beam_size --length_penalty (beam)] [--max_new_tokens --seed]: prints each output.
+    --num_samples (sample)] [--beam_size --length_penalty (beam)] [--max_new_tokens --seed] [--chat]: prints each
+    output (--chat: the prompt is a user message in the model's chat template, the output its reply).
 
     Defaults: the workdir config's `decode` section. Without --method, a sampling option (--temperature, ...) means
     --method=sample and a beam option means --method=beam; an option of another method than --method is an error.
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> None:
     ]:
         parser.add_argument(f"--{name}", type=kind, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")
     args = vars(parser.parse_args(argv))
     with user_errors():
         run = load_workdir(args.pop("workdir"))

@@ -1,10 +1,17 @@
 """Checkpoint interop with other codebases.
 
-gpt2: Hugging Face GPT-2 folders (config.json + model.safetensors) <-> DecoderLM
-      load_gpt2(folder) -> (ModelConfig, params);  save_gpt2(folder, cfg, params, bos_id=None, eos_id=None)
-      load_gpt2_tokenizer(folder) -> txjax.data.tokenizers.ByteLevelBPETokenizer
+gpt2:      Hugging Face GPT-2 folders (config.json + model.safetensors) <-> DecoderLM
+           load_gpt2(folder) -> (ModelConfig, params);  save_gpt2(folder, cfg, params, bos_id=None, eos_id=None)
+           load_gpt2_tokenizer(folder) -> txjax.data.tokenizers.ByteLevelBPETokenizer
+llama:     Hugging Face Llama / Mistral / Qwen2 folders <-> DecoderLM
+           load_llama(folder) -> (ModelConfig, params);  save_llama(folder, cfg, params, bos_id=None, eos_id=None)
+gguf:      llama.cpp's .gguf files -> DecoderLM: load_gguf(path) -> (ModelConfig, params, HFTokenizer)
+hf_folder: what the folder formats share (safetensors reading, tokenizer.json files, atomic writes)
+workdir:   a checkpoint <-> a txjax workdir (`run.py import`, `run.py export`)
 """
 
+from txjax.convert.gguf import load_gguf
 from txjax.convert.gpt2 import load_gpt2, load_gpt2_tokenizer, save_gpt2
+from txjax.convert.llama import load_llama, save_llama
 
-__all__ = ["load_gpt2", "load_gpt2_tokenizer", "save_gpt2"]
+__all__ = ["load_gguf", "load_gpt2", "load_gpt2_tokenizer", "load_llama", "save_gpt2", "save_llama"]

@@ -20,25 +20,23 @@ names the field; writing goes to a temporary folder renamed into place, so a fai
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from txjax.convert.hf_folder import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    Tensors,
+    looped_numpy,
+    read_config,
+    read_tensors,
+    write_atomically,
+)
 from txjax.data.tokenizers import ByteLevelBPETokenizer
-from txjax.models import DecoderLM, ModelConfig, stack_layers, unstack_layers
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+from txjax.models import ModelConfig
 
 # Hugging Face activation_function -> txjax activation (gelu_new is GPT-2's tanh approximation)
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -185,34 +183,16 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     return out
 
 
-def expected_shapes(cfg: ModelConfig):
-    """The param tree of DecoderLM(cfg), as ShapeDtypeStructs (nothing is computed)."""
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = jax.eval_shape(lambda: DecoderLM(cfg).init(jax.random.key(0), tokens))
-    return nn.meta.unbox(variables["params"])
-
-
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     """HF GPT-2 tensors (keys with or without the `transformer.` prefix) -> DecoderLM params.
 
     Layers come out stacked on a leading axis when cfg.scan_layers, else as layers_0, layers_1, ...; float32.
     A missing, extra or misshapen tensor is a ValueError naming it.
     """
-    named = {k.removeprefix("transformer."): v for k, v in tensors.items()}
-    used = set()
-
-    def get(name, shape):
-        if name not in named:
-            raise ValueError(f"{WEIGHTS_FILE}: tensor {name!r} is missing (not a GPT-2 checkpoint?)")
-        if tuple(named[name].shape) != shape:
-            raise ValueError(
-                f"{WEIGHTS_FILE}: {name} has shape {tuple(named[name].shape)}, config.json implies {shape}"
-            )
-        used.add(name)
-        return np.asarray(named[name], np.float32)
-
+    t = Tensors(tensors, "transformer.")
+    get = t.get
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
-    if "lm_head.weight" in named:
+    if "lm_head.weight" in t:
         if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
             raise ValueError(
                 f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)"
@@ -230,20 +210,12 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
             },
         },
     }
-    if cfg.scan_layers:
-        params = stack_layers(params)
-    extra = sorted(k for k in named if k not in used and not k.endswith(_BUFFER_SUFFIXES))
-    if extra:
-        raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused; not plain GPT-2)")
-    check_params(params, cfg)
-    return params
+    return t.finish(params, cfg, _BUFFER_SUFFIXES)
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
-    check_params(params, cfg)
-    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
-    dec = unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
+    params, dec = looped_numpy(params, cfg)
     out = {
         "wte.weight": params["embed"]["tokens"]["embedding"],
         "wpe.weight": params["embed"]["positions"]["embedding"],
@@ -255,41 +227,15 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     return {f"transformer.{k}": np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def check_params(params: Mapping, cfg: ModelConfig) -> None:
-    """The params have exactly DecoderLM(cfg)'s tree and shapes, else a ValueError naming the first difference."""
-    want = {jax.tree_util.keystr(p): s.shape for p, s in jax.tree_util.tree_leaves_with_path(expected_shapes(cfg))}
-    got = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))}
-    for path in sorted(want.keys() | got.keys()):
-        if want.get(path) != got.get(path):
-            raise ValueError(f"params{path}: shape {got.get(path)}, DecoderLM(cfg) expects {want.get(path)}")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # folders
-
-
-def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
-    """All tensors of model.safetensors, or of the shards model.safetensors.index.json lists."""
-    if (folder / WEIGHTS_FILE).is_file():
-        files = [folder / WEIGHTS_FILE]
-    elif (folder / INDEX_FILE).is_file():
-        files = sorted({folder / f for f in json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()})
-    else:
-        raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
-    tensors = {}
-    for path in files:
-        with safe_open(path, framework="np") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})
-    return tensors
 
 
 def load_gpt2(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained GPT-2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
     folder = Path(folder).expanduser()
-    if not (folder / CONFIG_FILE).is_file():
-        raise ValueError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face checkpoint folder)")
-    cfg = config_from_hf(json.loads((folder / CONFIG_FILE).read_text()))
-    return cfg, params_from_hf(_read_tensors(folder), cfg)
+    cfg = config_from_hf(read_config(folder))
+    return cfg, params_from_hf(read_tensors(folder), cfg)
 
 
 def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
@@ -310,39 +256,15 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
     return ByteLevelBPETokenizer(model["vocab"], merges)
 
 
-def write_atomically(target, write: Callable[[Path], None]) -> Path:
-    """Runs write(tmp_dir) and renames tmp_dir to `target`; on any error nothing is left at `target`.
-
-    `target` must not exist or be an empty folder.
-    """
-    target = Path(target).expanduser().absolute()
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ValueError(f"{target} exists and is not an empty folder; choose a new one")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():
-            target.rmdir()
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+def write_gpt2(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
+    """Writes config.json + model.safetensors into `folder` (GPT2LMHeadModel.from_pretrained loads them)."""
+    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 def save_gpt2(
     folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None, eos_id: int | None = None
 ) -> Path:
-    """Writes config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads.
-
-    Everything is checked (config fields, param shapes) before the folder appears.
-    """
-    hf_config = config_to_hf(cfg, bos_id, eos_id)
-    tensors = params_to_hf(params, cfg)
-
-    def write(tmp: Path):
-        (tmp / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-
-    return write_atomically(folder, write)
+    """write_gpt2 into a new folder, atomically: a failure (a config or shape GPT-2 lacks) leaves nothing."""
+    return write_atomically(folder, lambda tmp: write_gpt2(tmp, cfg, params, bos_id, eos_id))

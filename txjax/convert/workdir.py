@@ -1,16 +1,22 @@
-"""`run.py import-gpt2 --from=DIR --workdir=DIR`: a Hugging Face GPT-2 folder -> a txjax training workdir.
+"""A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
-The workdir is what `run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved
-config, its model section GPT-2's), tokenizer/ (GPT-2's byte-level BPE) and checkpoints/ holding step 0 (the
-imported parameters, fresh AdamW moments). So `run.py eval`, `run.py generate` and `run.py attention` work on it,
-and training from it fine-tunes GPT-2. The data and train sections default to a small fine-tuning run on
-tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU); `--config=FILE` and `--config.a.b=value`
-change them. Everything is read and checked before the workdir appears; a failure leaves nothing behind.
+Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama) or a .gguf
+file (txjax.convert.gguf) and writes what `run.py train` writes (txjax.experiment.load_workdir reads it):
+config.json (the resolved config, its model section the checkpoint's), tokenizer/ (the model's own) and
+checkpoints/ holding step 0 (the imported parameters, fresh AdamW moments). So `run.py eval`, `generate`,
+`attention` and `inspect` work on it, and training from it (or from `train.init_from=DIR`) fine-tunes the model.
+The data and train sections default to a small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare,
+shortened for a CPU); `--config=FILE` and `--config.a.b=value` change them. Everything is read and checked before
+the workdir appears; a failure leaves nothing behind.
+
+Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2 or Llama/Qwen2 config.json,
+model.safetensors, the tokenizer's files) that transformers' from_pretrained loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -19,38 +25,53 @@ import ml_collections
 
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
-from txjax.convert.gpt2 import check_params, load_gpt2, load_gpt2_tokenizer, write_atomically
-from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model
+from txjax.convert import gguf, gpt2, llama
+from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
+from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.data.tokenizers import ByteLevelBPETokenizer
+from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
 from txjax.models import ModelConfig, unstack_layers
 from txjax.optim import make_optimizer
 from txjax.train_state import TrainState, init_state
 
 
-def run_config(cfg: ModelConfig, experiment: str | None = None, overrides=()) -> ml_collections.ConfigDict:
-    """The run config of an imported GPT-2: model = cfg, then the experiment's data/train sections and overrides."""
+def read_checkpoint(source) -> tuple[ModelConfig, dict, object]:
+    """(ModelConfig, params, tokenizer) of a GPT-2 or Llama-family folder or a .gguf file."""
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf" or path.is_file():
+        return gguf.load_gguf(path)
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such folder or .gguf file")
+    hf = read_config(path)
+    if hf.get("model_type") == "gpt2":
+        return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path))
+    return (*llama.load_llama(path), read_tokenizer(path, hf))
+
+
+def run_config(cfg: ModelConfig, tokenizer, experiment: str | None = None, overrides=()) -> ml_collections.ConfigDict:
+    """The run config of an imported model: model = cfg, then the experiment's data/train sections and overrides."""
     config = config_lib.load_config(experiment) if experiment else config_lib.base_config()
     if not experiment:
         config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", seq_len=min(256, cfg.max_len))
         config.train.update(steps=20, batch_size=4, learning_rate=3e-5, warmup_steps=2, weight_decay=0.0)
         config.train.update(eval_every=0, eval_batches=8, checkpoint_every=20, log_every=5)
     config.family = "decoder_lm"
-    config.data.tokenizer = "byte_bpe"  # restored from the workdir's tokenizer/, never rebuilt
+    config.data.tokenizer = tokenizer.kind  # restored from the workdir's tokenizer/, never rebuilt
     config.model.update(dataclasses.asdict(cfg))
     for flag in overrides:
         config_lib.apply_override(config, flag)
     return config
 
 
-def import_gpt2(source, workdir, experiment: str | None = None, overrides=()) -> dict:
+def import_model(source, workdir, experiment: str | None = None, overrides=()) -> dict:
     """Writes the workdir; returns a summary (workdir, parameter count, vocab size, context)."""
-    hf_cfg, params = load_gpt2(source)
-    tokenizer = load_gpt2_tokenizer(source)
+    hf_cfg, params, tokenizer = read_checkpoint(source)
     if tokenizer.vocab_size > hf_cfg.vocab_size:
         raise ValueError(
-            f"{source}: the tokenizer has {tokenizer.vocab_size} ids, more than config.json's "
+            f"{source}: the tokenizer has {tokenizer.vocab_size} ids, more than the model's "
             f"vocab_size={hf_cfg.vocab_size}"
         )
-    config = run_config(hf_cfg, experiment, overrides)
+    config = run_config(hf_cfg, tokenizer, experiment, overrides)
     cfg = config_lib.model_config(config.model.to_dict())
     if not cfg.scan_layers:
         params = unstack_layers(params)
@@ -79,3 +100,31 @@ def import_gpt2(source, workdir, experiment: str | None = None, overrides=()) ->
         "max_len": cfg.max_len,
         "num_layers": cfg.num_layers,
     }
+
+
+def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> None:
+    """GPT-2's vocab.json + merges.txt, as GPT2Tokenizer reads them."""
+    (folder / "vocab.json").write_text(json.dumps(tokenizer.vocab, ensure_ascii=False), encoding="utf-8")
+    merges = "".join(f"{a} {b}\n" for a, b in tokenizer.merges)
+    (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
+
+
+def export_workdir(workdir, target) -> dict:
+    """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
+    table, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
+    run = load_workdir(workdir)
+    cfg, tokenizer = run.model.cfg, run.tokenizer
+    if run.config.family != "decoder_lm":
+        raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
+    write_model = gpt2.write_gpt2 if cfg.positional == "learned" else llama.write_llama
+    params = jax.device_get(run.params)
+
+    def write(tmp: Path):
+        write_model(tmp, cfg, params, tokenizer.bos_id, tokenizer.eos_id)
+        if isinstance(tokenizer, HFTokenizer):
+            write_tokenizer(tmp, tokenizer, cfg.max_len)
+        elif isinstance(tokenizer, ByteLevelBPETokenizer):
+            _write_gpt2_tokenizer(tmp, tokenizer)
+
+    path = write_atomically(target, write)
+    return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}

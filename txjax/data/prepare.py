@@ -128,7 +128,7 @@ def _tokenizer_dir(tokenizer: str) -> Path | None:
             return folder
     raise FileNotFoundError(
         f"--tokenizer={tokenizer}: not one of {', '.join(TOKENIZERS)}, and {path} holds no {TOKENIZER_FILE} "
-        f"(nor {TOKENIZER_DIR}/{TOKENIZER_FILE}); pass a workdir of run.py train / import-gpt2, or a tokenizer kind"
+        f"(nor {TOKENIZER_DIR}/{TOKENIZER_FILE}); pass a workdir of run.py train / import, or a tokenizer kind"
     )
 
 

@@ -44,6 +44,14 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    def prefix(self) -> list[int]:
+        """Ids the model expects before any text (a pretrained model's BOS); none for txjax's own tokenizers."""
+        return []
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """A conversation in the model's chat template (pretrained models' tokenizers have one)."""
+        raise ValueError(f"a {self.kind} tokenizer has no chat template: drop --chat")
+
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode_array(t) for t in texts]
 
@@ -314,6 +322,10 @@ def load_tokenizer(directory: PathLike) -> Tokenizer:
         return SentencePieceTokenizer((d / config["model_file"]).read_bytes())
     if kind == "byte_bpe":
         return ByteLevelBPETokenizer.from_files(d / config["vocab_file"], d / config["merges_file"])
+    if kind == "hf":  # a pretrained model's own tokenizer (txjax.convert)
+        from txjax.data.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.load(d, config)
     raise ValueError(
-        f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char', 'sentencepiece' or 'byte_bpe')"
+        f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char', 'sentencepiece', 'byte_bpe' or 'hf')"
     )

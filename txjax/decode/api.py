@@ -218,12 +218,17 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
     )
 
 
-def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list[str]:
+def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
     """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
     include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
-    `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
+    chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
+    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
     tokenizer, continues = run.tokenizer, family_of(run.model).continues_input  # an LM continues a prompt
+    shown = "" if chat else text
+    if chat:
+        text = tokenizer.render_chat([{"role": "user", "content": text}])
     ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and continues, eos=not continues)
+    ids = tokenizer.prefix() + ids if continues else ids  # a pretrained model's BOS
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
     if not continues:
         out = translate(
@@ -234,4 +239,4 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, **overrides) -> list
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
     else:
         rows = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy).ids
-    return [text + tokenizer.decode(row) for row in rows]
+    return [shown + tokenizer.decode(row) for row in rows]

@@ -1,0 +1,133 @@
+"""Llama-family interop against transformers' PyTorch LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM:
+logits, greedy generation and the export round trip (skipped without the `interop` extra)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from txjax.convert.llama import config_from_hf, load_llama, pairs, save_llama  # noqa: E402
+from txjax.decode import generate  # noqa: E402
+from txjax.models import DecoderLM  # noqa: E402
+from txjax.positional import apply_rope  # noqa: E402
+
+VOCAB, CTX = 96, 64
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=CTX,
+    rms_norm_eps=1e-5,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+MODELS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/h, Qwen2's q/k/v biases
+    "llama": (transformers.LlamaConfig, dict(num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=False)),
+    "mistral": (
+        transformers.MistralConfig,
+        dict(num_key_value_heads=1, head_dim=24, sliding_window=None, tie_word_embeddings=True),
+    ),
+    "qwen2": (transformers.Qwen2Config, dict(num_key_value_heads=2, tie_word_embeddings=False)),
+}
+
+
+def randomized(config):
+    """A transformers model whose logits are of order 10: norm gains ~ N(1, 0.2^2), all else ~ N(0, 0.2^2)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    return model
+
+
+def random_model(kind: str):
+    config_class, fields = MODELS[kind]
+    return randomized(config_class(**COMMON, **fields))
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def hf(request, tmp_path_factory):
+    """(kind, model, folder)"""
+    model = random_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    return request.param, model, folder
+
+
+def torch_logits(model, tokens_BxL):
+    with torch.no_grad():
+        return model(torch.as_tensor(np.asarray(tokens_BxL))).logits.numpy()
+
+
+def txjax_logits(cfg, params, tokens_BxL):
+    return np.asarray(DecoderLM(cfg).apply({"params": params}, jnp.asarray(tokens_BxL)))
+
+
+TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, CTX))
+
+
+def test_pair_permutation_turns_rotate_half_into_adjacent_pairs():
+    """HF's q * cos + rotate_half(q) * sin (NumPy here), permuted into pair order, is apply_rope's rotation."""
+    k, base = 8, 100.0
+    q_BxLxHxK = np.random.default_rng(1).normal(size=(1, 5, 2, k)).astype(np.float32)
+    pos = np.arange(5)[None]
+    angle = pos[..., None, None] * base ** (-np.arange(0, k, 2) / k)  # [1, L, 1, K/2]
+    cos, sin = np.cos(np.concatenate([angle] * 2, -1)), np.sin(np.concatenate([angle] * 2, -1))
+    rotate_half = np.concatenate([-q_BxLxHxK[..., k // 2 :], q_BxLxHxK[..., : k // 2]], -1)
+    hf_rotated = q_BxLxHxK * cos + rotate_half * sin
+    ours = apply_rope(jnp.asarray(q_BxLxHxK[..., pairs(k)]), jnp.asarray(pos), base)
+    np.testing.assert_allclose(np.asarray(ours), hf_rotated[..., pairs(k)], atol=1e-5)
+
+
+def test_logits_match_transformers(hf):
+    kind, model, folder = hf
+    cfg, params = load_llama(folder)
+    assert cfg.qkv_bias == (kind == "qwen2") and cfg.tie_embeddings == model.config.tie_word_embeddings
+    ref = torch_logits(model, TOKENS)
+    assert np.abs(ref).max() > 3.0  # not a trivially small signal
+    np.testing.assert_allclose(txjax_logits(cfg, params, TOKENS), ref, atol=1e-4, rtol=0)
+
+
+def test_greedy_generation_matches_transformers(hf):
+    _, model, folder = hf
+    cfg, params = load_llama(folder)
+    prompt = TOKENS[0, :5]
+    with torch.no_grad():
+        ref = model.generate(torch.as_tensor(prompt[None]), max_new_tokens=32, do_sample=False)[0, 5:].tolist()
+    assert generate(DecoderLM(cfg), params, [prompt.tolist()], max_new_tokens=32).ids[0] == ref
+
+
+def test_export_round_trip(hf, tmp_path):
+    kind, model, folder = hf
+    cfg, params = load_llama(folder)
+    out = save_llama(tmp_path / "out", cfg, params)
+    assert config_from_hf(json.loads((out / "config.json").read_text()), has_head=True) == cfg
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    np.testing.assert_allclose(torch_logits(reloaded, TOKENS), torch_logits(model, TOKENS), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"model_type": "gemma"}, "model_type"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"model_type": "mistral", "sliding_window": 16}, "sliding_window"),
+        ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
+def test_unrepresentable_config_names_the_field(change, field):
+    hf_config = {**COMMON, "model_type": "llama", **change}
+    with pytest.raises(ValueError, match=field) as e:
+        config_from_hf(hf_config, has_head=True)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,133 @@
+"""run.py import / eval --text / generate --chat / export / train.init_from on a small random Llama folder,
+checked against transformers on the same folder (skipped without the `interop` extra)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+from test_llama_convert import randomized  # noqa: E402
+
+import run  # noqa: E402
+from txjax.convert.llama import load_llama  # noqa: E402
+from txjax.experiment import load_workdir  # noqa: E402
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 30
+SPECIALS = ["<s>", "</s>"]
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A random Llama saved by transformers with a byte-level BPE fast tokenizer (BOS added by its post-processor,
+    as Llama's), a chat template, and a text file."""
+    root = tmp_path_factory.mktemp("llama")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([TEXT], vocab_size=280, special_tokens=SPECIALS)
+    bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = TEMPLATE
+    config = transformers.LlamaConfig(
+        vocab_size=bpe.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    model = randomized(config)
+    model.save_pretrained(root / "hf")
+    fast.save_pretrained(root / "hf")
+    (root / "text.txt").write_text(TEXT)
+    return root
+
+
+@pytest.fixture(scope="module")
+def workdir(folder, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("runs") / "llama"
+    flags = [f"--config.data.path={folder / 'text.txt'}", "--config.data.seq_len=16"]
+    assert run.main(["import", f"--from={folder / 'hf'}", f"--workdir={workdir}", *flags]) == 0
+    return workdir
+
+
+def test_import_keeps_params_and_tokenizer(folder, workdir):
+    loaded = load_workdir(workdir)
+    cfg, params = load_llama(folder / "hf")
+    assert loaded.step == 0 and loaded.model.cfg == cfg and loaded.tokenizer.kind == "hf"
+    jax.tree.map(np.testing.assert_array_equal, loaded.params, params)
+    ref = transformers.AutoTokenizer.from_pretrained(folder / "hf")
+    text = "Speak, citizen: hear me."
+    assert loaded.tokenizer.prefix() + loaded.tokenizer.encode(text) == ref(text).input_ids  # BOS first, as HF
+    messages = [{"role": "user", "content": "Speak."}]
+    assert loaded.tokenizer.render_chat(messages) == ref.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_eval_text_equals_transformers_on_the_same_windows(folder, workdir, capsys):
+    """Windows of the 32-token context, each token predicted once: the mean CE transformers gives is our loss."""
+    assert run.main(["eval", f"--workdir={workdir}", f"--text={folder / 'text.txt'}", "--max_tokens=100"]) == 0
+    metrics = json.loads(capsys.readouterr().out.splitlines()[-1])
+    ids = transformers.AutoTokenizer.from_pretrained(folder / "hf")(TEXT).input_ids[:101]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder / "hf").eval()
+    nll = []
+    for start in range(0, 100, 32):
+        window = torch.tensor([ids[start : start + 33]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(window[:, :-1]).logits, -1)
+        nll += (-logp[0].gather(-1, window[0, 1:, None])[:, 0]).tolist()
+    assert metrics["tokens"] == len(nll) == 100
+    np.testing.assert_allclose(metrics["loss"], np.mean(nll), rtol=1e-5)
+    scored = load_workdir(workdir).tokenizer.decode(ids[1:])
+    np.testing.assert_allclose(metrics["nats_per_char"], np.sum(nll) / len(scored), rtol=1e-5)
+    np.testing.assert_allclose(metrics["bits_per_byte"], np.sum(nll) / np.log(2) / len(scored.encode()), rtol=1e-5)
+
+
+def test_chat_generation_stops_at_eos(workdir, capsys):
+    flags = ["--chat", "--prompt=Speak.", "--max_new_tokens=20", "--method=greedy"]
+    assert run.main(["generate", f"--workdir={workdir}", *flags]) == 0
+    assert "[assistant]" not in capsys.readouterr().out  # the reply alone, not the rendered conversation
+
+
+def test_export_loads_in_transformers_with_equal_logits(folder, workdir, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert run.main(["export", f"--workdir={workdir}", f"--to={out}"]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(json.loads(capsys.readouterr().out)["files"])
+    ref, again = (transformers.AutoModelForCausalLM.from_pretrained(p).eval() for p in (folder / "hf", out))
+    tokens = torch.tensor([transformers.AutoTokenizer.from_pretrained(out)(TEXT[:80]).input_ids])
+    with torch.no_grad():
+        np.testing.assert_allclose(again(tokens).logits.numpy(), ref(tokens).logits.numpy(), atol=1e-5, rtol=0)
+    assert run.main(["export", f"--workdir={workdir}", f"--to={out}"]) == 2  # never over a folder with files
+
+
+def test_init_from_starts_from_the_imported_parameters(folder, workdir, tmp_path):
+    """Learning rate 0: AdamW changes nothing, so the run ends with exactly the source's parameters; the model and
+    tokenizer come from the source whatever the experiment file's model section says."""
+    tuned = tmp_path / "tuned"
+    flags = [
+        f"--config.train.init_from={workdir}",
+        "--config.data.kind=text",
+        f"--config.data.path={folder / 'text.txt'}",
+        "--config.data.seq_len=16",
+        "--config.train.steps=2",
+        "--config.train.batch_size=2",
+        "--config.train.learning_rate=0",
+        "--config.train.eval_batches=1",
+    ]
+    assert run.main(["train", f"--workdir={tuned}", *flags]) == 0
+    source, result = load_workdir(workdir), load_workdir(tuned)
+    assert result.step == 2 and result.model.cfg == source.model.cfg and result.tokenizer.kind == "hf"
+    jax.tree.map(np.testing.assert_array_equal, result.params, source.params)

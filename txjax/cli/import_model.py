@@ -1,0 +1,29 @@
+"""`run.py import --from=PATH --workdir=DIR`: a pretrained checkpoint becomes a workdir (txjax.convert.workdir)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from txjax import config as config_lib
+from txjax.convert.workdir import import_model
+
+
+def main(argv: list[str]) -> None:
+    """run.py import --from=PATH --workdir=DIR [--config=experiments/NAME.py] [--config.SECTION.FIELD=VALUE ...]"""
+    parser = argparse.ArgumentParser(prog="run.py import", description=main.__doc__, allow_abbrev=False)
+    parser.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        help="a save_pretrained GPT-2 / Llama / Mistral / Qwen2 folder (config.json, safetensors, tokenizer files) "
+        "or a .gguf file",
+    )
+    parser.add_argument("--workdir", required=True, help="the new workdir (must not exist, or be empty)")
+    parser.add_argument("--config", help="experiment file for the data and train sections")
+    args, overrides = parser.parse_known_args(argv)
+    for flag in overrides:
+        if not flag.startswith("--config."):
+            parser.error(f"unrecognized argument {flag}")
+    with config_lib.user_errors():
+        print(json.dumps(import_model(args.source, args.workdir, args.config, overrides)))

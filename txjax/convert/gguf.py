@@ -1,0 +1,209 @@
+"""GGUF files (llama.cpp's format) -> DecoderLM parameters and the model's own tokenizer.
+
+Read with the `gguf` package: `GGUFReader` maps the file, `gguf.quants.dequantize` turns each tensor's blocks
+(F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants, ... whatever that package dequantizes) into float32. GGUF lists
+shapes fastest axis first, so a [in, out] tensor is NumPy's [out, in]: a Hugging Face Linear weight. Tensors are
+renamed to Hugging Face's names (`_NAMES`) and handed to txjax.convert.llama, with one difference: for the `llama`
+architecture llama.cpp's converter has already permuted each head's Q/K rows into the adjacent-pair order of
+txjax's apply_rope (its `permute`, which transformers undoes on loading), so nothing is permuted here; `qwen2`
+files keep the half layout (llama.cpp rotates them NeoX-style) and are permuted like a Hugging Face folder.
+
+The tokenizer comes from the metadata: `tokenizer.ggml.tokens` (already in the byte-level alphabet) and `merges`
+make a `tokenizers` BPE; `tokenizer.ggml.pre` names the pre-tokenizer (llama.cpp's regexes, `_PRE_TOKENIZERS`);
+control tokens become special tokens, user-defined ones added tokens; BOS/EOS/pad ids, add_bos_token and
+`tokenizer.chat_template` are kept. Anything else is a one-line ValueError naming the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from txjax.convert.llama import config_from_hf, params_from_hf
+from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.models import ModelConfig
+
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> Hugging Face model_type
+_PAIRS_LAYOUT = {"llama": True, "qwen2": False}  # Q/K rows already in txjax's (2i, 2i+1) order
+_NAMES = {  # GGUF tensor name -> Hugging Face name ({i}: the block)
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre -> the regexes llama.cpp splits with, in order (llama-vocab.cpp), before the byte-level BPE
+_PRE_TOKENIZERS = {
+    "default": [_GPT2_SPLIT],
+    "gpt-2": [_GPT2_SPLIT],
+    "smollm": [r"\p{N}", _GPT2_SPLIT],  # single digits, then GPT-2's regex (SmolLM's Digits + ByteLevel)
+    "llama-bpe": [_LLAMA3_SPLIT],
+    "llama3": [_LLAMA3_SPLIT],
+    "qwen2": [_QWEN2_SPLIT],
+}
+_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
+
+
+def _hf_name(name: str) -> str | None:
+    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight (None: not a Llama-family tensor)."""
+    m = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)", name)
+    if m is None:
+        return None
+    block, base, kind = m.groups()
+    hf = _NAMES.get(base if block is None else f"blk.{{i}}.{base}")
+    return None if hf is None else f"{hf.format(i=block)}.{kind}"
+
+
+class GGUFFile:
+    """The metadata and tensors of one .gguf file; a missing or truncated file is a one-line ValueError."""
+
+    def __init__(self, path):
+        import gguf
+
+        self.path = Path(path).expanduser()
+        if not self.path.is_file():
+            raise ValueError(f"{self.path}: no such GGUF file")
+        try:
+            self.reader = gguf.GGUFReader(self.path)
+        except Exception as e:  # the reader raises ValueError, IndexError, struct.error on a damaged file
+            raise ValueError(
+                f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e}); is it complete?"
+            ) from None
+
+    def get(self, key: str, default=None):
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise ValueError(f"{self.path}: metadata key {key!r} is missing")
+        return value
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor as float32 NumPy in its NumPy shape (reversed GGUF shape), renamed to Hugging Face names."""
+        import gguf
+
+        out = {}
+        # a bar in a terminal (disable=None: none when stderr is a file or pipe, so errors stay one line)
+        with tqdm(
+            total=sum(int(t.n_bytes) for t in self.reader.tensors), unit="B", unit_scale=True, disable=None
+        ) as bar:
+            bar.set_description(f"dequantizing {self.path.name}")
+            for t in self.reader.tensors:
+                hf_name = _hf_name(t.name)
+                if hf_name is None:
+                    raise ValueError(f"{self.path}: tensor {t.name!r} has no place in a Llama-family model")
+                try:
+                    values = gguf.quants.dequantize(t.data, t.tensor_type)
+                except NotImplementedError:
+                    raise ValueError(
+                        f"{self.path}: {t.name} is {t.tensor_type.name}, which gguf cannot dequantize"
+                    ) from None
+                out[hf_name] = np.asarray(values, np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
+                bar.update(int(t.n_bytes))
+        return out
+
+
+def config_from_gguf(f: GGUFFile, has_head: bool) -> ModelConfig:
+    """The {arch}.* metadata -> ModelConfig (through the Hugging Face config.json fields it names)."""
+    arch = f.require("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"{f.path}: general.architecture={arch!r} is not a Llama-family model "
+            f"(txjax reads {', '.join(ARCHITECTURES)})"
+        )
+    for key in (f"{arch}.rope.scaling.type", f"{arch}.attention.sliding_window"):
+        if f.get(key) not in (None, "none"):
+            raise ValueError(f"{f.path}: {key}={f.get(key)!r} is not supported (txjax has plain RoPE, full attention)")
+    heads = int(f.require(f"{arch}.attention.head_count"))
+    d = int(f.require(f"{arch}.embedding_length"))
+    head_dim = int(f.get(f"{arch}.attention.key_length", d // heads))
+    rope_dim = int(f.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise ValueError(f"{f.path}: {arch}.rope.dimension_count={rope_dim} (partial RoPE) is not supported")
+    hf = {
+        "model_type": ARCHITECTURES[arch],
+        "vocab_size": int(f.get(f"{arch}.vocab_size", len(f.require("tokenizer.ggml.tokens")))),
+        "hidden_size": d,
+        "intermediate_size": int(f.require(f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(f.require(f"{arch}.block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(f.get(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(f.require(f"{arch}.context_length")),
+        "rms_norm_eps": float(f.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(f.get(f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": not has_head,
+    }
+    return config_from_hf(hf, has_head)
+
+
+def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
+    """tokenizer.ggml.* -> a byte-level BPE `tokenizers` pipeline with the model's special tokens and template."""
+    import tokenizers
+    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+
+    kind, pre = f.require("tokenizer.ggml.model"), f.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2":
+        raise ValueError(
+            f"{f.path}: tokenizer.ggml.model={kind!r} is not supported (txjax reads byte-level BPE, 'gpt2')"
+        )
+    if pre not in _PRE_TOKENIZERS:
+        raise ValueError(f"{f.path}: tokenizer.ggml.pre={pre!r} is not supported ({', '.join(_PRE_TOKENIZERS)})")
+    tokens = list(f.require("tokenizer.ggml.tokens"))
+    merges = [tuple(m.split(" ", 1)) for m in f.require("tokenizer.ggml.merges")]
+    pipeline = tokenizers.Tokenizer(tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_TOKENIZERS[pre]]
+    pipeline.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    pipeline.decoder = decoders.ByteLevel()
+    types = list(f.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    pipeline.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL]
+    )
+    pipeline.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED]
+    )
+    ids = {name: f.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding")}
+    return HFTokenizer(
+        pipeline,
+        bos_id=None if ids["bos"] is None else int(ids["bos"]),
+        eos_id=None if ids["eos"] is None else int(ids["eos"]),
+        pad_id=None if ids["padding"] is None else int(ids["padding"]),
+        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=f.get("tokenizer.chat_template"),
+    )
+
+
+def load_gguf(path) -> tuple[ModelConfig, dict, HFTokenizer]:
+    """A .gguf file -> (ModelConfig, DecoderLM params as float32 NumPy, the model's tokenizer)."""
+    f = GGUFFile(path)
+    config_from_gguf(f, has_head=True)  # a bad architecture or field fails before anything is dequantized
+    tokenizer = tokenizer_from_gguf(f)
+    tensors = f.tensors()
+    cfg = config_from_gguf(f, has_head="lm_head.weight" in tensors)
+    try:
+        params = params_from_hf(tensors, cfg, pairs_layout=_PAIRS_LAYOUT[f.get("general.architecture")])
+    except ValueError as e:
+        raise ValueError(f"{f.path}: {e}") from None
+    return cfg, params, tokenizer

@@ -1,0 +1,273 @@
+"""Llama-family checkpoints (Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) <-> DecoderLM.
+
+Llama (Touvron et al. 2023) is a DecoderLM with RoPE, pre-RMSNorm blocks and a final RMSNorm, a SwiGLU FFN
+down(silu(x W_gate) * x W_up), grouped-query attention, no biases (Qwen2: biases on q/k/v), and a head tied to the
+token embedding or not. Hugging Face Linear weights are [out, in] (y = x W^T), so txjax kernels are transposes:
+
+    model.embed_tokens.weight [V, D]      -> embed.tokens.embedding;  lm_head.weight [V, D] -> embed.lm_head [D, V]
+    layers.i.input_layernorm, post_attention_layernorm, model.norm -> self_attention_norm, ffn_norm, final_norm
+    layers.i.self_attn.q_proj [H*K, D]    -> query [D, H, K]  (k_proj, v_proj: [G*K, D] -> key, value [D, G, K])
+    layers.i.self_attn.o_proj [D, H*K]    -> out [H, K, D]
+    layers.i.mlp.gate_proj, up_proj [F, D], down_proj [D, F] -> ffn.wi, ffn.wi_gate [D, F], ffn.wo [F, D]
+
+RoPE layout. Hugging Face rotates channel i of a head with channel i + K/2 (`rotate_half`); txjax's apply_rope
+rotates the adjacent pair (2i, 2i+1), both by the angle p * base^(-2i/K). Scores q . k are sums over channels, so
+one permutation applied to the query and key channels of every head changes nothing but the layout: txjax
+channel 2i is HF channel i and 2i+1 is HF channel i + K/2 (`PAIRS`). Q/K weights (and Qwen2's biases) are permuted
+on the way in and back on the way out; llama.cpp's GGUF files already store them in pair order (`pairs=True`).
+
+A config txjax cannot represent (rope scaling, a sliding window shorter than the context, biases Llama puts where
+txjax has none, another activation) is a one-line ValueError naming the config.json field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from txjax.convert.hf_folder import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    Tensors,
+    looped_numpy,
+    read_config,
+    read_tensors,
+    write_atomically,
+)
+from txjax.models import ModelConfig
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# ModelConfig fields the Llama family fixes
+_LLAMA_FIELDS = {
+    "positional": "rope",
+    "norm": "rmsnorm",
+    "norm_placement": "pre",
+    "activation": "swiglu",
+    "use_bias": False,
+    "embed_scale": False,
+    "attention_scale": "sqrt",
+    "qk_norm": False,
+    "logit_softcap": 0.0,
+}
+_BUFFERS = ("rotary_emb.inv_freq",)  # old checkpoints store RoPE's frequencies; they are recomputed
+
+
+def pairs(k: int) -> np.ndarray:
+    """The channel permutation from HF's half layout to txjax's pair layout: txjax channel c is HF channel
+    PAIRS[c] = [0, K/2, 1, K/2 + 1, ...]; its inverse argsort(PAIRS) goes back."""
+    return np.stack([np.arange(k // 2), np.arange(k // 2) + k // 2], axis=1).reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config.json <-> ModelConfig
+
+
+def _rope_base(hf: Mapping) -> float:
+    """rope_theta from transformers 5's rope_parameters or the older top-level rope_theta / rope_scaling."""
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    for name, section in (("rope_parameters", rope), ("rope_scaling", scaling)):
+        kind = section.get("rope_type", section.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"config.json: {name}.rope_type={kind!r} is not supported (txjax has plain RoPE only)")
+    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
+    """A Llama/Mistral/Qwen2 config.json (as a dict) -> ModelConfig; `has_head`: the weights hold lm_head.weight
+    (decides tying when config.json does not say). Unrepresentable fields are a ValueError naming them."""
+    kind = hf.get("model_type")
+    if kind not in MODEL_TYPES:
+        raise ValueError(f"config.json: model_type={kind!r} is not a Llama-family model ({', '.join(MODEL_TYPES)})")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if not isinstance(hf.get(name), int):
+            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    unsupported = {
+        "hidden_act": ("silu", "txjax's SwiGLU gates with silu"),
+        "attention_bias": (False, "txjax has no bias on o_proj"),
+        "mlp_bias": (False, "txjax's SwiGLU has no biases"),
+        "use_sliding_window": (False, "txjax attends over the whole context"),
+    }
+    for name, (want, why) in unsupported.items():
+        if hf.get(name, want) != want:
+            raise ValueError(f"config.json: {name}={hf[name]!r} is not supported ({why})")
+    max_len = hf.get("max_position_embeddings", 2048)
+    window = hf.get("sliding_window")
+    if kind == "mistral" and window is not None and window < max_len:
+        raise ValueError(
+            f"config.json: sliding_window={window} is shorter than max_position_embeddings={max_len} "
+            "(txjax has no sliding-window attention)"
+        )
+    d, h = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or d // h
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        d_model=d,
+        num_heads=h,
+        num_kv_heads=hf.get("num_key_value_heads") or h,
+        d_head=None if head_dim * h == d else head_dim,
+        d_ff=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        max_len=max_len,
+        qkv_bias=kind == "qwen2",
+        tie_embeddings=hf.get("tie_word_embeddings", not has_head),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_base=_rope_base(hf),
+        init_std=hf.get("initializer_range", 0.02),
+        attention_dropout=hf.get("attention_dropout", 0.0),
+        dropout=0.0,
+        **_LLAMA_FIELDS,
+    )
+
+
+def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    """ModelConfig -> a config.json that LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases) loads."""
+    for name, want in _LLAMA_FIELDS.items():
+        if getattr(cfg, name) != want:
+            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Llama (needs {want!r})")
+    kind = "qwen2" if cfg.qkv_bias else "llama"
+    return {
+        "architectures": [_ARCHITECTURES[kind]],
+        "model_type": kind,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        "rope_theta": cfg.rope_base,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "initializer_range": cfg.init_std,
+        "attention_dropout": cfg.attention_dropout,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "dtype": "float32",
+        "use_cache": True,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tensors <-> params
+
+
+def _layer_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dict:
+    """One block's params from `get(name, shape)` (HF tensor `model.layers.i.<name>` as float32 of that shape)."""
+    d, h, g, k, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff
+    norm = lambda name: {"scale": get(f"{name}.weight", (d,))}
+    attn = {
+        "query": get("self_attn.q_proj.weight", (h * k, d)).T.reshape(d, h, k)[..., to_pairs],
+        "key": get("self_attn.k_proj.weight", (g * k, d)).T.reshape(d, g, k)[..., to_pairs],
+        "value": get("self_attn.v_proj.weight", (g * k, d)).T.reshape(d, g, k),
+        "out": get("self_attn.o_proj.weight", (d, h * k)).T.reshape(h, k, d),
+    }
+    if cfg.qkv_bias:
+        attn["query_bias"] = get("self_attn.q_proj.bias", (h * k,)).reshape(h, k)[..., to_pairs]
+        attn["key_bias"] = get("self_attn.k_proj.bias", (g * k,)).reshape(g, k)[..., to_pairs]
+        attn["value_bias"] = get("self_attn.v_proj.bias", (g * k,)).reshape(g, k)
+    kernel = lambda name, shape: {"kernel": get(f"mlp.{name}.weight", shape).T}
+    return {
+        "self_attention_norm": norm("input_layernorm"),
+        "self_attention": attn,
+        "ffn_norm": norm("post_attention_layernorm"),
+        "ffn": {
+            "wi": kernel("gate_proj", (f, d)),
+            "wi_gate": kernel("up_proj", (f, d)),
+            "wo": kernel("down_proj", (d, f)),
+        },
+    }
+
+
+def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
+    """Inverse of _layer_from_hf: one block's params -> {name: array} without the `model.layers.i.` prefix."""
+    d = cfg.d_model
+    to_halves = np.argsort(pairs(cfg.head_dim))
+    a, ffn = p["self_attention"], p["ffn"]
+    out = {
+        "self_attn.q_proj.weight": a["query"][..., to_halves].reshape(d, -1).T,
+        "self_attn.k_proj.weight": a["key"][..., to_halves].reshape(d, -1).T,
+        "self_attn.v_proj.weight": a["value"].reshape(d, -1).T,
+        "self_attn.o_proj.weight": a["out"].reshape(-1, d).T,
+        "input_layernorm.weight": p["self_attention_norm"]["scale"],
+        "post_attention_layernorm.weight": p["ffn_norm"]["scale"],
+        "mlp.gate_proj.weight": ffn["wi"]["kernel"].T,
+        "mlp.up_proj.weight": ffn["wi_gate"]["kernel"].T,
+        "mlp.down_proj.weight": ffn["wo"]["kernel"].T,
+    }
+    if cfg.qkv_bias:
+        out["self_attn.q_proj.bias"] = a["query_bias"][..., to_halves].reshape(-1)
+        out["self_attn.k_proj.bias"] = a["key_bias"][..., to_halves].reshape(-1)
+        out["self_attn.v_proj.bias"] = a["value_bias"].reshape(-1)
+    return out
+
+
+def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False) -> dict:
+    """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
+    cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
+    A missing, extra or misshapen tensor is a ValueError naming it."""
+    t = Tensors(tensors, "model.")
+    to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
+    d, v = cfg.d_model, cfg.vocab_size
+    embed = {"tokens": {"embedding": t.get("embed_tokens.weight", (v, d))}}
+    if not cfg.tie_embeddings:
+        embed["lm_head"] = {"kernel": t.get("lm_head.weight", (v, d)).T}
+    elif "lm_head.weight" in t:  # a tied checkpoint may store the head too; it must be the embedding
+        if not np.array_equal(t.get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
+            raise ValueError(
+                f"{CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
+            )
+    decoder = {
+        f"layers_{i}": _layer_from_hf(lambda n, s, i=i: t.get(f"layers.{i}.{n}", s), cfg, to_pairs)
+        for i in range(cfg.num_layers)
+    }
+    decoder["final_norm"] = {"scale": t.get("norm.weight", (d,))}
+    return t.finish({"embed": embed, "decoder": decoder}, cfg, _BUFFERS)
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them."""
+    params, dec = looped_numpy(params, cfg)
+    out = {
+        "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],
+        "model.norm.weight": dec["final_norm"]["scale"],
+    }
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = params["embed"]["lm_head"]["kernel"].T
+    for i in range(cfg.num_layers):
+        out.update({f"model.layers.{i}.{k}": v for k, v in _layer_to_hf(dec[f"layers_{i}"], cfg).items()})
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# folders
+
+
+def load_llama(folder) -> tuple[ModelConfig, dict]:
+    """A save_pretrained Llama/Mistral/Qwen2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
+    folder = Path(folder).expanduser()
+    hf = read_config(folder)
+    config_from_hf(hf, has_head=True)  # a bad field fails before gigabytes of weights are read
+    tensors = read_tensors(folder)
+    cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
+    return cfg, params_from_hf(tensors, cfg)
+
+
+def write_llama(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
+    """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
+    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
+
+
+def save_llama(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
+    """write_llama into a new folder, atomically: a failure (a config txjax cannot export) leaves nothing."""
+    return write_atomically(folder, lambda tmp: write_llama(tmp, cfg, params, bos_id, eos_id))

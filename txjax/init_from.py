@@ -1,0 +1,59 @@
+"""`train.init_from=WORKDIR`: start a run from another workdir's latest parameters (a model brought in with
+`run.py import`, or any trained run) with a fresh optimizer: fine-tuning.
+
+The run takes the source's model section and tokenizer (copied into its own workdir), keeping only its own values
+of the fields that leave the parameters' shapes alone (config.RESUMABLE_CHANGES: dtype, dropout, remat, ...), so
+the experiment file sets the data, the training schedule and those, and nothing else has to be copied by hand.
+Once the run has a checkpoint of its own it resumes from that, as any run does.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from txjax import config as config_lib
+from txjax.experiment import TOKENIZER_DIR, load_workdir
+from txjax.train_state import TrainState
+
+
+def source(config: ml_collections.ConfigDict) -> Path:
+    path = Path(config.train.init_from).expanduser()
+    if not (path / config_lib.CONFIG_FILE).is_file():
+        raise config_lib.ConfigError(
+            f"train.init_from={config.train.init_from!r}: no {config_lib.CONFIG_FILE} in {path.resolve()} (create "
+            "it with `run.py import --from=CHECKPOINT --workdir=DIR`, or point it at a trained run's workdir)"
+        )
+    return path
+
+
+def adopt_model(config: ml_collections.ConfigDict, workdir: Path, lead: bool = True) -> None:
+    """config.model and data.tokenizer become the source's (but the RESUMABLE_CHANGES fields); the lead process
+    copies the source's tokenizer/ into `workdir` unless the run already has one."""
+    src = source(config)
+    saved = config_lib.load(src)
+    keep = {name: config.model[name] for name in config_lib.RESUMABLE_CHANGES}
+    config.model.update({**saved.model.to_dict(), **keep})
+    config.family, config.data.tokenizer = saved.family, saved.data.tokenizer
+    config_lib.model_config(config.model.to_dict())
+    if lead and not (workdir / TOKENIZER_DIR).exists():
+        shutil.copytree(src / TOKENIZER_DIR, workdir / TOKENIZER_DIR)
+
+
+def source_params(path, mesh=None):
+    """The latest parameters of the workdir at `path`, laid out on `mesh` (default: the first device)."""
+    return load_workdir(path, mesh=mesh).params
+
+
+def fresh_state(params, tx) -> TrainState:
+    """Step 0 at `params`, with fresh optimizer moments."""
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def initial_state(path, model, tx, mesh, shardings) -> TrainState:
+    """fresh_state at the source's parameters, laid out as `shardings` (the run's state shardings on `mesh`)."""
+    return jax.jit(lambda p: fresh_state(p, tx), out_shardings=shardings)(source_params(path, mesh))
