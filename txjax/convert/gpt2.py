@@ -26,15 +26,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from txjax.convert.hf_folder import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    Tensors,
-    looped_numpy,
-    read_config,
-    read_tensors,
-    write_atomically,
-)
+from txjax.convert import hf_folder
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.models import ModelConfig
 
@@ -189,13 +181,13 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     Layers come out stacked on a leading axis when cfg.scan_layers, else as layers_0, layers_1, ...; float32.
     A missing, extra or misshapen tensor is a ValueError naming it.
     """
-    t = Tensors(tensors, "transformer.")
+    t = hf_folder.Tensors(tensors, "transformer.")
     get = t.get
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
     if "lm_head.weight" in t:
         if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
             raise ValueError(
-                f"{WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)"
+                f"{hf_folder.WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)"
             )
     params = {
         "embed": {
@@ -215,7 +207,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
-    params, dec = looped_numpy(params, cfg)
+    params, dec = hf_folder.looped_numpy(params, cfg)
     out = {
         "wte.weight": params["embed"]["tokens"]["embedding"],
         "wpe.weight": params["embed"]["positions"]["embedding"],
@@ -234,8 +226,8 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 def load_gpt2(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained GPT-2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
     folder = Path(folder).expanduser()
-    cfg = config_from_hf(read_config(folder))
-    return cfg, params_from_hf(read_tensors(folder), cfg)
+    cfg = config_from_hf(hf_folder.read_config(folder))
+    return cfg, params_from_hf(hf_folder.read_tensors(folder), cfg)
 
 
 def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
@@ -259,12 +251,12 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
 def write_gpt2(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (GPT2LMHeadModel.from_pretrained loads them)."""
     hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
+    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 def save_gpt2(
     folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None, eos_id: int | None = None
 ) -> Path:
     """write_gpt2 into a new folder, atomically: a failure (a config or shape GPT-2 lacks) leaves nothing."""
-    return write_atomically(folder, lambda tmp: write_gpt2(tmp, cfg, params, bos_id, eos_id))
+    return hf_folder.write_atomically(folder, lambda tmp: write_gpt2(tmp, cfg, params, bos_id, eos_id))

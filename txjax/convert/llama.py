@@ -29,15 +29,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from txjax.convert.hf_folder import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    Tensors,
-    looped_numpy,
-    read_config,
-    read_tensors,
-    write_atomically,
-)
+from txjax.convert import hf_folder
 from txjax.models import ModelConfig
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -214,7 +206,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
     """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
     cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
     A missing, extra or misshapen tensor is a ValueError naming it."""
-    t = Tensors(tensors, "model.")
+    t = hf_folder.Tensors(tensors, "model.")
     to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
     d, v = cfg.d_model, cfg.vocab_size
     embed = {"tokens": {"embedding": t.get("embed_tokens.weight", (v, d))}}
@@ -223,7 +215,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
     elif "lm_head.weight" in t:  # a tied checkpoint may store the head too; it must be the embedding
         if not np.array_equal(t.get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
             raise ValueError(
-                f"{CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
+                f"{hf_folder.CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
             )
     decoder = {
         f"layers_{i}": _layer_from_hf(lambda n, s, i=i: t.get(f"layers.{i}.{n}", s), cfg, to_pairs)
@@ -235,7 +227,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them."""
-    params, dec = looped_numpy(params, cfg)
+    params, dec = hf_folder.looped_numpy(params, cfg)
     out = {
         "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],
         "model.norm.weight": dec["final_norm"]["scale"],
@@ -254,9 +246,9 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 def load_llama(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained Llama/Mistral/Qwen2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
     folder = Path(folder).expanduser()
-    hf = read_config(folder)
+    hf = hf_folder.read_config(folder)
     config_from_hf(hf, has_head=True)  # a bad field fails before gigabytes of weights are read
-    tensors = read_tensors(folder)
+    tensors = hf_folder.read_tensors(folder)
     cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
     return cfg, params_from_hf(tensors, cfg)
 
@@ -264,10 +256,10 @@ def load_llama(folder) -> tuple[ModelConfig, dict]:
 def write_llama(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
     hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
+    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 def save_llama(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
     """write_llama into a new folder, atomically: a failure (a config txjax cannot export) leaves nothing."""
-    return write_atomically(folder, lambda tmp: write_llama(tmp, cfg, params, bos_id, eos_id))
+    return hf_folder.write_atomically(folder, lambda tmp: write_llama(tmp, cfg, params, bos_id, eos_id))

@@ -31,19 +31,12 @@ import numpy as np
 from tqdm import tqdm
 
 from txjax.data import documents as docs_lib
+from txjax.data import tokenizers as tok_lib
 from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
-from txjax.data.tokenizers import (
-    TOKENIZER_FILE,
-    ByteTokenizer,
-    CharTokenizer,
-    SentencePieceTokenizer,
-    Tokenizer,
-    load_tokenizer,
-)
 
 TOKENIZERS = ("char", "byte", "sentencepiece")  # or the path of a workdir / tokenizer folder
 SPLITS = ("train", "valid")
-_worker_tokenizers: dict[str, Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
+_worker_tokenizers: dict[str, tok_lib.Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
 
 
 def prepare(
@@ -86,7 +79,7 @@ def prepare(
         "shard_mb": shard_mb,
     }
     if tokenizer_dir:
-        options["tokenizer_fingerprint"] = fingerprint(load_tokenizer(tokenizer_dir))
+        options["tokenizer_fingerprint"] = fingerprint(tok_lib.load_tokenizer(tokenizer_dir))
     files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in paths]
     output = Path(output).expanduser().resolve()
     if _up_to_date(output, options, files):
@@ -124,11 +117,11 @@ def _tokenizer_dir(tokenizer: str) -> Path | None:
         return None
     path = Path(tokenizer).expanduser().resolve()
     for folder in (path, path / TOKENIZER_DIR):
-        if (folder / TOKENIZER_FILE).is_file():
+        if (folder / tok_lib.TOKENIZER_FILE).is_file():
             return folder
     raise FileNotFoundError(
-        f"--tokenizer={tokenizer}: not one of {', '.join(TOKENIZERS)}, and {path} holds no {TOKENIZER_FILE} "
-        f"(nor {TOKENIZER_DIR}/{TOKENIZER_FILE}); pass a workdir of run.py train / import, or a tokenizer kind"
+        f"--tokenizer={tokenizer}: not one of {', '.join(TOKENIZERS)}, and {path} holds no {tok_lib.TOKENIZER_FILE} "
+        f"(nor {TOKENIZER_DIR}/{tok_lib.TOKENIZER_FILE}); pass a workdir of run.py train / import, or a tokenizer kind"
     )
 
 
@@ -197,11 +190,11 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
                             disable=not progress)  # fmt: skip
     try:
         if tokenizer_dir:
-            tok = load_tokenizer(tokenizer_dir)
+            tok = tok_lib.load_tokenizer(tokenizer_dir)
         elif tokenizer == "char":
             tok = _char_tokenizer(run, chunks, fmt, delimiter, field, bar("characters"))
         elif tokenizer == "byte":
-            tok = ByteTokenizer()
+            tok = tok_lib.ByteTokenizer()
         else:
             tok = _sentencepiece(chunks, fmt, delimiter, field, options["vocab_size"], options["sample_mb"])
         tok.save(partial / TOKENIZER_DIR)
@@ -273,13 +266,13 @@ def _texts(documents) -> list[str]:
     return [t for d in documents for t in (d if isinstance(d, tuple) else (d,))]
 
 
-def _char_tokenizer(run, chunks, fmt, delimiter, field, bar) -> CharTokenizer:
+def _char_tokenizer(run, chunks, fmt, delimiter, field, bar) -> tok_lib.CharTokenizer:
     """The characters of every document (a first pass over the inputs), with pad/bos/eos."""
     present = np.zeros(0x110000, bool)
     for chunk, codes in zip(chunks, _closing(bar, run(_chunk_codes, [(c, fmt, delimiter, field) for c in chunks]))):
         present[codes] = True
         bar.update(chunk.stop - chunk.start)
-    return CharTokenizer([chr(c) for c in np.flatnonzero(present)], specials=True)
+    return tok_lib.CharTokenizer([chr(c) for c in np.flatnonzero(present)], specials=True)
 
 
 def _chunk_codes(task) -> np.ndarray:
@@ -288,7 +281,7 @@ def _chunk_codes(task) -> np.ndarray:
     return np.flatnonzero(np.bincount(np.frombuffer(text.encode("utf-32-le"), np.uint32), minlength=1))
 
 
-def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> SentencePieceTokenizer:
+def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> tok_lib.SentencePieceTokenizer:
     """SentencePiece trained on the lines of about sample_mb of documents, from chunks spread evenly over the inputs;
     with byte fallback, so that characters the sample lacks encode as their UTF-8 bytes."""
     sizes = np.array([c.stop - c.start for c in chunks])
@@ -304,7 +297,9 @@ def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> Sent
     if not lines:
         raise ValueError("no documents in the inputs: they are empty (or blank)")
     try:
-        return SentencePieceTokenizer.train(lines, vocab_size, byte_fallback=True)  # text the sample lacks: bytes
+        return tok_lib.SentencePieceTokenizer.train(
+            lines, vocab_size, byte_fallback=True
+        )  # text the sample lacks: bytes
     except RuntimeError as e:
         raise ValueError(
             f"SentencePiece could not train {vocab_size} pieces on the sample ({e}); lower --vocab_size"
@@ -320,7 +315,7 @@ def _tokenize_chunk(task) -> dict:
     """One chunk's documents tokenized into one shard per split and stream; returns the documents' lengths."""
     i, chunk, fmt, delimiter, field, valid_fraction, partial, streams, tokenizer_fingerprint = task
     if tokenizer_fingerprint not in _worker_tokenizers:
-        _worker_tokenizers[tokenizer_fingerprint] = load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
+        _worker_tokenizers[tokenizer_fingerprint] = tok_lib.load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
     tok = _worker_tokenizers[tokenizer_fingerprint]
     dtype = shard_dtype(tok.vocab_size)
     parts = {split: [] for split in SPLITS}
