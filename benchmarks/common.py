@@ -39,6 +39,15 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (the machines change kind between days), else the platform's."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
     """Where and under what load this ran."""
     device = jax.devices()[0]
@@ -48,6 +57,8 @@ def machine() -> dict:
         "devices": jax.device_count(),
         "cpu_cores": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "command": " ".join(["python", *sys.argv]),
         "jax": jax.__version__,
         "load_average_1min": os.getloadavg()[0],
         "date": time.strftime("%Y-%m-%d %H:%M"),

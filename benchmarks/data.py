@@ -44,13 +44,6 @@ EXPERIMENT = config_lib.REPO / "experiments" / "shakespeare_shards.py"
 FILE_BYTES = 256 * 2**20
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return common.machine()["processor"]
-
-
 def write_corpus(directory: Path, size_bytes: int, seed: int) -> list[Path]:
     """Random lines of the shared corpora, a blank line after ~1 in 8, in files of FILE_BYTES, size_bytes in all."""
     lines = [x for x in (SHARED / "tinyshakespeare" / "input.txt").read_text().splitlines() if x.strip()]
@@ -165,7 +158,7 @@ def main():
 
 
 def run(root: Path, args) -> dict:
-    cpu = cpu_model()
+    cpu = common.cpu_model()
     print(f"CPU: {cpu}")
     sizes = {"small": args.small_gb, "large": args.size_gb}
     corpora = {name: write_corpus(root / f"corpus_{name}", int(gb * 1e9), seed) for seed, (name, gb) in
