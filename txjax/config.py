@@ -18,6 +18,7 @@ from pathlib import Path
 import ml_collections
 
 from txjax import families, optim, profiling
+from txjax.decode.strategy import METHODS
 from txjax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,7 +188,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "family": (config.family, tuple(families.FAMILIES)),
         "data.kind": (config.data.kind, DATA_KINDS),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
-        "decode.method": (config.decode.method, ("greedy", "sample", "beam")),
+        "decode.method": (config.decode.method, METHODS),
         "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
         "train.schedule": (config.train.schedule, optim.SCHEDULES),
     }

@@ -95,7 +95,7 @@ class StackedRuns:
     def __init__(self, model, configs: list[ml_collections.ConfigDict]):
         t = self.train_config = configs[0].train
         self.size, self.seeds = len(configs), [c.train.seed for c in configs]
-        self.model, self.configs, self.mesh = model, configs, None
+        self.model, self.configs = model, configs
         dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
         step = jax.vmap(train_step_function(model, make_optimizer(t), t))
         self._step = jax.jit(step, donate_argnums=0)
