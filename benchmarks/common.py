@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import platform
+import shlex
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,7 +17,7 @@ sys.path.insert(1, str(REPO))  # `python benchmarks/X.py` from a fresh clone, wi
 
 import jax  # noqa: E402
 
-from txjax import peak  # noqa: E402
+from txjax import peak, provenance  # noqa: E402
 from txjax.peak import stats_ms, time_calls  # noqa: E402, F401  (the benchmarks' timing: shared with txjax.peak)
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -39,30 +38,9 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (the machines change kind between days), else the platform's."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def machine() -> dict:
-    """Where and under what load this ran."""
-    device = jax.devices()[0]
-    return {
-        "platform": device.platform,
-        "device_kind": device.device_kind,
-        "devices": jax.device_count(),
-        "cpu_cores": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": cpu_model(),
-        "command": " ".join(["python", *sys.argv]),
-        "jax": jax.__version__,
-        "load_average_1min": os.getloadavg()[0],
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }
+    """Where, when and under what load this ran (txjax.provenance: CPU model, cores, matmul peak, command)."""
+    return provenance.machine(shlex.join(["python", *sys.argv]))
 
 
 def platform_name() -> str:

@@ -158,8 +158,7 @@ def main():
 
 
 def run(root: Path, args) -> dict:
-    cpu = common.cpu_model()
-    print(f"CPU: {cpu}")
+    print(f"CPU: {common.provenance.cpu_model()}")
     sizes = {"small": args.small_gb, "large": args.size_gb}
     corpora = {name: write_corpus(root / f"corpus_{name}", int(gb * 1e9), seed) for seed, (name, gb) in
                enumerate(sizes.items())}  # fmt: skip
@@ -197,7 +196,6 @@ def run(root: Path, args) -> dict:
     print(common.table([{"fed from": name, "ms_per_step": ms} for name, ms in loop.items()]))
     rss_gap = memory["large"]["rss_mb"] - memory["small"]["rss_mb"]
     return {
-        "cpu": cpu,
         "corpus_gb": sizes,
         "tokenizer": args.tokenizer,
         "prepare": {

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shlex
+import sys
 from pathlib import Path
 
 import jax
@@ -20,7 +22,7 @@ import sacrebleu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax import decode, distributed
+from txjax import decode, distributed, provenance
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.families import family_of
 from txjax.objective import forward, hits, params_shardings, token_sums
@@ -125,6 +127,9 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
 
 
 def write_metrics(workdir: str | Path, split: str, metrics: dict) -> Path:
+    """Writes DIR/eval_<split>.json: the metrics and, under "machine", where, when and by what command
+    (txjax.provenance)."""
     path = Path(workdir) / f"eval_{split}.json"
-    path.write_text(json.dumps(metrics, indent=1) + "\n")
+    machine = provenance.machine(shlex.join(["python", *sys.argv]))
+    path.write_text(json.dumps({**metrics, "machine": machine}, indent=1) + "\n")
     return path

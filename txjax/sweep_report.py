@@ -1,4 +1,5 @@
-"""A sweep's report, built from its run folders alone: results.csv, results.md and results.png.
+"""A sweep's report, built from its run folders alone: results.csv, results.md, results.png and results.json (the
+per-setting summary with the machine, date, command and commit: txjax.provenance).
 
 Per run: its settings, status (done | failed | unfinished | pending), steps, final train loss (last logged
 interval), final valid metrics (eval_valid.json: the whole valid split), the probes' metrics, wall time of the
@@ -9,6 +10,7 @@ that program trained. Per setting: mean and sample standard deviation over the s
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import math
@@ -16,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from txjax import provenance
 from txjax.metrics_log import read_metrics
 
-RESULTS_CSV, RESULTS_MD, RESULTS_PNG = "results.csv", "results.md", "results.png"
+RESULTS_CSV, RESULTS_MD, RESULTS_PNG, RESULTS_JSON = "results.csv", "results.md", "results.png", "results.json"
 GENERATION_METRICS = ("bleu", "chrf", "generated_exact_match")  # in eval_valid.json when train.eval_generation
 
 
@@ -45,6 +48,7 @@ def run_row(run) -> dict:
         "target_tokens_per_s": float(np.median(speeds)) if speeds else math.nan,
         "runs_vmapped": result.get("runs_vmapped", 0),
         "error": result.get("error", ""),
+        "cpu_model": valid.get("machine", {}).get("cpu_model", ""),  # the machine of the final eval
     }
 
 
@@ -76,10 +80,16 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> 
         writer.writerows(rows)
     shown = list(dict.fromkeys(["valid_loss", *metrics]))
     summary = per_setting(runs, rows, shown)
+    machine = provenance.machine(command)
+    report = {"machine": machine, "metrics": shown, "per_setting": [_no_nan(entry) for entry in summary]}
+    (workdir / RESULTS_JSON).write_text(json.dumps(report, indent=1) + "\n")
     lines = [
         f"# Sweep {workdir.name}",
         "",
         f"Command: `{command}`" if command else "",
+        "",
+        f"Report written {machine['date']} on {machine['cpu_model']} ({machine['cpu_cores']} cores), commit "
+        f"{machine['commit']}; runs by CPU: {_machines(rows)}.",
         "",
         "## Per setting: mean ± sd over seeds",
         "",
@@ -95,6 +105,16 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> 
     ]
     (workdir / RESULTS_MD).write_text("\n".join(lines))
     plot(workdir, runs, rows, summary, metrics)
+
+
+def _machines(rows: list[dict]) -> str:
+    counts = collections.Counter(row["cpu_model"] or "not recorded" for row in rows if row["status"] == "done")
+    return ", ".join(f"{n} on {cpu}" for cpu, n in counts.items()) or "none done"
+
+
+def _no_nan(entry: dict) -> dict:
+    """NaN (no value, or one seed's sd) as null: results.json stays standard JSON."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in entry.items()}
 
 
 def _md_table(header: list[str], body: list[list]) -> str:
