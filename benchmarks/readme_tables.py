@@ -1,0 +1,275 @@
+"""The README's tables of figures, regenerated from the result files that commands wrote.
+
+    python benchmarks/readme_tables.py           # rewrite README.md's generated tables in place
+    python benchmarks/readme_tables.py --check   # exit 1 naming each table that differs (tests/test_readme_tables.py)
+
+A generated table in README.md is a line `<!-- generated: python benchmarks/readme_tables.py (NAME) -->` and the
+table under it (the lines up to the first that does not start with "|"). Its figures come from:
+    benchmarks/results/*.json                    the benchmarks (common.save)
+    experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep_report.py; results.json)
+    experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
+and every row says on which machine and day they were measured (txjax/provenance.py). Figures of different CPU
+models stay in different rows: these machines change kind between days and timings move by 2x between kinds.
+To change a figure, re-run its command; to change a table's shape, edit its function here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks" / "results"
+SWEEPS = REPO / "experiments" / "ablations" / "results"
+RUNS = REPO / "experiments" / "results"
+MARKER = re.compile(r"<!-- generated: python benchmarks/readme_tables.py \((\w+)\) -->")
+ABLATIONS = ["attention_scaling", "positional", "norm_placement", "tied_head", "activation", "num_heads"]
+ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget"]
+SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, status, ...
+
+
+def n(x, digits: int = 3) -> str:
+    """A figure as the README prints it: 3 significant digits, thousands separated, '' when missing."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def machine_label(machine: dict) -> str:
+    """'AMD EPYC 9B45, 2 cores, 2026-12-01' (+ the load when other work shared the cores: timings noisy)."""
+    cpu = machine.get("cpu_model") or "CPU model not recorded"
+    label = f"{cpu}, {machine.get('cpu_cores', '?')} cores, {machine.get('date', '?')[:10]}"
+    load = machine.get("load_average_1min") or 0.0
+    return label + (f", load {load:.1f}" if load > 1.5 * machine.get("cpu_cores", 1) else "")
+
+
+def bench(name: str) -> dict | None:
+    path = BENCH / f"{name}_cpu.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+# ---- the tables ----------------------------------------------------------------------------------------------------
+
+
+def ablations() -> list[str]:
+    """Per sweep: valid loss per setting, mean ± sd over seeds, best first; the machine of its runs."""
+    rows = []
+    for name in ABLATIONS:
+        path = SWEEPS / name / "results.csv"
+        if not path.is_file():
+            rows.append([f"`{name}`", "", "", "no results.csv: not re-run with `run.py sweep`", ""])
+            continue
+        runs = [r for r in csv.DictReader(path.open()) if r["status"] == "done"]
+        fields = list(runs[0])
+        fields = fields[1 : min(fields.index(f) for f in SETTING_END if f in fields)]
+        groups = defaultdict(list)
+        for r in runs:
+            groups[r[fields[0]] if len(fields) == 1 else " ".join(f"{f}={r[f]}" for f in fields)].append(r)
+        report = SWEEPS / name / "results.json"
+        extra = json.loads(report.read_text())["metrics"][1:] if report.is_file() else []
+        cells = []
+        for setting, rs in sorted(
+            groups.items(), key=lambda kv: statistics.mean(float(r["valid_loss"]) for r in kv[1])
+        ):
+            losses = [float(r["valid_loss"]) for r in rs]
+            sd = f" ± {n(statistics.stdev(losses), 2)}" if len(losses) > 1 else ""
+            more = "".join(f", {m} {n(statistics.mean(float(r[m]) for r in rs))}" for m in extra if rs[0].get(m))
+            cells.append(f"{setting}: {n(statistics.mean(losses), 4)}{sd}{more}")
+        cpus = sorted({r.get("cpu_model") or "CPU model not recorded" for r in runs})
+        date = json.loads(report.read_text())["machine"]["date"][:10] if report.is_file() else "before 2026-12-01"
+        seeds = max(len(rs) for rs in groups.values())
+        rows.append([f"`{name}`", runs[0]["steps"], seeds, "; ".join(cells), f"{', '.join(cpus)}, {date}"])
+    return table(
+        ["sweep", "steps", "seeds", "valid loss by setting, best first (mean ± sd over seeds)", "measured"], rows
+    )
+
+
+def data() -> list[str]:
+    d = bench("data")
+    p, rss, loop = d["prepare"], d["peak_rss_mb"], d["loop_ms_per_step"]
+    large_mb = p["workers_1"]["tokens"] / 1e6
+    ratio = loop["shards"] / loop["memory"]
+    rows = [
+        [
+            f"prepare, {w} worker{'s' * (w > 1)} ({n(large_mb)} M tokens)",
+            f"{n(p[f'workers_{w}']['mb_per_s'])} MB/s, {n(p[f'workers_{w}']['tokens_per_s'] / 1e6)} M tokens/s",
+            "",
+        ]
+        for w in (1, 2)  # fmt: skip
+    ]
+    rows += [
+        [f"peak RSS of `run.py train` from shards, {d['corpus_gb']['small']} GB / {d['corpus_gb']['large']} GB corpus",
+         f"{n(rss['small']['rss_mb'])} / {n(rss['large']['rss_mb'])} MB ({n(d['rss_gap_mb'])} MB apart)",
+         "within 200 MB: " + ("met" if abs(d["rss_gap_mb"]) <= 200 else "missed")],
+        [f"peak RSS of the in-memory loader (`data.kind=text`), {d['corpus_gb']['small']} GB corpus",
+         f"{n(rss['text_in_memory_small']['rss_mb'])} MB", "(grows with the corpus)"],
+        ["loader alone, windows / packed, tokens/s", f"{n(d['loader_tokens_per_s']['windows'])} / "
+         f"{n(d['loader_tokens_per_s']['packed'])} ({n(d['loader_over_step'])}x the {n(d['step_tokens_per_s'])} the "
+         "step consumes, packed)", ">= 20x: " + ("met" if d["loader_over_step"] >= 20 else "missed")],
+        ["shakespeare_char training loop, ms/step, fed from shards / from memory",
+         f"{n(loop['shards'])} / {n(loop['memory'])} ({ratio:.3f}x)", "within 5%: " + ("met" if ratio <= 1.05 else
+         "missed")],
+    ]  # fmt: skip
+    return table(["what", "figure", "target", "measured"], [[*r, machine_label(d["machine"])] for r in rows])
+
+
+def smollm2() -> list[str]:
+    d = bench("smollm2_score_decode")
+    s, dec = d["score"], d["decode_tokens_per_s"]
+    label = machine_label(d["machine"])
+    rows = [
+        [f"tinyshakespeare valid perplexity, context {s['context']}, {s['txjax']['tokens']:,} tokens",
+         n(s["txjax"]["perplexity"], 5), n(s["transformers"]["perplexity"], 5), label],
+        ["nats per character / bits per byte", f"{n(s['txjax']['nats_per_char'], 5)} / "
+         f"{n(s['txjax']['bits_per_byte'], 5)}", f"{n(s['transformers']['nats_per_char'], 5)} / "
+         f"{n(s['transformers']['bits_per_byte'], 5)}", label],
+        [f"batch-1 greedy decode, tokens/s, {dec['new_tokens']} new tokens", n(dec["txjax"]), n(dec["transformers"]),
+         label],
+    ]  # fmt: skip
+    for run, what in (("smollm2_ft", "SmolLM2 fine-tuned"), ("shakespeare_char", "shakespeare_char from scratch")):
+        path = RUNS / run / "eval_text.json"
+        if path.is_file():
+            e = json.loads(path.read_text())
+            rows.append(
+                [f"valid nats/char, {what} (`{run}`)", n(e["nats_per_char"], 4), "", machine_label(e["machine"])]
+            )
+    return table(["SmolLM2-135M (Q4_1 dequantized, float32)", "txjax", "transformers", "measured"], rows)
+
+
+def train_speed() -> list[str]:
+    rows = []
+    for shape in ("shakespeare_char", "baby_gpt", "gpt2_small", "marian_small"):
+        d = bench(f"train_{shape}")
+        if d is None:
+            continue
+        ref = [r for r in d["rows"] if r["attention"] == "reference" and r["layers"] == "loop"] or d["rows"]
+        by_dtype = {r["dtype"]: r for r in ref}
+        default = next(r for r in d["rows"] if r["default"])
+        rows.append([shape, n(by_dtype.get("float32", {}).get("ms_per_step")),
+                     n(by_dtype.get("bfloat16", {}).get("ms_per_step")), n(default["tokens_per_s"]),
+                     n(default["mfu"], 2), machine_label(d["machine"])])  # fmt: skip
+    header = ["shape (`python benchmarks/train.py --shape=S`)", "float32 ms/step", "bfloat16 ms/step"]
+    return table(header + ["target tokens/s (default dtype)", "MFU", "measured"], rows)
+
+
+def decode() -> list[str]:
+    rows = []
+    for shape in ("shakespeare_char", "gpt2_small"):
+        d = bench(f"decode_{shape}_float32")
+        if d is None:
+            continue
+        for i, r in enumerate(d["rows"]):
+            recompute = n(r["recompute_tokens_per_s"]) + (" (est.)" if r["recompute"] == "est" else "")
+            rows.append([shape if i == 0 else "", r["new_tokens"], n(r["cached_tokens_per_s"]),
+                         n(r["cached_cpu_us_per_token"] / 1e3), recompute, f"{n(r['speedup'], 2)}x",
+                         machine_label(d["machine"])])  # fmt: skip
+    header = ["shape (`python benchmarks/decode.py --shape=S`)", "new tokens", "cached tokens/s"]
+    return table(header + ["cached CPU ms/token", "recompute tokens/s", "speed-up", "measured"], rows)
+
+
+def peers() -> list[str]:
+    """txjax against transformers, each pair from files of one machine."""
+    rows = []
+    marian, hf = bench("train_marian_small"), bench("peer_hf_train")
+    if marian and hf:
+        tx = next(r for r in marian["rows"] if r["default"])
+        rows.append(["Marian-size translation training, target tokens/s", n(tx["tokens_per_s"]),
+                     n(hf["marian_target_tokens_per_s"]), "`python benchmarks/train.py --shape=marian_small`, "
+                     "`python benchmarks/peer_hf.py --what=train`",
+                     f"{machine_label(marian['machine'])} / {machine_label(hf['machine'])}"])  # fmt: skip
+    hf = bench("peer_hf_train_decode")
+    for shape in ("shakespeare_char", "gpt2_small"):
+        d = bench(f"decode_{shape}_float32")
+        if d and hf:
+            rows.append([f"cached greedy decoding, {shape}, 256 new tokens, tokens/s",
+                         n(next(r for r in d["rows"] if r["new_tokens"] == 256)["cached_tokens_per_s"]),
+                         n(hf[f"{shape}_tokens_per_s"]), f"`python benchmarks/decode.py --shape={shape}`, "
+                         "`python benchmarks/peer_hf.py`", f"{machine_label(d['machine'])} / "
+                         f"{machine_label(hf['machine'])}"])  # fmt: skip
+    bible, hf = RUNS / "bible_en_es" / "eval_test.json", bench("peer_hf_bleu")
+    if bible.is_file() and hf:
+        e = json.loads(bible.read_text())
+        rows.append(["En-Es test BLEU (chrF), beam 4, after 20 minutes of training", f"{n(e['bleu'])} ({n(e['chrf'])})",
+                     f"{n(hf['marian_bleu']['bleu_beam4'])} ({n(hf['marian_bleu']['chrf_beam4'])})",
+                     "`python run.py eval --workdir=runs/bible --split=test`, `python benchmarks/peer_hf.py "
+                     "--what=bleu`", f"{machine_label(e['machine'])} / {machine_label(hf['machine'])}"])  # fmt: skip
+    return table(["task", "txjax", "transformers", "commands", "measured (txjax / transformers)"], rows)
+
+
+def experiments() -> list[str]:
+    """The experiments' final evals, copied from their workdirs into experiments/results/NAME/."""
+    rows = []
+    for name, command in (
+        ("reverse", "python run.py train"),
+        ("add_seq2seq", "python run.py train --config=experiments/add_seq2seq.py"),
+        ("shakespeare_char", "python run.py train --config=experiments/shakespeare_char.py"),
+    ):
+        for path in sorted((RUNS / name).glob("eval_*.json")):
+            e = json.loads(path.read_text())
+            if path.stem == "eval_text":
+                continue
+            shown = [f"{k} {n(e[k], 4)}" for k in ("exact_match", "token_accuracy", "loss", "bleu") if k in e]
+            rows.append([name, f"`{command}`", e.get("split", path.stem[5:]), e.get("step", ""), ", ".join(shown),
+                         machine_label(e["machine"])])  # fmt: skip
+    return table(["experiment", "command", "split", "step", "result (whole split)", "measured"], rows)
+
+
+TABLES = {f.__name__: f for f in (ablations, data, smollm2, train_speed, decode, peers, experiments)}
+
+
+def render(readme: str) -> str:
+    """README text with every generated table replaced by what its function makes of today's result files."""
+    lines, out, i = readme.splitlines(), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        match = MARKER.fullmatch(lines[i].strip())
+        i += 1
+        if match:
+            if match.group(1) not in TABLES:
+                raise SystemExit(f"README.md: unknown generated table {match.group(1)!r}; one of {sorted(TABLES)}")
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1
+            out += TABLES[match.group(1)]()
+    return "\n".join(out) + "\n"
+
+
+def differing(readme: str) -> list[str]:
+    """The names of the generated tables whose README text differs from the result files."""
+    new = render(readme)
+    spans = lambda text: dict(re.findall(r"<!-- generated: [^(]*\((\w+)\) -->\n((?:\|.*\n)*)", text))
+    old, fresh = spans(readme), spans(new)
+    return [name for name in fresh if old.get(name) != fresh[name]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the result files")
+    args = parser.parse_args()
+    path = REPO / "README.md"
+    readme = path.read_text()
+    if args.check:
+        bad = differing(readme)
+        if bad:
+            sys.exit(f"README.md: tables {', '.join(bad)} differ from their result files; run python {__file__}")
+        print("README.md tables agree with the result files")
+    else:
+        path.write_text(render(readme))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
