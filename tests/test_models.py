@@ -404,6 +404,26 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32(impl):
     assert float(jnp.abs(got - ref).max()) > 0  # it did compute in bfloat16
 
 
+def test_bfloat16_grouped_query_attention_gradients_close_to_float32():
+    """The backward pass of grouped-query attention runs in bfloat16 (on XLA:CPU, whose bfloat16 dots take two batch
+    axes and GQA's backward has three, the attention itself computes in float32) and its gradients are float32's
+    within bfloat16's precision."""
+    assert KV < H
+    toks = _seq(np.random.default_rng(11), 4, 16)
+    cfg = dict(positional="rope", d_model=64, d_ff=64, num_layers=1)  # d_k 16: dots too small are rewritten
+    params = random_params(DecoderLM(make_cfg(**cfg)), toks)
+
+    def grads(dtype):
+        model = DecoderLM(make_cfg(**cfg, dtype=dtype))
+        logp = lambda p: jax.nn.log_softmax(model.apply({"params": p}, toks[:, :-1]))
+        nll = lambda p: -jnp.take_along_axis(logp(p), toks[:, 1:, None], axis=-1).mean()
+        return jax.jit(jax.grad(nll))(params)
+
+    for ref, got in zip(jax.tree_util.tree_leaves(grads("float32")), jax.tree_util.tree_leaves(grads("bfloat16"))):
+        assert got.dtype == jnp.float32 and np.isfinite(np.asarray(got)).all()
+        assert float(jnp.linalg.norm(got - ref)) <= 0.05 * float(jnp.linalg.norm(ref)) + 1e-6
+
+
 def test_sown_attention_weights_per_layer():
     cfg = make_cfg(positional="rope")
     model = DecoderLM(cfg, sow_weights=True)

@@ -202,6 +202,10 @@ class MultiHeadAttention(nn.Module):
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
             # like the reference: a query with no key to attend to gets zeros
             return out if mask is None else out * mask.any(-1)[:, 0, :, None, None].astype(out.dtype)
+        if self.num_kv_heads < self.num_heads and q.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+            # XLA:CPU runs bfloat16 dots only through XNNPACK, which takes at most two batch axes; the backward of
+            # grouped-query attention has three (batch, K/V head, query head of the group): float32 here instead
+            q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
         keep = None
         if use_dropout:  # dropout on the attention weights, one mask per head
             shape = (q.shape[0], self.num_heads, q.shape[1], k.shape[1])
