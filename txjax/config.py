@@ -65,6 +65,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "optimizer": "adamw",  # adamw | lion | adafactor | muon | schedule_free_adamw (txjax.optim)
                 "schedule": "cosine",  # cosine | linear | constant | wsd, each after a linear warmup
                 "decay_fraction": 0.2,  # wsd: the last 20% of the steps after warmup decay linearly
+                "decay_start": "steps",  # wsd: "budget" decays over the last decay_fraction of max_minutes (budget)
                 "min_lr_ratio": 0.1,  # the schedule ends at learning_rate * min_lr_ratio
                 "warmup_steps": 100,
                 "weight_decay": 0.1,
@@ -191,6 +192,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "decode.method": (config.decode.method, METHODS),
         "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
         "train.schedule": (config.train.schedule, optim.SCHEDULES),
+        "train.decay_start": (config.train.decay_start, ("steps", "budget")),
     }
     for name, (value, allowed) in choices.items():
         if value not in allowed:
@@ -211,6 +213,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(str(e)) from None
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"config.train.decay_fraction={t.decay_fraction} must be in (0, 1]")
+    budget_wsd = t.schedule == "wsd" and t.max_minutes > 0 and t.optimizer != "schedule_free_adamw"
+    if t.decay_start == "budget" and not budget_wsd:
+        raise ConfigError("config.train.decay_start='budget' needs train.schedule=wsd and train.max_minutes > 0")
+    if config.model.parametrization == "mup" and t.optimizer not in optim.MUP_OPTIMIZERS:
+        raise ConfigError(
+            f"config.model.parametrization='mup' supports train.optimizer {' or '.join(optim.MUP_OPTIMIZERS)}, "
+            f"not {t.optimizer!r}"
+        )
     if t.z_loss < 0:
         raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
     if not 0.0 <= t.label_smoothing < 1.0:

@@ -139,7 +139,7 @@ def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None
     workdir = Path(workdir)
     config = config_lib.load(workdir)
     model = build_model(config)
-    tx = make_optimizer(config.train)
+    tx = make_optimizer(config.train, model.cfg)
     shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())
     init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)

@@ -68,7 +68,7 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD):
         cfg, dtype = self.cfg, self.cfg.compute_dtype
-        w_in = lambda name: dense(cfg.d_ff, ("embed", "mlp"), cfg.use_bias, dtype, name, cfg.init_std)(x_BxLxD)
+        w_in = lambda name: dense(cfg.d_ff, ("embed", "mlp"), cfg.use_bias, dtype, name, cfg.hidden_init_std)(x_BxLxD)
         h_BxLxF = ACTIVATIONS[cfg.activation](w_in("wi"))
         if cfg.activation == "swiglu":
             h_BxLxF = h_BxLxF * w_in("wi_gate")
@@ -93,7 +93,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
         cross=cross,
-        init_std=cfg.init_std,
+        init_std=cfg.hidden_init_std,
         out_init_std=cfg.out_init_std,
         name=name,
     )

@@ -4,6 +4,14 @@ DecoderLM:       logits = Head(LN(Blocks(Embed(tokens) + PE(positions))))       
 EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(DecoderBlocks(Embed(tgt) + PE, enc)))
                  (Vaswani et al. 2017, fig. 1; the decoder blocks add cross-attention over `enc`)
 The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix.
+muP (`parametrization="mup"`, Yang et al. 2022, "Tensor Programs V", Table 8, the formulation with multipliers), with
+width multiplier m = d_model / base_width: hidden (matrix-like) weights, the attention and FFN kernels, are drawn
+with variance init_std^2 / m (1/fan_in) and take Adam learning rate lr / m (txjax.optim.mup_lr_multipliers);
+vector-like weights (token and position embeddings, norms, biases) keep init and learning rate; the readout is
+multiplied by 1/m; scores are scaled by 1/d_k (attention_scale="linear", required). The head is vector-like too,
+init and lr unchanged, so a tied head is the same matrix as the input embedding: Table 8 gives input and output
+weights the same (width-independent) init and Adam lr and puts the width in the output multiplier 1/m, which is
+what lets muP tie them (mup's MuSharedReadout). At m = 1 muP is the standard parametrization with 1/d_k scores.
 Layers are stacked with nn.scan (one compiled body, compile time flat in depth) or a Python loop (`scan_layers`).
 """
 
@@ -30,6 +38,7 @@ _CHOICES = {
     "dtype": ("float32", "bfloat16"),
     "attention_impl": ("reference", "fused"),
     "attention_scale": ("sqrt", "none", "linear"),
+    "parametrization": ("standard", "mup"),
 }
 
 
@@ -68,12 +77,14 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm of q and k per head before the scores
     logit_softcap: float = 0.0  # > 0: logits = c tanh(logits / c) (Gemma 2; modded-nanogpt); 0 = off
     init_std: float = 0.02
+    parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
+    base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"):
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "base_width"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
         for name in ("num_kv_heads", "num_encoder_layers", "d_head"):  # optional: None or a positive integer
@@ -94,6 +105,8 @@ class ModelConfig:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
         if self.logit_softcap < 0:
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
+        if self.parametrization == "mup" and self.attention_scale != "linear":
+            raise ValueError("model.parametrization='mup' scales the scores by 1/d_k: set model.attention_scale=linear")
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:
@@ -123,9 +136,19 @@ class ModelConfig:
         return jnp.dtype(self.dtype)
 
     @property
+    def width_multiplier(self) -> float:
+        """muP's m = d_model / base_width; 1 under the standard parametrization."""
+        return self.d_model / self.base_width if self.parametrization == "mup" else 1.0
+
+    @property
+    def hidden_init_std(self) -> float:
+        """The hidden (matrix-like) weights' std: init_std, its variance times 1/m under muP (1/fan_in, Table 8)."""
+        return self.init_std / self.width_multiplier**0.5
+
+    @property
     def out_init_std(self) -> float:
-        """GPT-2: residual-branch output projections scaled by 1/sqrt(2 * layers)."""
-        return self.init_std / (2 * self.num_layers) ** 0.5
+        """GPT-2: residual-branch output projections scaled by 1/sqrt(2 * layers) (hidden weights: muP's 1/m too)."""
+        return self.hidden_init_std / (2 * self.num_layers) ** 0.5
 
 
 class Embedder(nn.Module):
@@ -168,14 +191,16 @@ class Embedder(nn.Module):
 
     def logits(self, x_BxLxD):
         """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product
-        in the compute dtype (x comes from a float32 norm), accumulated in float32; soft-capped when
-        logit_softcap = c > 0: c tanh(z / c)."""
+        in the compute dtype (x comes from a float32 norm), accumulated in float32; under muP divided by the width
+        multiplier m; soft-capped when logit_softcap = c > 0: c tanh(z / c)."""
         x_BxLxD = x_BxLxD.astype(self.cfg.compute_dtype)
         if not self.cfg.tie_embeddings:
             logits_BxLxV = self.lm_head(x_BxLxD).astype(jnp.float32)
         else:
             embedding_VxD = self.tokens.embedding.astype(x_BxLxD.dtype)
             logits_BxLxV = precision.einsum("bld,vd->blv", x_BxLxD, embedding_VxD, out_dtype=jnp.float32)
+        if self.cfg.parametrization == "mup":  # muP's readout multiplier 1/m, tied head or not
+            logits_BxLxV = logits_BxLxV / self.cfg.width_multiplier
         cap = self.cfg.logit_softcap
         return cap * jnp.tanh(logits_BxLxV / cap) if cap > 0 else logits_BxLxV
 

@@ -17,6 +17,15 @@ weight decay on matrices and embeddings only (not on norm scales or biases, as n
               averaged point x = (y - (1 - b1) z) / b1, not the training iterate y.
 The scalar settings (HYPERPARAMS) live in the optimizer state as arrays (optax.inject_hyperparams), not in the
 compiled program: runs that differ only in them (and the seed) can be stacked and trained under jax.vmap.
+WSD sized by a time budget (train.decay_start="budget", txjax.budget): the decay's start D and length n are
+injected too (BUDGET_PLAN), so the step the training loop chose for them is saved in every checkpoint; the lr is
+lr until step D, then linearly down to r lr at D + n.
+muP (model.parametrization="mup", Yang et al. 2022, Table 8): every parameter's update is multiplied by its
+`mup_lr_multipliers` entry, 1/m on the hidden matrices (m = d_model / base_width), 1 elsewhere, after the
+optimizer: for AdamW and Lion, whose update is lr times a direction with the decoupled weight decay inside, that is
+the per-layer learning rate lr / m (and weight decay coupled to it, as mup's MuAdamW). Adafactor (its updates scale
+with the parameters' RMS), Muon (orthogonalized, its own width rule) and schedule-free AdamW (averaged iterates)
+have their own width scaling and are refused with muP. The learning rate stays an injected hyperparameter.
 """
 
 from __future__ import annotations
@@ -31,18 +40,35 @@ HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 OPTIMIZERS = ("adamw", "lion", "adafactor", "muon", "schedule_free_adamw")
 _STATIC = ("steps", "grad_clip", "optimizer", "schedule", "decay_fraction")  # part of the compiled program
+BUDGET_PLAN = ("decay_from", "decay_steps", "trained_s")  # decay_start="budget": injected, set by txjax.budget
+MUP_OPTIMIZERS = ("adamw", "lion")
 
 
-def learning_rate_at(step, learning_rate, warmup_steps, min_lr_ratio, steps, schedule="cosine", decay_fraction=0.2):
-    """The schedule's learning rate at `step` (see the module docstring); any number may be a traced array."""
+def learning_rate_at(
+    step,
+    learning_rate,
+    warmup_steps,
+    min_lr_ratio,
+    steps,
+    schedule="cosine",
+    decay_fraction=0.2,
+    decay_from=None,
+    decay_steps=None,
+):
+    """The schedule's learning rate at `step` (see the module docstring); any number may be a traced array. WSD
+    with `decay_from` D and `decay_steps` n given (a time budget's plan) decays over [D, D + n] instead."""
     w = jnp.minimum(warmup_steps, steps - 1)
     warm = step / jnp.maximum(w, 1)
     progress = jnp.clip((step - w) / (steps - w), 0.0, 1.0)  # 0 after warmup .. 1 at the last step
+    if decay_from is None:
+        decayed = jnp.clip((progress - 1.0) / decay_fraction + 1.0, 0.0, 1.0)
+    else:
+        decayed = jnp.clip((step - decay_from) / jnp.maximum(decay_steps, 1.0), 0.0, 1.0)
     after = {
         "cosine": lambda: min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress)),
         "linear": lambda: 1.0 - (1.0 - min_lr_ratio) * progress,
         "constant": lambda: jnp.ones_like(progress),
-        "wsd": lambda: 1.0 - (1.0 - min_lr_ratio) * jnp.clip((progress - 1.0) / decay_fraction + 1.0, 0.0, 1.0),
+        "wsd": lambda: 1.0 - (1.0 - min_lr_ratio) * decayed,
     }[schedule]()
     return learning_rate * jnp.where(step < w, warm, after)
 
@@ -53,7 +79,7 @@ def current_learning_rate(t, opt_state, step):
     h = opt_state.hyperparams
     schedule = "constant" if t["optimizer"] == "schedule_free_adamw" else t["schedule"]
     args = (h["learning_rate"], h["warmup_steps"], h["min_lr_ratio"], t["steps"], schedule, t["decay_fraction"])
-    return learning_rate_at(step, *args)
+    return learning_rate_at(step, *args, h.get("decay_from"), h.get("decay_steps"))
 
 
 def is_decayed(params):
@@ -66,20 +92,37 @@ def is_decayed(params):
     return jax.tree_util.tree_map_with_path(decayed, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
 
 
+def is_hidden(path) -> bool:
+    """A weight matrix inside the layers (attention and FFN kernels); not embeddings, the untied head, norms, biases."""
+    name, parent = path[-1].key, path[-2].key if len(path) > 1 else ""
+    return name in ("query", "key", "value", "out") or (name == "kernel" and parent != "lm_head")
+
+
 def muon_dimensions(params):
     """Which axes of each parameter Muon orthogonalizes over (reduction, output); None: AdamW instead."""
 
     def dims(path, leaf):
-        name, parent, n = path[-1].key, path[-2].key if len(path) > 1 else "", jnp.ndim(leaf)
+        name, n = path[-1].key, jnp.ndim(leaf)
+        if not is_hidden(path):
+            return None
         if name in ("query", "key", "value"):  # [..., d_model, heads, d_k]
             return optax.contrib.MuonDimensionNumbers(n - 3, (n - 2, n - 1))
         if name == "out":  # [..., heads, d_k, d_model]
             return optax.contrib.MuonDimensionNumbers((n - 3, n - 2), n - 1)
-        if name == "kernel" and parent != "lm_head":  # the FFN's [..., in, out]
-            return optax.contrib.MuonDimensionNumbers(n - 2, n - 1)
-        return None  # embeddings, the untied head, norms, biases
+        return optax.contrib.MuonDimensionNumbers(n - 2, n - 1)  # the FFN's [..., in, out]
 
     return jax.tree_util.tree_map_with_path(dims, nn.meta.unbox(params))
+
+
+def mup_lr_multipliers(params, cfg) -> dict:
+    """muP's per-parameter Adam learning-rate multipliers (Yang et al. 2022, Table 8, relative to the base width):
+    1/m on hidden weights, 1 on vector-like ones (embeddings, the head, norms, biases); cfg: the ModelConfig."""
+    m = cfg.width_multiplier
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: 1.0 / m if is_hidden(path) else 1.0,
+        params,
+        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
+    )
 
 
 def _optimizer(
@@ -94,9 +137,13 @@ def _optimizer(
     optimizer,
     schedule,
     decay_fraction,
+    multipliers=None,
+    decay_from=None,
+    decay_steps=None,
+    trained_s=None,  # the budget's clock: saved with the plan, read by the loop only
 ):
     lr = lambda count: learning_rate_at(
-        count, learning_rate, warmup_steps, min_lr_ratio, steps, schedule, decay_fraction
+        count, learning_rate, warmup_steps, min_lr_ratio, steps, schedule, decay_fraction, decay_from, decay_steps
     )
     kind = optimizer
     if kind == "adamw":
@@ -118,14 +165,29 @@ def _optimizer(
     else:  # schedule-free: the warmup, then constant; optax's version decays every parameter (it takes no mask)
         warm = lambda count: learning_rate_at(count, learning_rate, warmup_steps, min_lr_ratio, steps, "constant")
         tx = optax.contrib.schedule_free_adamw(warm, b1=b1, b2=b2, weight_decay=weight_decay)
+    if multipliers is not None:  # per-parameter learning rates: each update times its multiplier
+        scale = lambda updates, params: jax.tree.map(lambda u, k: u * k, updates, multipliers(params))
+        tx = optax.chain(tx, optax.stateless(scale))
     return optax.chain(optax.clip_by_global_norm(grad_clip), tx) if grad_clip > 0 else tx
 
 
-def make_optimizer(t) -> optax.GradientTransformation:
+def make_optimizer(t, model=None) -> optax.GradientTransformation:
     """The clipped optimizer of `t` (config.train, or a mapping with its fields in which the HYPERPARAMS may be
-    traced arrays), its schedule inside."""
-    factory = optax.inject_hyperparams(_optimizer, static_args=_STATIC)
-    return factory(**{name: t[name] for name in HYPERPARAMS + _STATIC})
+    traced arrays), its schedule inside; `model` (the ModelConfig) brings muP's learning-rate multipliers."""
+    factory = optax.inject_hyperparams(_optimizer, static_args=(*_STATIC, "multipliers"))
+    mup = model is not None and model.parametrization == "mup"
+    multipliers = (lambda params: mup_lr_multipliers(params, model)) if mup else None
+    return factory(**{name: t[name] for name in HYPERPARAMS + _STATIC}, multipliers=multipliers, **step_plan(t))
+
+
+def step_plan(t) -> dict:
+    """decay_start="budget": the plan before the budget decides, WSD sized by train.steps (D = S - f (S - w),
+    n = S - D, what the run follows if the steps run out first), the clock at 0; else nothing to inject."""
+    if t["decay_start"] != "budget":
+        return {}
+    w = jnp.minimum(t["warmup_steps"], t["steps"] - 1)
+    n = jnp.asarray(t["decay_fraction"] * (t["steps"] - w), jnp.float32)
+    return {"decay_from": t["steps"] - n, "decay_steps": n, "trained_s": jnp.zeros((), jnp.float32)}
 
 
 def eval_params(t, state):

@@ -63,7 +63,7 @@ class OneRun:
 
     def __init__(self, model, config: ml_collections.ConfigDict, mesh: Mesh):
         t = self.train_config = config.train
-        tx = make_optimizer(t)
+        tx = make_optimizer(t, model.cfg)
         self.mesh, self.seed, self.rows = mesh, t.seed, process_rows(mesh, t.batch_size)
         shardings = state_shardings(model, tx, t.seed, mesh)
         self.init = jax.jit(lambda: init_state(model, tx, t.seed), out_shardings=shardings)
@@ -97,7 +97,7 @@ class StackedRuns:
         self.size, self.seeds = len(configs), [c.train.seed for c in configs]
         self.model, self.configs = model, configs
         dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
-        step = jax.vmap(train_step_function(model, make_optimizer(t), t))
+        step = jax.vmap(train_step_function(model, make_optimizer(t, model.cfg), t))
         self._step = jax.jit(step, donate_argnums=0)
         self.train_step = lambda states, batch: self._step(states, batch, dropout_keys_R)
 
@@ -106,14 +106,16 @@ class StackedRuns:
         program, each run with its own seed and optimizer hyperparameters."""
         t = self.train_config
         if step:
-            abstract = jax.eval_shape(lambda: init_state(self.model, make_optimizer(t), t.seed))
+            abstract = jax.eval_shape(lambda: init_state(self.model, make_optimizer(t, self.model.cfg), t.seed))
             return stack([ckpt.restore(abstract, step) for ckpt in ckpts])
         hyperparams = {name: jnp.asarray([c.train[name] for c in self.configs]) for name in HYPERPARAMS}
         if t.get("init_from"):  # every run from the same imported parameters, each with its own fresh moments
             params = init_from.source_params(t.init_from)
-            fresh = lambda h: init_from.fresh_state(params, make_optimizer({**t.to_dict(), **h}))
+            fresh = lambda h: init_from.fresh_state(params, make_optimizer({**t.to_dict(), **h}, self.model.cfg))
             return jax.jit(jax.vmap(fresh))(hyperparams)
-        init = jax.vmap(lambda seed, h: init_state(self.model, make_optimizer({**t.to_dict(), **h}), seed))
+        init = jax.vmap(
+            lambda seed, h: init_state(self.model, make_optimizer({**t.to_dict(), **h}, self.model.cfg), seed)
+        )
         return jax.jit(init)(jnp.asarray(self.seeds), hyperparams)
 
     def batch(self, data, k: int):

@@ -8,6 +8,9 @@ A sweep file `experiments/ablations/NAME.py` defines get_sweep() -> dict with th
     seeds       [train.seed values], crossed with every setting (default [0])
     metrics     the results the plot shows as bars per setting (default ["valid_loss"])
     probes      measurements after training (txjax.probes), their results join the table (default [])
+    lines       {"x": field, "series": field, "panels": field (optional)}: also results_lines.png, the first
+                metric's mean over seeds against x (log scale), one line per series value, one panel per panels
+                value, and results.md's best x per line (e.g. loss against learning rate per width, muP)
 A field is written as on the command line without `--config.`: "model.attention_scale". A run's config is the
 experiment file, then `fixed`, then the command line's --config.* flags, then its own settings.
 
@@ -37,12 +40,12 @@ from txjax import config as config_lib
 from txjax import preemption, workdir_lock
 from txjax.probes import run_probes
 from txjax.runs import group_key
-from txjax.sweep_report import write_report
+from txjax.sweep_report import fmt, short, write_report
 from txjax.train import train_runs
 
 RESULT_FILE = "result.json"
 SWEEP_FILE = "sweep.json"
-_KEYS = {"experiment", "fixed", "grid", "zip", "seeds", "metrics", "probes"}
+_KEYS = {"experiment", "fixed", "grid", "zip", "seeds", "metrics", "probes", "lines"}
 
 
 @dataclass
@@ -59,7 +62,7 @@ class SweepRun:
     @property
     def label(self) -> str:
         """The setting without the seed: runs with equal labels are repeats over seeds."""
-        return ", ".join(f"{_short(k)}={_fmt(v)}" for k, v in self.settings.items() if k != "train.seed") or "base"
+        return ", ".join(f"{short(k)}={fmt(v)}" for k, v in self.settings.items() if k != "train.seed") or "base"
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -77,6 +80,7 @@ def load_sweep(path: str | Path) -> dict:
         "seeds": [0],
         "metrics": ["valid_loss"],
         "probes": [],
+        "lines": None,
         **module.get_sweep(),
     }
     unknown = set(sweep) - _KEYS
@@ -101,7 +105,7 @@ def expand(sweep: dict, overrides: list[str], workdir: Path) -> list[SweepRun]:
     runs = []
     for point, together, seed in itertools.product(grid, zipped, sweep["seeds"]):
         settings = {**point, **together, "train.seed": seed}
-        name = "_".join(f"{_short(k)}-{_fmt(v)}" for k, v in settings.items()).replace("/", "-")
+        name = "_".join(f"{short(k)}-{fmt(v)}" for k, v in settings.items()).replace("/", "-")
         run = SweepRun(name, settings, workdir / name)
         try:
             run.config = _config(sweep, overrides, settings)
@@ -123,14 +127,6 @@ def _config(sweep: dict, overrides: list[str], settings: dict) -> ml_collections
         config_lib.apply_override(config, flag)
     config_lib.validate(config)
     return config
-
-
-def _short(field_name: str) -> str:
-    return field_name.rpartition(".")[2]
-
-
-def _fmt(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def run_sweep(
@@ -162,9 +158,9 @@ def _run_all(sweep: dict, workdir: Path, overrides: list[str], runs: list[SweepR
         for group in groups:
             preemption.raise_if_signalled()
             _train(group, sweep["probes"])
-            write_report(workdir, runs, sweep["metrics"], command)
+            write_report(workdir, runs, sweep["metrics"], command, sweep["lines"])
     finally:
-        write_report(workdir, runs, sweep["metrics"], command)
+        write_report(workdir, runs, sweep["metrics"], command, sweep["lines"])
     return runs
 
 

@@ -5,7 +5,9 @@ Per run: its settings, status (done | failed | unfinished | pending), steps, fin
 interval), final valid metrics (eval_valid.json: the whole valid split), the probes' metrics, wall time of the
 program that trained it, its training target_tokens_per_s (median over the logged intervals after the first, which
 includes compilation; runs trained together share the program's time, so each one's rate is its share) and how many runs
-that program trained. Per setting: mean and sample standard deviation over the seeds that finished.
+that program trained. Per setting: mean and sample standard deviation over the seeds that finished. With a sweep's
+`lines` spec also a line plot of a metric against one swept field per value of another (results_lines.png) and
+the best value of that field per line in results.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from txjax import provenance
 from txjax.metrics_log import read_metrics
 
 RESULTS_CSV, RESULTS_MD, RESULTS_PNG, RESULTS_JSON = "results.csv", "results.md", "results.png", "results.json"
+RESULTS_LINES_PNG = "results_lines.png"  # with a sweep's `lines` spec
 GENERATION_METRICS = ("bleu", "chrf", "generated_exact_match")  # in eval_valid.json when train.eval_generation
 
 
@@ -70,15 +73,15 @@ def per_setting(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
     return summary
 
 
-def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> None:
-    """Writes results.csv, results.md and results.png into the sweep folder."""
+def write_report(workdir: Path, runs, metrics: list[str], command: str = "", lines: dict | None = None) -> None:
+    """Writes results.csv, results.md and results.png (and results_lines.png for a `lines` spec) into the folder."""
     rows = [run_row(r) for r in runs]
     columns = list(dict.fromkeys(k for row in rows for k in row))
     with (workdir / RESULTS_CSV).open("w", newline="") as f:
         writer = csv.DictWriter(f, columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    shown = list(dict.fromkeys(["valid_loss", *metrics]))
+    spec, shown = lines, list(dict.fromkeys(["valid_loss", *metrics]))
     summary = per_setting(runs, rows, shown)
     machine = provenance.machine(command)
     report = {"machine": machine, "metrics": shown, "per_setting": [_no_nan(entry) for entry in summary]}
@@ -98,6 +101,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> 
             [[s["setting"], f"{s['n']}/{s['runs']}", *(_pm(s[m], s[f"{m}_sd"]) for m in shown)] for s in summary],
         ),
         "",
+        *(_best_table(runs, rows, spec, metrics[0]) if spec else []),
         "## Runs",
         "",
         _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]),
@@ -105,6 +109,8 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "") -> 
     ]
     (workdir / RESULTS_MD).write_text("\n".join(lines))
     plot(workdir, runs, rows, summary, metrics)
+    if spec:
+        plot_lines(workdir, lines_of(runs, rows, spec, metrics[0]), spec, metrics[0])
 
 
 def _machines(rows: list[dict]) -> str:
@@ -195,3 +201,69 @@ def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: li
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def lines_of(runs, rows: list[dict], spec: dict, metric: str) -> dict:
+    """{panel value: {series value: {x: [the metric of each finished seed]}}} (panel None without spec["panels"])."""
+    out: dict = {}
+    for run, row in zip(runs, rows):
+        value = row.get(metric, math.nan)
+        if row["status"] == "done" and np.isfinite(value):
+            panel = out.setdefault(run.settings.get(spec.get("panels")), {})
+            panel.setdefault(run.settings[spec["series"]], {}).setdefault(run.settings[spec["x"]], []).append(value)
+    return out
+
+
+def _best_table(runs, rows: list[dict], spec: dict, metric: str) -> list[str]:
+    """results.md's section: per line, the x whose mean metric is lowest, and that mean."""
+    found = lines_of(runs, rows, spec, metric)
+    body = [
+        [panel, series, fmt(best), _pm(float(np.mean(points[best])), math.nan)]
+        for panel, lines in found.items()
+        for series, points in lines.items()
+        for best in [min(points, key=lambda x: np.mean(points[x]))]
+    ]
+    names = [short(spec.get("panels") or "-"), short(spec["series"]), f"best {short(spec['x'])}", metric]
+    return [f"## Best {short(spec['x'])} per {short(spec['series'])}", "", _md_table(names, body), ""]
+
+
+def plot_lines(workdir: Path, found: dict, spec: dict, metric: str) -> Path:
+    """One panel per spec["panels"] value: the metric's mean over seeds against spec["x"] (log scale), one line per
+    spec["series"] value, the seeds as dots, a star at each line's minimum (does the best x move along the series?).
+    The y range stops at 1.5x the lowest mean, so that diverging settings do not flatten the rest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(len(found), 1)
+    fig, axes = plt.subplots(1, n, figsize=(1 + 5 * n, 4.5), dpi=110, squeeze=False, sharey=True)
+    lowest = min((np.mean(v) for lines in found.values() for pts in lines.values() for v in pts.values()), default=1)
+    for ax, (panel, lines) in zip(axes[0], found.items()):
+        for i, (series, points) in enumerate(lines.items()):
+            colour = plt.cm.viridis(i / max(len(lines) - 1, 1))
+            xs = sorted(points)
+            means = [float(np.mean(points[x])) for x in xs]
+            ax.plot(xs, means, "-o", color=colour, markersize=3, label=f"{short(spec['series'])}={fmt(series)}")
+            for x in xs:
+                ax.plot([x] * len(points[x]), points[x], ".", color=colour, alpha=0.4)
+            ax.plot(xs[int(np.argmin(means))], min(means), "*", color=colour, markersize=12)
+        ax.set_xscale("log")
+        ax.set_ylim(top=1.5 * lowest if lowest > 0 else None)
+        title = f"{short(spec['panels'])}={fmt(panel)}" if spec.get("panels") else ""
+        ax.set(xlabel=short(spec["x"]), ylabel=metric, title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = workdir / RESULTS_LINES_PNG
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def short(field_name: str) -> str:
+    return field_name.rpartition(".")[2]
+
+
+def fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

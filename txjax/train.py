@@ -10,6 +10,7 @@ padding included) and
     mfu = model FLOPs per step / seconds per step / (devices x peak FLOP/s of one device in model.dtype)
 with the FLOPs from the batch shape (summary.train_flops_per_batch; R stacked runs: R times one run's, since they
 share the device) and the peak measured once per device kind (txjax.peak.peak_gflops, cached).
+train.decay_start="budget" sizes the WSD decay by the time budget and ends the run where it ends (txjax.budget).
 A run whose loss or parameters become non-finite stops (Diverged); in a stacked group the others go on. A run holds
 its workdir's writer lock (txjax.workdir_lock); SIGTERM or SIGINT stop it after the current step with a checkpoint
 of that step (txjax.preemption).
@@ -25,8 +26,8 @@ from time import monotonic
 
 import ml_collections
 
+from txjax import budget, families, init_from, preemption, workdir_lock
 from txjax import config as config_lib
-from txjax import families, init_from, preemption, workdir_lock
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, barrier, is_lead, run_mesh
@@ -132,7 +133,8 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
     logs = [MetricsLog(w, t.steps, start, is_lead(), flops, peak, slots_per_step=b * (s + l)) for w in workdirs]
     batches = prefetch(runs.batch(train_data, k) for k in range(start, t.steps))
-    budget_s = 60.0 * t.max_minutes if t.max_minutes > 0 else math.inf
+    plan = budget.BudgetPlan(t, budget.read(state), start) if t.decay_start == "budget" else None  # ends the run
+    budget_s = 60.0 * t.max_minutes if t.max_minutes > 0 and plan is None else math.inf
     every_s = 60.0 * t.eval_every_minutes if t.eval_every_minutes > 0 else math.inf
     began, paused, next_eval_s = monotonic(), 0.0, every_s  # paused: seconds of evals and saves
     saved = {r: start or None for r in range(runs.size)}  # each run's last finished checkpoint
@@ -153,7 +155,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             metrics |= {k: v for k, v in generated.items() if not k.endswith("_signature")}
         return metrics | {"train_minutes": trained_minutes}
 
-    step, pending, records, in_flight = start, [], {}, InFlight()
+    step, pending, records, in_flight, trained_s = start, [], {}, InFlight(), 0.0
     for r in range(runs.size):
         if preemption.owed_eval(workdirs[r], start, t):  # a signal cut it short: it comes before the steps after it
             logs[r].write(start, "valid", valid_metrics(r, t.eval_batches))
@@ -165,8 +167,11 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             profiler.after(step, metrics)
             pending.append(in_flight.add(metrics))
             trained_s = monotonic() - began - paused
+            if plan and plan.update(step, trained_s, sync=step % t.log_every == 0):
+                state = budget.record(state, plan, trained_s)
+                print(f"time budget: the decay starts after step {step}, {plan.decay_steps} steps", flush=True)
             stop = preemption.stop_at(step, sync=step % t.log_every == 0)  # a signal: save this step, then stop
-            last = stop or step == t.steps or trained_s > budget_s
+            last = stop or step >= (plan.end if plan else t.steps) or trained_s > budget_s
             save = last or step % t.checkpoint_every == 0
             timed_eval = trained_s >= next_eval_s
             if timed_eval:  # the next multiple of every_s after now
@@ -186,6 +191,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
                 for r in live():
                     logs[r].write(step, "valid", valid_metrics(r, t.eval_batches))
             if save:
+                state = budget.record(state, plan, trained_s) if plan else state  # the clock, with the checkpoint
                 for r in live():
                     ckpts[r].save(step, runs.of(state, r))
                     saved[r] = step
@@ -197,6 +203,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
                 break
         preemption.raise_if_stopped()
     except preemption.Preempted:  # saved unless a signal cut an eval short; train_runs waits for it on the way out
+        state = budget.record(state, plan, trained_s) if plan else state
         for r in live():
             if saved[r] != step:
                 ckpts[r].save(step, runs.of(state, r))

@@ -43,6 +43,7 @@ _GPT2_FIELDS = {
     "embed_scale": False,
     "qk_norm": False,
     "logit_softcap": 0.0,
+    "parametrization": "standard",
 }
 # HF keys that are buffers, not parameters (the causal mask of old checkpoints)
 _BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")

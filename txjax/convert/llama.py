@@ -45,6 +45,7 @@ _LLAMA_FIELDS = {
     "attention_scale": "sqrt",
     "qk_norm": False,
     "logit_softcap": 0.0,
+    "parametrization": "standard",
 }
 _BUFFERS = ("rotary_emb.inv_freq",)  # old checkpoints store RoPE's frequencies; they are recomputed
 

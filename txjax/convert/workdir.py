@@ -76,7 +76,7 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
     if not cfg.scan_layers:
         params = unstack_layers(params)
     check_params(params, cfg)  # an override that changes a shape is an error here, before anything is written
-    model, tx = build_model(config), make_optimizer(config.train)
+    model, tx = build_model(config), make_optimizer(config.train, cfg)
     params = jax.tree.map(jnp.asarray, params)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
     expected = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))
