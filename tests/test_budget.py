@@ -1,7 +1,8 @@
 """WSD sized by the time budget (txjax.budget), on a fake clock that advances 1 s at every reading (the loop reads it
 about twice per step): the decay starts when half the 15 s budget has passed, the learning rate is constant before
 the recorded start and linear to min_lr after it, the run stops where the decay ends, at the end of the budget; a
-run crashed after the decay started and resumed ends with the parameters of the run never stopped."""
+run crashed after the decay started and resumed ends with the parameters of the run never stopped. The runs are two
+stacked muP runs (width multiplier 2), so muP's vmapped training and its resume are tested here too."""
 
 import jax
 import numpy as np
@@ -31,6 +32,9 @@ FLAGS = [  # test_optim's toy run, 40 steps at most, every step logged
     "--config.train.decay_fraction=0.5",
     "--config.train.max_minutes=0.25",
     "--config.train.decay_start=budget",
+    "--config.model.parametrization=mup",  # and muP's per-layer learning rates, stacked and resumed with it
+    "--config.model.base_width=8",
+    "--config.model.attention_scale=linear",
 ]
 
 
@@ -82,6 +86,7 @@ def test_budget_wsd_corners_for_stacked_runs(straight):
     assert W < d < S - 0.5 * (S - W) and n > 2  # decided by the clock, before the steps-sized decay would start
     for peak, result, workdir in zip((LR, 2 * LR), results, workdirs):
         assert result["step"] == d + n and result["runs_vmapped"] == 2  # the run ends where its decay ends
+        assert result["train_step_compiles"] == 1  # writing the plan into the state changed none of its layout
         lr = {r["step"] - 1: r["learning_rate"] for r in read_metrics(workdir) if r["split"] == "train"}  # lr(count)
         for count, value in lr.items():
             expected = peak * (count / W if count < W else 1.0 - (1.0 - R) * np.clip((count - d) / n, 0, 1))

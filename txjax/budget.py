@@ -72,12 +72,17 @@ def read(state) -> dict:
 
 
 def record(state, plan: BudgetPlan, trained_s: float):
-    """The state with the plan and the clock written into its hyperparameters (every stacked run's)."""
-    return _set(state, plan.decay_from, plan.decay_steps, plan.spent_s(trained_s))
-
-
-@jax.jit
-def _set(state, *values):
-    h = dict(state.opt_state.hyperparams)
-    h |= {k: jnp.full_like(h[k], v) for k, v in zip(BUDGET_PLAN, values)}
+    """The state with the plan and the clock written into its hyperparameters (every stacked run's), each new array
+    laid out as the one it replaces (so the train step sees the state it was compiled for)."""
+    values = (plan.decay_from, plan.decay_steps, plan.spent_s(trained_s))
+    h = state.opt_state.hyperparams | {
+        k: _filled(state.opt_state.hyperparams[k], v) for k, v in zip(BUDGET_PLAN, values)
+    }
     return state.replace(opt_state=state.opt_state._replace(hyperparams=h))
+
+
+def _filled(x: jax.Array, value: float) -> jax.Array:
+    full = np.full(x.shape, value, x.dtype)
+    if not x.committed:  # stacked runs' states live uncommitted on the default device
+        return jnp.asarray(full)
+    return jax.make_array_from_callback(x.shape, x.sharding, lambda index: full[index])
