@@ -41,7 +41,7 @@ def mup_config(d_model, parametrization="mup", **kw):
 
 @functools.cache
 def init(model):
-    return jax.jit(lambda key: init_params(model, key))(jax.random.key(0))
+    return jax.jit(lambda key: init_params(model, key))(jax.random.key(0, impl="unsafe_rbg"))  # compiles fast
 
 
 def named_leaves(params):
@@ -108,6 +108,12 @@ def test_adamw_under_mup_is_two_adamws_with_lr_and_lr_over_m():
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
+def spectral_norm(a) -> float:
+    """The largest singular value, from the eigenvalues of the smaller Gram matrix (faster than an SVD)."""
+    a = np.asarray(a, np.float64)
+    return float(np.sqrt(np.linalg.eigvalsh(a @ a.T if a.shape[0] <= a.shape[1] else a.T @ a)[-1]))
+
+
 def first_update_ratio(cfg) -> float:
     """||dW||_2 / ||W||_2 (spectral norms) of the first FFN kernel after one AdamW step on a random batch: how much
     one step changes what the layer computes, relative to what it computed."""
@@ -123,16 +129,16 @@ def first_update_ratio(cfg) -> float:
         return kernel(tx.update(jax.grad(loss)(params), tx.init(params), params)[0]), kernel(params)
 
     dw, w = first_update(init(model))
-    return float(np.linalg.norm(dw, 2) / np.linalg.norm(w, 2))
+    return spectral_norm(dw) / spectral_norm(w)
 
 
 def test_the_first_update_relative_to_the_weights_is_width_independent_under_mup():
-    """Widths 32 and 256 (m = 2 and 16): measured 0.65 and 0.59 under muP, 0.89 and 2.32 under the standard
-    parametrization (whose ratio grows about as sqrt(width): ||W|| ~ sqrt(n), Adam's first step ~ n)."""
-    narrow, wide = (first_update_ratio(mup_config(d)) for d in (2 * BASE, 16 * BASE))
+    """Widths 128 and 512 (m = 8 and 32): measured 0.61 and 0.55 under muP, 1.73 and 3.87 under the standard
+    parametrization, whose ratio grows about as sqrt(width) (||W|| ~ sqrt(n), Adam's first step ~ n)."""
+    narrow, wide = (first_update_ratio(mup_config(d)) for d in (8 * BASE, 32 * BASE))
     assert 0.8 < wide / narrow < 1.25, (narrow, wide)
-    sp_narrow, sp_wide = (first_update_ratio(mup_config(d, "standard")) for d in (2 * BASE, 16 * BASE))
-    assert sp_wide / sp_narrow > 2.0, (sp_narrow, sp_wide)
+    sp_narrow, sp_wide = (first_update_ratio(mup_config(d, "standard")) for d in (8 * BASE, 32 * BASE))
+    assert sp_wide / sp_narrow > 1.6, (sp_narrow, sp_wide)
 
 
 def test_mup_refuses_what_it_does_not_scale():

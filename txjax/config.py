@@ -58,7 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "pack": False,  # parallel: several pairs per row; shards: documents packed (no attention across)
             },
             "train": {
-                "steps": 1000,
+                "steps": 1000,  # optimizer steps; with decay_start="budget" the most the budget may take
                 "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
                 "grad_accum": 1,
                 "learning_rate": 1e-3,
