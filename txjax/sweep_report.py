@@ -73,15 +73,16 @@ def per_setting(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
     return summary
 
 
-def write_report(workdir: Path, runs, metrics: list[str], command: str = "", lines: dict | None = None) -> None:
-    """Writes results.csv, results.md and results.png (and results_lines.png for a `lines` spec) into the folder."""
+def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spec: dict | None = None) -> None:
+    """Writes results.csv, results.md, results.png and results.json into the sweep folder (and results_lines.png for
+    a sweep's `lines` spec)."""
     rows = [run_row(r) for r in runs]
     columns = list(dict.fromkeys(k for row in rows for k in row))
     with (workdir / RESULTS_CSV).open("w", newline="") as f:
         writer = csv.DictWriter(f, columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    spec, shown = lines, list(dict.fromkeys(["valid_loss", *metrics]))
+    shown = list(dict.fromkeys(["valid_loss", *metrics]))
     summary = per_setting(runs, rows, shown)
     machine = provenance.machine(command)
     report = {"machine": machine, "metrics": shown, "per_setting": [_no_nan(entry) for entry in summary]}
