@@ -208,6 +208,8 @@ def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     # another batch stream would not continue the run either; a longer schedule does
     with pytest.raises(config_lib.ConfigError, match=r"another run \(.*data.max_digits 4 -> 5; train.seed 0 -> 3\)"):
         train(tiny_config("--config.data.max_digits=5", "--config.train.seed=3"), tmp_path)
+    with pytest.raises(config_lib.ConfigError, match=r"another run \(train.optimizer 'adamw' -> 'lion'\)"):
+        train(tiny_config("--config.train.optimizer=lion"), tmp_path)  # its state would not restore
     assert (tmp_path / "config.json").read_text() == saved
     assert train(tiny_config("--config.train.steps=8"), tmp_path)["step"] == 8
 

@@ -253,7 +253,8 @@ def from_command_line(
 
 
 RESUMABLE_CHANGES = ("dtype", "dropout", "attention_dropout", "attention_impl", "remat")  # the state's shapes stay
-# what batch k is (data, seed, batch shape): a resumed run with other values would not continue the run it resumes
+# what batch k is (data, seed, batch shape) and what the optimizer state holds (optimizer, a budget's plan): a resumed
+# run with other values would not continue the run it resumes
 RESUME_FIXED = {
     "data": (
         "kind",
@@ -269,7 +270,7 @@ RESUME_FIXED = {
         "max_tgt_len",
         "pack",
     ),
-    "train": ("seed", "batch_size", "grad_accum"),
+    "train": ("seed", "batch_size", "grad_accum", "optimizer", "decay_start"),
 }
 
 
