@@ -19,6 +19,7 @@ import math
 import sys
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
@@ -71,6 +72,18 @@ def barrier(name: str) -> None:
     """Waits until every process gets here (no-op with one process)."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def agree(flags: list[bool], sync: bool) -> list[bool]:
+    """Wall-clock decisions (a time budget spent, a timed eval due) taken alike in every process: one process's flags
+    as they are; with several, process 0's, broadcast at the steps where all of them sync (`sync`), and all False in
+    between. Each process reads its own clock, so deciding alone could stop or evaluate one process and leave the
+    others waiting in a collective."""
+    if jax.process_count() == 1:
+        return flags
+    if not sync:
+        return [False] * len(flags)
+    return [bool(v) for v in multihost_utils.broadcast_one_to_all(np.array(flags, np.int32))]
 
 
 def run_mesh(mesh_config) -> Mesh:

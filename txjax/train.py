@@ -30,7 +30,7 @@ from txjax import budget, families, init_from, preemption, workdir_lock
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
-from txjax.distributed import InFlight, barrier, is_lead, run_mesh
+from txjax.distributed import InFlight, agree, barrier, is_lead, run_mesh
 from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import (
     CHECKPOINT_DIR,
@@ -167,13 +167,14 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             profiler.after(step, metrics)
             pending.append(in_flight.add(metrics))
             trained_s = monotonic() - began - paused
-            if plan and plan.update(step, trained_s, sync=step % t.log_every == 0):
+            sync = step % t.log_every == 0  # the steps at which several processes combine their decisions
+            if plan and plan.update(step, trained_s, sync):
                 state = budget.record(state, plan, trained_s)
                 print(f"time budget: the decay starts after step {step}, {plan.decay_steps} steps", flush=True)
-            stop = preemption.stop_at(step, sync=step % t.log_every == 0)  # a signal: save this step, then stop
-            last = stop or step >= (plan.end if plan else t.steps) or trained_s > budget_s
+            stop = preemption.stop_at(step, sync)  # a signal: save this step, then stop
+            spent, timed_eval = agree([trained_s > budget_s, trained_s >= next_eval_s], sync)
+            last = stop or step >= (plan.end if plan else t.steps) or spent
             save = last or step % t.checkpoint_every == 0
-            timed_eval = trained_s >= next_eval_s
             if timed_eval:  # the next multiple of every_s after now
                 next_eval_s = every_s * (trained_s // every_s + 1)
             eval_now = not last and (timed_eval or (t.eval_every > 0 and step % t.eval_every == 0))
