@@ -218,14 +218,18 @@ def experiments() -> list[str]:
         ("add_seq2seq", "python run.py train --config=experiments/add_seq2seq.py"),
         ("shakespeare_char", "python run.py train --config=experiments/shakespeare_char.py"),
     ):
-        for path in sorted((RUNS / name).glob("eval_*.json")):
-            e = json.loads(path.read_text())
-            if path.stem == "eval_text":
+        for split in ("valid", "test"):
+            path = RUNS / name / f"eval_{split}.json"
+            if not path.is_file():
                 continue
-            shown = [f"{k} {n(e[k], 4)}" for k in ("exact_match", "token_accuracy", "loss", "bleu") if k in e]
-            rows.append([name, f"`{command}`", e.get("split", path.stem[5:]), e.get("step", ""), ", ".join(shown),
-                         machine_label(e["machine"])])  # fmt: skip
-    return table(["experiment", "command", "split", "step", "result (whole split)", "measured"], rows)
+            e = json.loads(path.read_text())
+            shown = [f"{k} {e[k]:.3f}" for k in ("exact_match", "token_accuracy") if k in e]
+            shown += [f"{k} {n(e[k], 4)}" for k in ("loss", "bleu", "chrf") if k in e]
+            minutes = n(e["train_minutes"]) if "train_minutes" in e else ""  # written by run.py train's final eval
+            rows.append([name, f"`{command}`", split, e.get("step", ""), ", ".join(shown),
+                         minutes, machine_label(e["machine"])])  # fmt: skip
+    header = ["experiment", "command", "split", "step", "result (whole split)", "training minutes", "measured"]
+    return table(header, rows)
 
 
 TABLES = {f.__name__: f for f in (ablations, data, smollm2, train_speed, decode, peers, experiments)}
