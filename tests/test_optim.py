@@ -57,23 +57,35 @@ def direct(optimizer, t):
     tx = {
         "adamw": lambda: optax.adamw(schedule, b1=b1, b2=b2, weight_decay=wd, mask=is_decayed),
         "lion": lambda: optax.lion(schedule, b1=b1, b2=b2, weight_decay=wd, mask=is_decayed),
-        "adafactor": lambda: optax.adafactor(schedule, weight_decay_rate=wd, weight_decay_mask=is_decayed),
-        "muon": lambda: optax.contrib.muon(
-            schedule,
-            weight_decay=wd,
-            weight_decay_mask=is_decayed,
-            adam_b1=b1,
-            adam_b2=b2,
-            adam_weight_decay=wd,
-            muon_weight_dimension_numbers={
-                "embed": {"tokens": {"embedding": None}},
-                "attn": {
-                    "query": optax.contrib.MuonDimensionNumbers(0, (1, 2)),
-                    "out": optax.contrib.MuonDimensionNumbers((0, 1), 2),
-                },
-                "ffn": {"wi": {"kernel": optax.contrib.MuonDimensionNumbers(0, 1), "bias": None}},
-                "norm": {"scale": None},
+        "adafactor": lambda: optax.chain(
+            optax.adafactor(None), optax.add_decayed_weights(-wd, is_decayed), optax.scale_by_schedule(schedule)
+        ),
+        "muon": lambda: optax.partition(
+            {
+                "muon": optax.contrib.muon(
+                    schedule,
+                    weight_decay=wd,
+                    adam_b1=b1,
+                    adam_b2=b2,
+                    adam_weight_decay=wd,
+                    muon_weight_dimension_numbers={
+                        "embed": {"tokens": {"embedding": None}},
+                        "attn": {
+                            "query": optax.contrib.MuonDimensionNumbers(0, (1, 2)),
+                            "out": optax.contrib.MuonDimensionNumbers((0, 1), 2),
+                        },
+                        "ffn": {"wi": {"kernel": optax.contrib.MuonDimensionNumbers(0, 1), "bias": None}},
+                        "norm": {"scale": None},
+                    },
+                ),
+                "adam": optax.adam(schedule, b1=b1, b2=b2, nesterov=True),
             },
+            {
+                "embed": {"tokens": {"embedding": "muon"}},
+                "attn": {"query": "muon", "out": "muon"},
+                "ffn": {"wi": {"kernel": "muon", "bias": "adam"}},
+                "norm": {"scale": "adam"},
+            },  # fmt: skip
         ),
         "schedule_free_adamw": lambda: optax.contrib.schedule_free_adamw(
             lambda n: learning_rate_at(n, LR, t.warmup_steps, R, S, "constant"), b1=b1, b2=b2, weight_decay=wd
@@ -104,6 +116,23 @@ def test_each_optimizer_updates_as_the_direct_optax_call(optimizer):
         assert not np.allclose(evaluated["attn"]["query"], a["attn"]["query"])
     else:
         assert evaluated is a
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "lion", "adafactor", "muon"])
+def test_weight_decay_is_decoupled_and_follows_the_learning_rate(optimizer):
+    """With zero gradients an update is the decay alone: -lr(step) * weight_decay * w on matrices and embeddings,
+    nothing on norm scales and biases (optax's adafactor alone decays by weight_decay per step, whatever the rate)."""
+    t = train_config(optimizer, warmup_steps=0)
+    params, _ = params_and_grads()
+    tx = make_optimizer(t)
+    state = tx.init(params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    for _ in range(3):  # the third update is at step 2
+        updates, state = jax.jit(tx.update)(zeros, state, params)
+    lr = float(learning_rate_at(2, LR, 0, R, S, t.schedule, t.decay_fraction))
+    assert 0 < lr < LR  # the schedule is decaying: a rate-independent decay would not match
+    for w, u, decayed in zip(*(jax.tree.leaves(x) for x in (params, updates, is_decayed(params))), strict=True):
+        np.testing.assert_allclose(u, -lr * t.weight_decay * w if decayed else 0 * w, rtol=1e-5, atol=1e-8)
 
 
 def test_muon_orthogonalizes_the_attention_kernels_as_matrices():

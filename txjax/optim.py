@@ -151,17 +151,21 @@ def _optimizer(
     elif kind == "lion":
         tx = optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
     elif kind == "adafactor":
-        tx = optax.adafactor(lr, weight_decay_rate=weight_decay, weight_decay_mask=is_decayed)
-    elif kind == "muon":
-        tx = optax.contrib.muon(
+        # optax's weight_decay_rate is a per-step rate, not scaled by the learning rate: decoupled here as AdamW's
+        direction = optax.adafactor(learning_rate=None)  # the negated update direction, before the learning rate
+        tx = optax.chain(direction, optax.add_decayed_weights(-weight_decay, is_decayed), optax.scale_by_schedule(lr))
+    elif kind == "muon":  # optax's AdamW branch decays every parameter it gets: norms and biases go to a plain Adam
+        muon = optax.contrib.muon(
             lr,
             weight_decay=weight_decay,
-            weight_decay_mask=is_decayed,
             adam_b1=b1,
             adam_b2=b2,
             adam_weight_decay=weight_decay,
             muon_weight_dimension_numbers=muon_dimensions,
         )
+        plain = optax.adam(lr, b1=b1, b2=b2, eps=1e-8, nesterov=True)  # muon's AdamW branch without the decay
+        labels = lambda params: jax.tree.map(lambda decayed: "decayed" if decayed else "plain", is_decayed(params))
+        tx = optax.partition({"decayed": muon, "plain": plain}, labels)
     else:  # schedule-free: the warmup, then constant; optax's version decays every parameter (it takes no mask)
         warm = lambda count: learning_rate_at(count, learning_rate, warmup_steps, min_lr_ratio, steps, "constant")
         tx = optax.contrib.schedule_free_adamw(warm, b1=b1, b2=b2, weight_decay=weight_decay)
