@@ -14,7 +14,7 @@ RATES = {
     "adamw": [5e-4, 1e-3, 2e-3],
     "lion": [1e-4, 3e-4, 1e-3],
     "adafactor": [1e-3, 3e-3, 1e-2],
-    "muon": [5e-3, 1e-2, 2e-2],
+    "muon": [2.5e-3, 5e-3, 1e-2],
     "schedule_free_adamw": [1e-3, 2e-3, 4e-3],
 }
 
