@@ -7,10 +7,11 @@ Schedules (`train.schedule`), with a linear warmup from 0 over w = min(warmup_st
     constant  lr
     wsd       lr until D = S - decay_fraction (S - w), then linearly down to r lr at S (warmup-stable-decay)
 Optimizers (`train.optimizer`), all after clipping the gradient's global norm (train.grad_clip > 0), with decoupled
-weight decay on matrices and embeddings only (not on norm scales or biases, as nanoGPT):
+weight decay w -= lr(t) weight_decay w on matrices and embeddings only (not on norm scales or biases, as nanoGPT):
     adamw     Loshchilov & Hutter 2019                       lion       Chen et al. 2023 (sign of the interpolation)
     adafactor Shazeer & Stern 2018 (factored second moments) muon       Jordan et al. 2024: the orthogonalized
-              momentum (Newton-Schulz) on every weight matrix, AdamW on embeddings, the head, norms and biases;
+              momentum (Newton-Schulz) on every weight matrix, AdamW on embeddings and the head, Adam on norms
+              and biases;
               the attention kernels [d_model, heads, d_k] and [heads, d_k, d_model] are the matrices they are
               (d_model x heads*d_k and back, muon_weight_dimension_numbers), a scanned layer axis is a batch axis
     schedule_free_adamw  Defazio et al. 2024: no schedule (warmup, then constant); evaluation reads `eval_params`, the

@@ -1,7 +1,7 @@
 """The optimizers of train.optimizer at the shakespeare_char target shape and length (2000 steps, issue 20.5), each
 at three peak learning rates around its usual range: AdamW (the baseline's, lr 1e-3), Lion (Chen et al. 2023: a
 sign update, so 3-10x smaller rates), Adafactor (factored second moments), Muon (orthogonalized momentum on the
-weight matrices, AdamW on the rest, one learning rate for both: optax.contrib.muon's) and schedule-free AdamW
+weight matrices, AdamW on embeddings, one learning rate for both as optax.contrib.muon has it) and schedule-free AdamW
 (evaluated at its averaged point). The cosine schedule, warmup and weight decay of the baseline, one seed.
 
 The learning rate is an injected scalar, so each optimizer's three runs train together in one vmapped program
