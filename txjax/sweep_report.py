@@ -87,6 +87,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
     machine = provenance.machine(command)
     report = {"machine": machine, "metrics": shown, "per_setting": [_no_nan(entry) for entry in summary]}
     (workdir / RESULTS_JSON).write_text(json.dumps(report, indent=1) + "\n")
+    found = lines_of(runs, rows, spec, metrics[0]) if spec else {}  # the lines spec's points, once for table and plot
     lines = [
         f"# Sweep {workdir.name}",
         "",
@@ -102,7 +103,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
             [[s["setting"], f"{s['n']}/{s['runs']}", *(_pm(s[m], s[f"{m}_sd"]) for m in shown)] for s in summary],
         ),
         "",
-        *(_best_table(runs, rows, spec, metrics[0]) if spec else []),
+        *(_best_table(found, spec, metrics[0]) if spec else []),
         "## Runs",
         "",
         _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]),
@@ -111,7 +112,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
     (workdir / RESULTS_MD).write_text("\n".join(lines))
     plot(workdir, runs, rows, summary, metrics)
     if spec:
-        plot_lines(workdir, lines_of(runs, rows, spec, metrics[0]), spec, metrics[0])
+        plot_lines(workdir, found, spec, metrics[0])
 
 
 def _machines(rows: list[dict]) -> str:
@@ -215,9 +216,8 @@ def lines_of(runs, rows: list[dict], spec: dict, metric: str) -> dict:
     return out
 
 
-def _best_table(runs, rows: list[dict], spec: dict, metric: str) -> list[str]:
-    """results.md's section: per line, the x whose mean metric is lowest, and that mean."""
-    found = lines_of(runs, rows, spec, metric)
+def _best_table(found: dict, spec: dict, metric: str) -> list[str]:
+    """results.md's section: per line of `found` (lines_of), the x whose mean metric is lowest, and that mean."""
     body = [
         [panel, series, fmt(best), _pm(float(np.mean(points[best])), math.nan)]
         for panel, lines in found.items()
