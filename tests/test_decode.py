@@ -266,6 +266,35 @@ def test_sampling_same_seed_same_text():
     assert a.ids != c.ids and len({tuple(ids) for ids in a.ids}) > 1
 
 
+# ---------------------------------------------------------------- the cache grows through bucketed lengths
+
+
+def test_bucket_lengths_double_from_the_first_that_holds_the_prefill_up_to_the_capacity():
+    assert decode.bucket_lengths(1, 256) == (64, 128, 256)
+    assert decode.bucket_lengths(100, 300) == (128, 256, 300)
+    assert decode.bucket_lengths(5, 40) == (40,)
+    assert decode.bucket_lengths(64, 64) == (64,)
+
+
+@pytest.mark.parametrize(
+    "family, strategy",
+    [("lm", {}), ("lm", {"method": "sample", "num_samples": 2}), ("seq2seq", {"method": "beam", "beam_size": 3})],
+)
+def test_a_growing_cache_generates_what_a_cache_of_the_whole_capacity_does(family, strategy):
+    """30 new tokens from a cache that starts at 4 slots (8 for the 6-token prompt) and grows 8 -> 16 -> 32 ->
+    capacity, against one cache of the whole capacity: the grown slots must be empty (position -1), not attended."""
+    model, params = decode.for_decoding(*(lm if family == "lm" else seq2seq)("rope", max_len=40))
+    inputs, bos = (LM_PROMPTS, None) if family == "lm" else (SOURCES, BOS)
+    inputs_BxS, lengths_B = decode.pad_batch(inputs, PAD, left=family == "lm")
+    s = decode.Strategy(max_new_tokens=30, **strategy)
+    run = lambda first: decode.generate_ids(
+        model, params, s, PAD, bos, inputs_BxS, lengths_B, jax.random.key(0), first_bucket=first
+    )
+    (grown_NxT, grown_N, _), (whole_NxT, whole_N, _) = run(4), run(1024)
+    np.testing.assert_array_equal(grown_NxT, whole_NxT)
+    np.testing.assert_allclose(grown_N, whole_N, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- beam search
 
 

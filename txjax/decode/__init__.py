@@ -7,9 +7,10 @@ The Flax wmt/lm1b split, one job per file:
   `choose_tokens`, and the per-step update of independent rows;
 - beam.py: beam search (Wu et al. 2016) with the GNMT length penalty lp(L) = ((5 + L) / 6)^alpha, K alive and K
   finished hypotheses per row (the t5x / Flax wmt formulation);
-- cache.py: the KV cache (`init_cache`, one cached call `extend`, row gathers for beams and samples);
-- search.py: `generate_ids`, the family's prefill then one `lax.while_loop` around the one `tokens_to_logits`
-  closure (no host round trip per token, one compilation whatever the length);
+- cache.py: the KV cache (`init_cache`, one cached call `extend`, row gathers for beams and samples, growth
+  through bucketed lengths);
+- search.py: `generate_ids`, the family's prefill then one `lax.while_loop` per cache length around the one
+  `tokens_to_logits` closure (no host round trip per token, one compilation whatever the length);
 - api.py: the host side (`generate`, `translate`, `decode_all`, `generate_windowed`, from a workdir).
 
 Prompts of different lengths are left-padded: pad slots get segment id 0 (no query attends to them, the cache stores
@@ -34,7 +35,17 @@ from txjax.decode.api import (
     translate,
 )
 from txjax.decode.beam import BeamState, beam_update, init_beam_state, length_penalty
-from txjax.decode.cache import decode_step, extend, for_decoding, gather_rows, init_cache, prefill, tile_rows
+from txjax.decode.cache import (
+    bucket_lengths,
+    decode_step,
+    extend,
+    for_decoding,
+    gather_rows,
+    grow,
+    init_cache,
+    prefill,
+    tile_rows,
+)
 from txjax.decode.sampling import (
     SampleState,
     choose_tokens,
@@ -52,6 +63,7 @@ __all__ = [
     "SampleState",
     "Strategy",
     "beam_update",
+    "bucket_lengths",
     "check_inputs",
     "choose_tokens",
     "decode_all",
@@ -64,6 +76,7 @@ __all__ = [
     "generate_from_workdir",
     "generate_ids",
     "generate_windowed",
+    "grow",
     "init_beam_state",
     "init_cache",
     "init_sample_state",

@@ -1,5 +1,6 @@
 """The KV cache: an empty one from shapes, one cached model call (`extend`), its jitted prefill / decode-step
-forms, and row gathers (tiling prompts to beams or samples, reordering beams)."""
+forms, row gathers (tiling prompts to beams or samples, reordering beams), and growth through a few bucketed
+lengths (so that a decode step reads the filled part of the cache, not its capacity)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,41 @@ def decode_step(model, params, cache, tokens_N, positions_N, src_segment_ids_NxS
     return extend(
         model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
     )
+
+
+def bucket_lengths(prefill_len: int, cache_len: int, first: int = 64) -> tuple[int, ...]:
+    """The lengths a generation's cache grows through: first, 2 first, 4 first, ... (the smallest one holding the
+    prefill), cut at cache_len. A decode step attends over every slot of the cache it is given, so with doubling
+    buckets a step reads at most 2x the filled slots (a cache of its whole capacity: up to cache_len / filled x);
+    one loop body is compiled per bucket (log2(cache_len / first) + 1 of them)."""
+    lengths = [first]
+    while lengths[-1] < prefill_len:
+        lengths[-1] *= 2
+    while lengths[-1] < cache_len:
+        lengths.append(2 * lengths[-1])
+    return tuple(min(n, cache_len) for n in lengths)
+
+
+def grow(cache, length: int):
+    """The cache with room for `length` target positions: keys/values padded with zeros, their positions with -1
+    (empty, so no query attends to them); cross-attention's keys/values and the index unchanged."""
+
+    def pad(path, leaf):
+        name = path[-1].key
+        if name not in ("cached_key", "cached_value", "cached_pos"):
+            return leaf
+        axis = leaf.ndim - CACHE_LEAF_NDIM[name]  # the length axis follows the batch axis
+        widths = [(0, 0)] * leaf.ndim
+        widths[axis] = (0, length - leaf.shape[axis])
+        return jnp.pad(leaf, widths, constant_values=-1 if name == "cached_pos" else 0)
+
+    return jax.tree_util.tree_map_with_path(pad, cache)
+
+
+def filled(cache):
+    """The number of target slots written so far (cache_index; the same in every layer)."""
+    index = next(leaf for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key == "cache_index")
+    return index.reshape(-1)[0]
 
 
 def for_decoding(model, params):

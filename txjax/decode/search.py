@@ -1,7 +1,9 @@
-"""The compiled generation loop: prefill, then feed-and-choose inside one lax.while_loop.
+"""The compiled generation loop: prefill, then feed-and-choose inside lax.while_loops, one per cache length.
 
 A pure `tokens_to_logits(tokens_N, positions_N, cache) -> (logits_NxV, cache)` closure (Flax wmt/lm1b style) runs
-for the whole generation (no host round trip per token, one compilation whatever the length); a strategy's
+for the whole generation (no host round trip per token, one compilation whatever the length). The cache starts at
+the smallest of a few bucketed lengths that holds the prompt and grows to the next when full
+(`cache.bucket_lengths`), so a step's attention reads about the filled slots, not the whole capacity; a strategy's
 `update(state, logits_NxV, cache) -> (state, cache)` picks the next tokens (sampling.sample_update or
 beam.beam_update). Both stop a row at `eos_id` and leave the loop early once every row has stopped.
 """
@@ -14,44 +16,54 @@ import jax
 import jax.numpy as jnp
 
 from txjax.decode.beam import beam_update, init_beam_state
-from txjax.decode.cache import extend, gather_rows, init_cache, tile_rows
+from txjax.decode.cache import bucket_lengths, extend, filled, gather_rows, grow, init_cache, tile_rows
 from txjax.decode.sampling import init_sample_state, sample_update
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 
 
-def search(tokens_to_logits, update, state, first_logits_NxV, cache, start_positions_N, max_new_tokens: int):
-    """Choose from the prefill logits, then feed-and-choose in one lax.while_loop until max_new_tokens or `done`.
+def search(
+    tokens_to_logits, update, state, first_logits_NxV, cache, start_positions_N, max_new_tokens: int, lengths=()
+):
+    """Choose from the prefill logits, then feed-and-choose until max_new_tokens or `done`: one lax.while_loop per
+    cache length in `lengths` (ascending; none: the cache as given), the cache grown to each before its loop.
 
     The token chosen at step s (0-based) sits at position start + s; it is fed back only if another is needed.
     """
     state, cache = update(state, first_logits_NxV, cache)
-
-    def cond(carry):
-        state, _ = carry
-        return (state.step < max_new_tokens) & ~state.done
 
     def body(carry):
         state, cache = carry
         logits_NxV, cache = tokens_to_logits(state.last_N, start_positions_N + state.step - 1, cache)
         return update(state, logits_NxV, cache)
 
-    state, _ = jax.lax.while_loop(cond, body, (state, cache))
+    for length in lengths or (None,):
+        cache = cache if length is None else grow(cache, length)
+
+        def cond(carry, length=length):
+            state, cache = carry
+            room = True if length is None else filled(cache) < length  # a free slot for the token fed next
+            return (state.step < max_new_tokens) & ~state.done & room
+
+        state, cache = jax.lax.while_loop(cond, body, (state, cache))
     return state
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
-def generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id: int | None, inputs_BxS, lengths_B, rng):
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4), static_argnames="first_bucket")
+def generate_ids(
+    model, params, strategy: Strategy, pad_id: int, bos_id: int | None, inputs_BxS, lengths_B, rng, first_bucket=64
+):
     """Prompts (DecoderLM: left-padded, real tokens last) or sources (EncoderDecoder: right-padded) [B, S] ->
     (tokens [B*W', T], scores [B*W'], steps) in one compiled call, W' = num_samples for sampling and 1 (the best
     hypothesis) for beam search; steps: loop steps taken.
 
     The family's prefill fills the cache in one call; the cache is tiled to W rows per input (beams or samples);
-    then `search` runs with the one `tokens_to_logits` closure.
+    then `search` runs with the one `tokens_to_logits` closure, growing the cache from `first_bucket` slots.
     """
     b, w = inputs_BxS.shape[0], strategy.rows_per_prompt
     p = family_of(model).prefill(model, params, inputs_BxS, lengths_B, strategy.max_new_tokens, bos_id)
-    cache = init_cache(model, b, p.cache_len, p.src_len)
+    lengths = bucket_lengths(p.tokens_BxL.shape[1], p.cache_len, first_bucket)
+    cache = init_cache(model, b, lengths[0], p.src_len)
     first_logits_BxV, cache = extend(
         model,
         params,
@@ -85,6 +97,7 @@ def generate_ids(model, params, strategy: Strategy, pad_id: int, bos_id: int | N
         cache,
         tile_rows(p.start_positions_B, w),
         strategy.max_new_tokens,
+        lengths,
     )
     if strategy.method != "beam":
         return state.tokens_NxT, state.logp_N, state.step
