@@ -87,10 +87,14 @@ def main():
         for batch in map(int, args.batches.split(",")):
             for mixed in (False, True) if batch > 1 else (False,):
                 batch_prompts = prompts(batch, mixed, model.cfg.vocab_size)
-                ours = median_s(
-                    functools.partial(generate, model, params, batch_prompts, max_new_tokens=n), args.repeats
+                ours = functools.partial(generate, model, params, batch_prompts, max_new_tokens=n)
+                timed = common.time_calls(
+                    {"txjax": ours, "transformers": transformers_call(hf, batch_prompts, n)},
+                    calls=args.repeats,
+                    warmup=1,
+                    rounds=args.repeats,
                 )
-                theirs = median_s(transformers_call(hf, batch_prompts, n), args.repeats)
+                ours, theirs = (timed[side]["median_ms"] / 1e3 for side in ("txjax", "transformers"))
                 row = {
                     "model": name,
                     "batch": batch,
