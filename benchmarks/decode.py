@@ -78,8 +78,9 @@ def cached_generation_s(model, params, n: int, repeats: int, first_bucket: int =
     return timed_s(lambda: run(first_bucket=first_bucket), repeats)
 
 
-def cached_step_s(model, params, p: int, repeats: int) -> float:
-    """Seconds per decode step at positions p-32..p-1 of a cache of p slots."""
+def cached_steps(model, p: int):
+    """(steps, fresh): steps(params, cache, token_1) runs decode steps at positions p-32..p-1 in one jitted loop
+    (the cache donated); fresh(params) is a cache of p slots prefilled with p-32 tokens."""
     first = p - STEPS_TIMED
 
     @functools.partial(jax.jit, donate_argnums=1)
@@ -96,11 +97,16 @@ def cached_step_s(model, params, p: int, repeats: int) -> float:
             model, params, cache, jnp.zeros((1, first), jnp.int32), jnp.arange(first)[None]
         )[1]
     )
-    fresh = lambda: prefill(params, init_cache(model, 1, p))
-    jax.block_until_ready(steps(params, fresh(), jnp.zeros((1,), jnp.int32)))  # compile
+    return steps, lambda params: prefill(params, init_cache(model, 1, p))
+
+
+def cached_step_s(model, params, p: int, repeats: int) -> float:
+    """Seconds per decode step at positions p-32..p-1 of a cache of p slots."""
+    steps, fresh = cached_steps(model, p)
+    jax.block_until_ready(steps(params, fresh(params), jnp.zeros((1,), jnp.int32)))  # compile
     times = []
     for _ in range(repeats):
-        cache = jax.block_until_ready(fresh())
+        cache = jax.block_until_ready(fresh(params))
         start = time.perf_counter()
         jax.block_until_ready(steps(params, cache, jnp.zeros((1,), jnp.int32)))
         times.append(time.perf_counter() - start)

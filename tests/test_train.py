@@ -15,7 +15,7 @@ import pytest
 
 import txjax.train
 from txjax import config as config_lib
-from txjax import families
+from txjax import families, profiling
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.evaluate import evaluate, make_eval_step
@@ -392,9 +392,14 @@ def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
     assert Checkpointer(tmp_path / "checkpoints", 3).latest_step() == 1
 
 
-def test_profile_steps_write_a_trace_of_those_steps(tmp_path):
+def test_profile_steps_write_a_trace_of_those_steps_and_print_its_top_ops(tmp_path, capsys):
     train(tiny_config("--config.train.profile_steps=2:4"), tmp_path)
     traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
     assert len(traces) == 1 and list(traces[0].parent.glob("*.trace.json.gz"))
+    ops = profiling.top_ops(tmp_path / "profile", n=1000)
+    assert ops and abs(sum(r["share"] for r in ops) - 1.0) < 1e-6
+    step_ops = [r for r in ops if r["module"] == ops[0]["module"]]  # the costliest program: the training step
+    assert all(r["calls"] % 2 == 0 for r in step_ops)  # steps 3 and 4: each of its ops twice (or 2k times in loops)
+    assert profiling.format_ops(ops[:10]) in capsys.readouterr().out
     with pytest.raises(config_lib.ConfigError, match="profile_steps='4:2': expected A:B with 0 <= A < B"):
         tiny_config("--config.train.profile_steps=4:2")

@@ -16,6 +16,8 @@ from txjax.models import unstack_layers
 
 # dims of each cache leaf without the batch axis (and without nn.scan's leading layer axis); cache_index has no batch
 CACHE_LEAF_NDIM = {"cached_key": 3, "cached_value": 3, "cross_key": 3, "cross_value": 3, "cached_pos": 1}
+# the target-length axis of the growing leaves, from the end: keys/values [B, S, KV, K], positions [B, S]
+LENGTH_AXIS = {"cached_key": -3, "cached_value": -3, "cached_pos": -1}
 
 
 def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
@@ -97,9 +99,9 @@ def grow(cache, length: int):
 
     def pad(path, leaf):
         name = path[-1].key
-        if name not in ("cached_key", "cached_value", "cached_pos"):
+        if name not in LENGTH_AXIS:
             return leaf
-        axis = leaf.ndim - CACHE_LEAF_NDIM[name]  # the length axis follows the batch axis
+        axis = leaf.ndim + LENGTH_AXIS[name]
         widths = [(0, 0)] * leaf.ndim
         widths[axis] = (0, length - leaf.shape[axis])
         return jnp.pad(leaf, widths, constant_values=-1 if name == "cached_pos" else 0)

