@@ -9,7 +9,7 @@ import pytest
 
 from txjax import config as config_lib
 from txjax.optim import OPTIMIZERS, eval_params, is_decayed, learning_rate_at, make_optimizer
-from txjax.train import train_runs
+from txjax.train import train, train_runs
 from txjax.train_state import TrainState
 
 LR, W, S, R = 1e-2, 10, 110, 0.1  # peak, warmup, steps, min_lr_ratio
@@ -183,6 +183,13 @@ def test_runs_train_with_the_optimizer_and_stack_over_its_scalars(optimizer, tmp
     results = train_runs(configs, [tmp_path / "a", tmp_path / "b"])
     assert [r["runs_vmapped"] for r in results] == [2, 2] and all(np.isfinite(r["valid_loss"]) for r in results)
     assert results[0]["valid_loss"] != results[1]["valid_loss"]
+
+
+def test_muon_trains_a_single_run(tmp_path):
+    """One run (not stacked) lays out Muon's state on the mesh: optax.partition leaves MaskedNode placeholders for
+    the parameters its other transform takes, which have no shape to shard (`run.py train` crashed on them)."""
+    result = train(tiny("muon"), tmp_path)
+    assert result["runs_vmapped"] == 1 and np.isfinite(result["valid_loss"])
 
 
 def test_a_bad_optimizer_or_schedule_is_one_line():

@@ -15,6 +15,7 @@ import math
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -61,11 +62,12 @@ def _fit(spec: P, shape, mesh: Mesh) -> P:
 def shardings_for(abstract_boxed, mesh: Mesh, rules=LOGICAL_RULES):
     """NamedShardings for a pytree whose leaves are logically partitioned (boxed) ShapeDtypeStructs, e.g.
     `jax.eval_shape` of a state built from `model.init` params and `tx.init` of them. Unboxed leaves (step
-    counters, ...) are replicated. Returns a tree with the unboxed structure."""
+    counters, ...) are replicated; the placeholders of optax.partition's states for the parameters another
+    transform takes (optax.MaskedNode, Muon's) stay as they are. Returns a tree with the unboxed structure."""
     specs = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed), rules)
     shapes = nn.meta.unbox(abstract_boxed)
     return jax.tree.map(
-        lambda spec, s: NamedSharding(mesh, _fit(spec, s.shape, mesh)),
+        lambda spec, s: s if isinstance(s, optax.MaskedNode) else NamedSharding(mesh, _fit(spec, s.shape, mesh)),
         specs,
         shapes,
         is_leaf=lambda x: isinstance(x, P),
