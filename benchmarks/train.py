@@ -39,8 +39,9 @@ from txjax.train_state import init_state
 from txjax.train_step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"
+NANOGPT_OPTIMIZER = {"train.optimizer": "adamw", "train.learning_rate": 1e-3}  # the peers' (shakespeare_char: Muon)
 SHAPES = {  # name -> (experiment file, overrides of its config)
-    "shakespeare_char": ("shakespeare_char.py", {"model.vocab_size": 65, "model.max_len": 64}),
+    "shakespeare_char": ("shakespeare_char.py", {"model.vocab_size": 65, "model.max_len": 64, **NANOGPT_OPTIMIZER}),
     "baby_gpt": (
         "shakespeare_char.py",
         {  # nanoGPT's train_shakespeare_char.py
@@ -53,6 +54,7 @@ SHAPES = {  # name -> (experiment file, overrides of its config)
             "model.d_ff": 1536,
             "model.dropout": 0.2,
             "train.batch_size": 64,
+            **NANOGPT_OPTIMIZER,
         },
     ),
     "gpt2_small": (
@@ -68,6 +70,7 @@ SHAPES = {  # name -> (experiment file, overrides of its config)
             "model.activation": "gelu_tanh",
             "model.use_bias": True,
             "train.batch_size": 8,
+            **NANOGPT_OPTIMIZER,
         },
     ),
     "marian_small": (

@@ -41,9 +41,13 @@ def char_lm_flags(text_path, mesh: tuple[int, int, int]) -> list[str]:
     (divisible by 8 devices), STEPS steps, a checkpoint every 2, laid out on `mesh` = (data, fsdp, tensor); in
     float32 (the experiment computes in bfloat16, whose rounding of sums taken in another order on another mesh
     moves a few parameters past the tolerance) and with GELU (at ReLU's kink such float differences switch a
-    hidden unit on in one run and off in the other: a whole column of W_out then moves past the tolerance)."""
+    hidden unit on in one run and off in the other: a whole column of W_out then moves past the tolerance), and with
+    AdamW (the experiment's Muon orthogonalises each update by Newton-Schulz iterations, which amplify such float
+    differences)."""
     fields = {
         "data.path": text_path,
+        "train.optimizer": "adamw",
+        "train.learning_rate": 1e-3,
         "model.dtype": "float32",
         "model.activation": "gelu",
         "train.steps": STEPS,
