@@ -31,7 +31,7 @@ SWEEPS = REPO / "experiments" / "ablations" / "results"
 RUNS = REPO / "experiments" / "results"
 MARKER = re.compile(r"<!-- generated: python benchmarks/readme_tables.py \((\w+)\) -->")
 ABLATIONS = ["attention_scaling", "positional", "norm_placement", "tied_head", "activation", "num_heads"]
-ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers"]
+ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers", "schedules", "model_options"]
 SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, status, ...
 
 
