@@ -22,11 +22,10 @@ from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 
 
-def search(
-    tokens_to_logits, update, state, first_logits_NxV, cache, start_positions_N, max_new_tokens: int, lengths=()
-):
+def search(tokens_to_logits, update, state, first_logits_NxV, cache, start_positions_N, max_new_tokens: int, lengths):
     """Choose from the prefill logits, then feed-and-choose until max_new_tokens or `done`: one lax.while_loop per
-    cache length in `lengths` (ascending; none: the cache as given), the cache grown to each before its loop.
+    cache length in `lengths` (ascending, the first at least the cache's; a cache that never grows: its own length
+    alone), the cache grown to each before its loop.
 
     The token chosen at step s (0-based) sits at position start + s; it is fed back only if another is needed.
     """
@@ -37,12 +36,12 @@ def search(
         logits_NxV, cache = tokens_to_logits(state.last_N, start_positions_N + state.step - 1, cache)
         return update(state, logits_NxV, cache)
 
-    for length in lengths or (None,):
-        cache = cache if length is None else grow(cache, length)
+    for length in lengths:
+        cache = grow(cache, length)
 
         def cond(carry, length=length):
             state, cache = carry
-            room = True if length is None else filled(cache) < length  # a free slot for the token fed next
+            room = filled(cache) < length  # a free slot for the token fed next
             return (state.step < max_new_tokens) & ~state.done & room
 
         state, cache = jax.lax.while_loop(cond, body, (state, cache))
