@@ -10,7 +10,8 @@ budget (train.decay_start="budget", txjax.budget) holds the peak lr until 16 min
 linearly to lr/10 over the steps the last 4 minutes hold at the measured step rate, and the run ends there
 (train.steps = 10,000 is only a cap; the cosine schedule of earlier versions was sized at 2,100 steps for one
 machine's speed). An eval every 5 minutes logs valid loss and greedy BLEU/chrF. Test BLEU with beam 4:
-`python run.py eval --workdir=DIR --split=test` (the README quotes the scores measured with that cosine schedule).
+`python run.py eval --workdir=DIR --split=test` (experiments/results/bible_en_es/: 1,812 steps in the 20 minutes,
+the decay from step 1,448 over 364 steps; test BLEU 21.73, chrF 42.66; the cosine schedule's runs read 19.79 and 20.32).
 Chosen by evidence (experiments/ablations/bible_budget.py, equal steps): no dropout, since 20 minutes are a few
 passes over the data, and peak lr 1e-3 (2e-3 trailed); layers as a Python loop, faster per step than nn.scan at
 this depth (benchmarks/train.py --scan_layers).
