@@ -332,6 +332,23 @@ def test_beam_search_scores_at_least_greedy():
     assert any(b > g for b, g in zip(beam.scores, greedy.scores))  # and beam search does find better ones
 
 
+def test_beam_scores_equal_the_full_forward_pass_of_their_hypotheses():
+    """Each source's best hypothesis, re-scored without a cache by the full model on that source alone: its
+    log-prob / lp equals the beam's score (the cache reordered by parent beam, each row's cross K/V its own)."""
+    alpha = 0.6
+    model, params = seq2seq("rope")
+    forward = jax.jit(lambda src, tgt: model.apply({"params": params}, src, tgt))
+    beam = decode.translate(
+        model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, method="beam",
+        beam_size=4, length_penalty=alpha,
+    )  # fmt: skip
+    for src, ids, stopped, score in zip(SOURCES, beam.ids, beam.stopped, beam.scores):
+        targets = ids + [EOS] * stopped
+        logp_TxV = jax.nn.log_softmax(forward(np.array([src]), np.array([[BOS] + targets[:-1]]))[0])
+        logp = float(sum(logp_TxV[t, token] for t, token in enumerate(targets)))
+        np.testing.assert_allclose(score, logp / decode.length_penalty(len(targets), alpha), rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.attention import NEG_INF
-from txjax.decode.cache import gather_rows
+from txjax.decode.cache import LENGTH_AXIS, gather_rows
 from txjax.decode.strategy import Strategy, is_eos
 
 
@@ -88,4 +88,4 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
         finished_score_BxW=finished_score_BxW,
     )
     rows_N = (jnp.arange(b)[:, None] * w + parent_BxW).reshape(-1)
-    return new, gather_rows(cache, rows_N)
+    return new, gather_rows(cache, rows_N, leaves=tuple(LENGTH_AXIS))  # parents stay in their row: no cross K/V

@@ -124,15 +124,17 @@ def for_decoding(model, params):
     return model.clone(cfg=dataclasses.replace(model.cfg, scan_layers=False)), unstack_layers(params)
 
 
-def gather_rows(cache, rows_M):
-    """cache rows (batch axis) -> cache[rows_M] for every per-row leaf: beam reordering and tiling to B*W rows.
+def gather_rows(cache, rows_M, leaves=tuple(CACHE_LEAF_NDIM)):
+    """cache rows (batch axis) -> cache[rows_M] for every per-row leaf named in `leaves`: tiling to B*W rows (all
+    of them) and beam reordering (the self-attention ones: every beam of a row holds its source's cross-attention
+    keys/values, which a reorder within the row leaves as they are).
 
     The batch axis is found from the leaf's rank (nn.scan adds a leading layer axis); cache_index is shared.
     """
 
     def gather(path, leaf):
         name = path[-1].key
-        if name not in CACHE_LEAF_NDIM:
+        if name not in leaves:
             return leaf
         return jnp.take(leaf, rows_M, axis=leaf.ndim - 1 - CACHE_LEAF_NDIM[name])
 
