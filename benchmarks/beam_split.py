@@ -26,8 +26,9 @@ import json
 import common
 import jax
 import torch
+from peer_hf import marian_config
 from train import build_config
-from transformers import MarianConfig, MarianMTModel
+from transformers import MarianMTModel
 
 from txjax import config as config_lib
 from txjax.decode import decode_all
@@ -40,29 +41,6 @@ def test_sources(config) -> tuple[list[list[int]], object]:
     with config_lib.user_errors():
         tokenizer = build_tokenizer(config, config_lib.REPO / "runs" / "benchmarks" / "marian_small")
         return [list(src) for src in build_dataset(config, tokenizer, "test").sources], tokenizer
-
-
-def marian(config, tokenizer) -> MarianMTModel:
-    m = config.model
-    torch.manual_seed(0)
-    hf_config = MarianConfig(
-        vocab_size=m.vocab_size,
-        d_model=m.d_model,
-        encoder_layers=m.num_encoder_layers,
-        decoder_layers=m.num_layers,
-        encoder_attention_heads=m.num_heads,
-        decoder_attention_heads=m.num_heads,
-        encoder_ffn_dim=m.d_ff,
-        decoder_ffn_dim=m.d_ff,
-        dropout=0.0,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_id,
-        eos_token_id=tokenizer.eos_id,
-        decoder_start_token_id=tokenizer.pad_id,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-    )
-    return MarianMTModel(hf_config).eval()
 
 
 def transformers_pass(hf, sources: list[list[int]], batch: int, n: int, beams: int, pad: int):
@@ -99,7 +77,8 @@ def main():
     sources, tokenizer = test_sources(config)
     model = build_model(config)
     params = init_params(model, jax.random.key(0))
-    hf = marian(config, tokenizer)
+    torch.manual_seed(0)
+    hf = MarianMTModel(marian_config(tokenizer.pad_id, tokenizer.eos_id, tokenizer.vocab_size, 0.0)).eval()
     n, beams = args.new_tokens, args.beam_size
     strategy = dict(method="beam", beam_size=beams, max_new_tokens=n)
     calls, rows = {}, []

@@ -42,6 +42,27 @@ PEER_ISSUE = {
 }
 
 
+def marian_config(pad: int, eos: int, vocab: int, dropout: float) -> MarianConfig:
+    """The peer's MarianConfig: d_model 256, 3 + 3 layers, 4 heads, FFN 1024, shared and tied embeddings."""
+    return MarianConfig(
+        vocab_size=vocab,
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        dropout=dropout,
+        max_position_embeddings=512,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        decoder_start_token_id=pad,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
+
+
 def marian_setup():
     """(tokenizer, train pairs, test pairs, model, optimizer, loss function, batch builder) of the peer."""
     config = build_config("marian_small", [])
@@ -50,25 +71,7 @@ def marian_setup():
         pairs = list(build_dataset(config, tokenizer, "train").raw_pairs())
         test = list(build_dataset(config, tokenizer, "test").raw_pairs())
     pad, eos, vocab = tokenizer.pad_id, tokenizer.eos_id, tokenizer.vocab_size
-    model = MarianMTModel(
-        MarianConfig(
-            vocab_size=vocab,
-            d_model=256,
-            encoder_layers=3,
-            decoder_layers=3,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=1024,
-            decoder_ffn_dim=1024,
-            dropout=0.1,
-            max_position_embeddings=512,
-            pad_token_id=pad,
-            eos_token_id=eos,
-            decoder_start_token_id=pad,
-            share_encoder_decoder_embeddings=True,
-            tie_word_embeddings=True,
-        )
-    )
+    model = MarianMTModel(marian_config(pad, eos, vocab, dropout=0.1))
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=0.1)
