@@ -103,6 +103,25 @@ def ablations() -> list[str]:
     )
 
 
+def mup() -> list[str]:
+    """mup_transfer: per parametrization and width, the best peak learning rate (mean valid loss over seeds)."""
+    path = SWEEPS / "mup_transfer" / "results.csv"
+    if not path.is_file():
+        return table(["parametrization", "d_model", "best learning rate", "valid loss there", "measured"], [])
+    runs = [r for r in csv.DictReader(path.open()) if r["status"] == "done"]
+    losses = defaultdict(list)
+    for r in runs:
+        losses[r["parametrization"], int(r["d_model"]), float(r["learning_rate"])].append(float(r["valid_loss"]))
+    date = json.loads((SWEEPS / "mup_transfer" / "results.json").read_text())["machine"]["date"][:10]
+    cpus = ", ".join(sorted({r.get("cpu_model") or "CPU model not recorded" for r in runs}))
+    rows = []
+    for p, width in sorted({key[:2] for key in losses}, key=lambda k: (k[0] != "standard", k[1])):
+        mean = {lr: statistics.mean(v) for (pp, w, lr), v in losses.items() if (pp, w) == (p, width)}
+        best = min(mean, key=mean.get)
+        rows.append([p, width, f"{best:g}", n(mean[best], 4), f"{cpus}, {date}"])
+    return table(["parametrization", "d_model", "best learning rate", "valid loss there", "measured"], rows)
+
+
 def data() -> list[str]:
     d = bench("data")
     p, rss, loop = d["prepare"], d["peak_rss_mb"], d["loop_ms_per_step"]
@@ -260,7 +279,7 @@ def experiments() -> list[str]:
     return table(header, rows)
 
 
-TABLES = {f.__name__: f for f in (ablations, data, smollm2, train_speed, decode, generation, peers, experiments)}
+TABLES = {f.__name__: f for f in (ablations, mup, data, smollm2, train_speed, decode, generation, peers, experiments)}
 
 
 def render(readme: str) -> str:
