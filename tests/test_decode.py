@@ -310,22 +310,21 @@ def test_lm_beam_size_one_equals_greedy():
     assert beam.ids == lm_greedy().ids
 
 
-def test_beam_search_scores_at_least_greedy():
-    alpha = 0.6
+ALPHA = 0.6  # the length penalty of the beam tests
+
+
+@functools.cache
+def seq2seq_beam():
     model, params = seq2seq("rope")
-    greedy = seq2seq_greedy()
-    beam = decode.translate(
-        model,
-        params,
-        SOURCES,
-        bos_id=BOS,
-        pad_id=PAD,
-        max_new_tokens=8,
-        eos_id=EOS,
-        method="beam",
-        beam_size=4,
-        length_penalty=alpha,
-    )
+    return decode.translate(
+        model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, method="beam",
+        beam_size=4, length_penalty=ALPHA,
+    )  # fmt: skip
+
+
+def test_beam_search_scores_at_least_greedy():
+    alpha = ALPHA
+    greedy, beam = seq2seq_greedy(), seq2seq_beam()
     for logp, ids, stopped, beam_score in zip(greedy.scores, greedy.ids, greedy.stopped, beam.scores):
         greedy_score = logp / decode.length_penalty(len(ids) + stopped, alpha)  # EOS counts in the length
         assert beam_score >= greedy_score - 1e-5
@@ -335,13 +334,10 @@ def test_beam_search_scores_at_least_greedy():
 def test_beam_scores_equal_the_full_forward_pass_of_their_hypotheses():
     """Each source's best hypothesis, re-scored without a cache by the full model on that source alone: its
     log-prob / lp equals the beam's score (the cache reordered by parent beam, each row's cross K/V its own)."""
-    alpha = 0.6
+    alpha = ALPHA
     model, params = seq2seq("rope")
     forward = jax.jit(lambda src, tgt: model.apply({"params": params}, src, tgt))
-    beam = decode.translate(
-        model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, method="beam",
-        beam_size=4, length_penalty=alpha,
-    )  # fmt: skip
+    beam = seq2seq_beam()
     for src, ids, stopped, score in zip(SOURCES, beam.ids, beam.stopped, beam.scores):
         targets = ids + [EOS] * stopped
         logp_TxV = jax.nn.log_softmax(forward(np.array([src]), np.array([[BOS] + targets[:-1]]))[0])
