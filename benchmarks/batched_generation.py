@@ -32,7 +32,7 @@ import transformers
 
 from txjax.convert import gpt2 as gpt2_convert
 from txjax.convert.gguf import load_gguf
-from txjax.decode import generate
+from txjax.decode import generate, pad_batch
 from txjax.models import DecoderLM
 
 
@@ -60,12 +60,9 @@ def prompts(batch: int, mixed: bool, vocab: int) -> list[list[int]]:
 
 def transformers_call(hf, rows: list[list[int]], n: int):
     """generate() on left-padded rows with their attention mask, exactly n new tokens."""
-    width = max(map(len, rows))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row)
-        mask[i, width - len(row) :] = 1
+    ids_BxP, lengths_B = pad_batch(rows, 0, left=True)
+    mask_BxP = np.arange(ids_BxP.shape[1]) >= ids_BxP.shape[1] - lengths_B[:, None]
+    ids, mask = torch.from_numpy(ids_BxP).long(), torch.from_numpy(mask_BxP).long()
     kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
 
     def call():

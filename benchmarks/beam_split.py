@@ -25,13 +25,14 @@ import json
 
 import common
 import jax
+import numpy as np
 import torch
 from peer_hf import marian_config
 from train import build_config
 from transformers import MarianMTModel
 
 from txjax import config as config_lib
-from txjax.decode import decode_all
+from txjax.decode import decode_all, pad_batch
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.objective import init_params
 
@@ -48,14 +49,9 @@ def transformers_pass(hf, sources: list[list[int]], batch: int, n: int, beams: i
     ordered = sorted(sources, key=len)
     batches = []
     for start in range(0, len(ordered), batch):
-        rows = ordered[start : start + batch]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
-        batches.append((ids, mask))
+        ids_BxS, lengths_B = pad_batch(ordered[start : start + batch], pad)
+        mask_BxS = np.arange(ids_BxS.shape[1]) < lengths_B[:, None]
+        batches.append((torch.from_numpy(ids_BxS).long(), torch.from_numpy(mask_BxS).long()))
     kwargs = dict(num_beams=beams, max_new_tokens=n, min_new_tokens=n, do_sample=False, early_stopping=False)
 
     def call():

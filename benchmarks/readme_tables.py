@@ -103,11 +103,14 @@ def ablations() -> list[str]:
     )
 
 
+MUP_HEADER = ["parametrization", "d_model", "best learning rate", "valid loss there", "measured"]
+
+
 def mup() -> list[str]:
     """mup_transfer: per parametrization and width, the best peak learning rate (mean valid loss over seeds)."""
     path = SWEEPS / "mup_transfer" / "results.csv"
     if not path.is_file():
-        return table(["parametrization", "d_model", "best learning rate", "valid loss there", "measured"], [])
+        return table(MUP_HEADER, [])
     runs = [r for r in csv.DictReader(path.open()) if r["status"] == "done"]
     losses = defaultdict(list)
     for r in runs:
@@ -119,7 +122,7 @@ def mup() -> list[str]:
         mean = {lr: statistics.mean(v) for (pp, w, lr), v in losses.items() if (pp, w) == (p, width)}
         best = min(mean, key=mean.get)
         rows.append([p, width, f"{best:g}", n(mean[best], 4), f"{cpus}, {date}"])
-    return table(["parametrization", "d_model", "best learning rate", "valid loss there", "measured"], rows)
+    return table(MUP_HEADER, rows)
 
 
 def data() -> list[str]:
