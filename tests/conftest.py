@@ -1,5 +1,11 @@
-"""Test session setup: 8 simulated CPU devices (for the sharding tests), set before anything imports jax, the
-measured matmul peak (txjax.peak) cached in a temporary folder, and a per-module persistent compilation cache fixture.
+"""Test session setup: 8 simulated CPU devices (for the sharding tests) and LLVM's cheapest code generation, both
+set in XLA_FLAGS before anything imports jax (and inherited by run.py subprocesses); the measured matmul peak
+(txjax.peak) cached in a temporary folder; a per-module persistent compilation cache fixture.
+
+The suite compiles some hundred small programs and runs each for a few steps: at LLVM's -O0
+(--xla_backend_optimization_level=0) compiling a toy model's train step takes about a third less time, its few steps
+run slower, and what the tests compare (runs against runs, against NumPy or transformers within tolerances) is
+computed the same way on both sides. Users' runs keep XLA's default level.
 
 Every other test runs on the first device as it would on a one-device machine.
 """
@@ -8,9 +14,15 @@ import os
 
 import pytest
 
-_DEVICES_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}=8".strip()
+TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0"}
+for _flag, _value in TEST_XLA_FLAGS.items():
+    if _flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={_value}".strip()
+
+
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS for a subprocess with `devices` simulated CPU devices and the suite's code generation level."""
+    return " ".join(f"{flag}={devices if 'device_count' in flag else value}" for flag, value in TEST_XLA_FLAGS.items())
 
 
 @pytest.fixture(scope="session", autouse=True)

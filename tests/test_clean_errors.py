@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import xla_flags
 from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
@@ -99,13 +100,17 @@ def test_invalid_utf8_names_the_file_line_and_byte(tmp_path):
 
 @pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)")
 def test_a_workdir_trained_on_4_devices_evaluates_on_one(tmp_path):
+    """`run.py eval` on one device: it says so, prints the metrics and writes them, with the command, to a file."""
     workdir = tmp_path / "run"
     flags = [*TINY, "--config.train.steps=4", "--config.train.log_every=2", "--config.train.checkpoint_every=2"]
     train(config_lib.from_command_line(None, [*flags, "--config.mesh.data=4"]), workdir)
-    one_device = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    one_device = {**os.environ, "XLA_FLAGS": xla_flags(devices=1)}
     evaluated = run_py("eval", f"--workdir={workdir}", env=one_device)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["step"] == 4
+    metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    written = json.loads((workdir / "eval_valid.json").read_text())
+    assert metrics["step"] == 4 and metrics == {k: v for k, v in written.items() if k != "machine"}
+    assert f"run.py eval --workdir={workdir}" in written["machine"]["command"] and written["machine"]["cpu_cores"] >= 1
     assert "note: the run's mesh (data, fsdp, tensor) = (4, 1, 1) needs 4 devices and 1 are present" in (
         evaluated.stderr
     )

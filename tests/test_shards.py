@@ -1,15 +1,21 @@
 """Tests of training from prepared shards (txjax.data.shards): windows and packed rows, per-process rows, no
 attention across documents, evaluation weights, and a SIGKILLed run resuming bit for bit."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from test_prepare import random_documents, write_text
-from test_train import KILLED_RUN_FLAGS, assert_trees_equal, params_of, sigkill_at_step_20_then_rerun
+from test_train import REPO, assert_trees_equal, params_of, run_py
 
 from txjax import config as config_lib
+from txjax.checkpoint import Checkpointer
 from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_tokenizer
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
@@ -148,6 +154,40 @@ def test_eval_counts_every_target_once_whatever_the_batch_size(shards, pack):
     by = {bs: evaluate(eval_step, params, data.eval_batches(bs)) for bs in (3, 7)}
     assert by[3]["tokens"] == by[7]["tokens"] == expected.sum()
     np.testing.assert_allclose(by[3]["loss"], by[7]["loss"], rtol=1e-6)
+
+
+KILLED_RUN_FLAGS = [  # 120 steps of a toy model, a checkpoint every 20
+    "--config.data.max_digits=4",
+    "--config.model.num_layers=1",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.model.num_heads=2",
+    "--config.train.steps=120",
+    "--config.train.batch_size=8",
+    "--config.train.checkpoint_every=20",
+    "--config.train.log_every=20",
+    "--config.train.eval_every=0",
+    "--config.data.eval_size=20",
+]
+
+
+def sigkill_at_step_20_then_rerun(workdir, flags):
+    """`run.py train FLAGS` SIGKILLed once its step-20 checkpoint is on disk (unless it ended first), then run again:
+    (the latest checkpoint's step when it was killed, or None; the rerun's CompletedProcess)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not (workdir / "checkpoints" / "20").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    killed = proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL) if killed else None
+    proc.wait()
+    killed_at = Checkpointer(workdir / "checkpoints", 3).latest_step() if killed else None
+    return killed_at, run_py("train", f"--workdir={workdir}", *flags)
 
 
 def test_sigkill_while_training_from_shards_then_rerun_is_bit_exact(shards, tmp_path):

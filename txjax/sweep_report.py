@@ -157,22 +157,17 @@ def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: li
     labels = [s["setting"] for s in summary]
     colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
     fig, axes = plt.subplots(1, 1 + len(metrics), figsize=(6 + 4 * len(metrics), 4.5), dpi=110, squeeze=False)
-    curves = axes[0, 0]
+    curves, labelled = axes[0, 0], set()
     for run in runs:
         points = [(r["step"], r["loss"]) for r in read_metrics(run.workdir) if r["split"] == "valid"]
-        if points:
-            first = run is next(r for r in runs if r.label == run.label)
-            curves.plot(
-                *zip(*points),
-                color=colours[run.label],
-                alpha=0.8,
-                marker="o",
-                markersize=2,
-                label=run.label if first else None,
-            )
+        if points:  # a setting's first curve carries its label
+            label = None if run.label in labelled else run.label
+            labelled.add(run.label)
+            curves.plot(*zip(*points), color=colours[run.label], alpha=0.8, marker="o", markersize=2, label=label)
     curves.set(xlabel="step", ylabel="valid loss (nats/token)", title="eval curves")
     curves.grid(alpha=0.3)
-    curves.legend(fontsize=7)
+    if labelled:  # runs without evals draw no curves
+        curves.legend(fontsize=7)
     x = np.arange(len(labels))
     for ax, metric in zip(axes[0, 1:], metrics):
         ax.bar(
