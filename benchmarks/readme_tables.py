@@ -282,7 +282,41 @@ def experiments() -> list[str]:
     return table(header, rows)
 
 
-TABLES = {f.__name__: f for f in (ablations, mup, data, smollm2, train_speed, decode, generation, peers, experiments)}
+def bible_variants() -> list[str]:
+    """bible_en_es's 20-minute runs: the experiment as committed (experiments/results/bible_en_es/) and each variant
+    trained with flags on top of it (experiments/results/bible_en_es/variants/NAME/, copied from its workdir)."""
+    rows = []
+    for folder in [RUNS / "bible_en_es", *sorted((RUNS / "bible_en_es" / "variants").glob("*/"))]:
+        valid, test = (folder / "eval_valid.json", folder / "eval_test.json")
+        if not (valid.is_file() and test.is_file()):
+            continue
+        v, t = json.loads(valid.read_text()), json.loads(test.read_text())
+        flags = [f"`{f}`" for f in v["machine"]["command"].split() if f.startswith("--config.")]
+        rows.append([", ".join(flags) or "(the experiment as committed)", v["step"], n(v.get("train_minutes")),
+                     n(v["loss"], 4), n(v["bleu"], 4), f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})",
+                     machine_label(v["machine"])])  # fmt: skip
+    header = ["flags on experiments/bible_en_es.py", "steps", "training minutes", "valid loss",
+              "valid BLEU (greedy)", "test BLEU, beam 4 (chrF)", "measured"]  # fmt: skip
+    return table(header, rows)
+
+
+def bible_length_penalty() -> list[str]:
+    """The committed bible_en_es run's valid split decoded with beam 4 at several length penalties
+    (`run.py eval --config.decode.length_penalty=A`, copied into experiments/results/bible_en_es/length_penalty/)."""
+    evals = [json.loads(p.read_text()) for p in (RUNS / "bible_en_es" / "length_penalty").glob("eval_valid_*.json")]
+    rows = [[e["decode"]["length_penalty"], e["decode"]["beam_size"], e["step"], n(e["bleu"], 4), n(e["chrf"], 4),
+             f"`{e['machine']['command']}`", machine_label(e["machine"])]
+            for e in sorted(evals, key=lambda e: e["decode"]["length_penalty"])]  # fmt: skip
+    return table(["length penalty", "beam", "step", "valid BLEU", "valid chrF", "command", "measured"], rows)
+
+
+TABLES = {
+    f.__name__: f
+    for f in (
+        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers),
+        *(experiments, bible_variants, bible_length_penalty),
+    )
+}
 
 
 def render(readme: str) -> str:

@@ -1,6 +1,7 @@
 """Tests of txjax.decode: cache == full forward, no recompilation, padding, strategies, beam search, bad input."""
 
 import functools
+import json
 
 import flax.linen as nn
 import jax
@@ -386,8 +387,10 @@ def test_generate_windowed_is_generate_while_it_fits_then_slides():
 
 
 def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
-    """`run.py generate` and the BLEU/chrF of evaluation on an (untrained) encoder-decoder run."""
+    """`run.py generate` and the BLEU/chrF of evaluation on an (untrained) encoder-decoder run; `run.py eval`
+    decodes with the run's decode section, or with the fields its --config.decode.* flags change."""
     import run
+    import txjax.cli.eval
     import txjax.cli.generate
     from txjax import config as config_lib
     from txjax import evaluate, experiment
@@ -399,12 +402,13 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     config = config_lib.base_config()
     config.unlock()
     config.update(family="encoder_decoder")
-    config.data.update(kind="parallel")
+    config.data.update(kind="parallel", path=str(tmp_path / "pairs.tsv"), valid_path=str(tmp_path / "pairs.tsv"))
     config.decode.update(method="beam", max_new_tokens=8, beam_size=2)
     model = EncoderDecoder(tiny(vocab_size=tokenizer.vocab_size))
     params = random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
     fake_run = experiment.TrainedRun(config, model, tokenizer, params, step=0)
-    monkeypatch.setattr(txjax.cli.generate, "load_workdir", lambda workdir: fake_run)
+    for command in (txjax.cli.generate, txjax.cli.eval):
+        monkeypatch.setattr(command, "load_workdir", lambda workdir, mesh=None: fake_run)
 
     assert run.main(["generate", "--workdir=unused", "--prompt=the cat"]) == 0
     assert capsys.readouterr().out.count("\n") == 1  # one translation (beam search; maybe empty, untrained)
@@ -415,6 +419,21 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     metrics = evaluate.generation_metrics(fake_run, dataset, batch_size=4)
     assert capsys.readouterr().out.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100 and metrics["bleu_signature"]
+    greedy = evaluate.generation_metrics(fake_run, dataset, batch_size=4, method="greedy")
+    assert metrics["decode"] == {"method": "beam", "beam_size": 2, "length_penalty": 0.6, "max_new_tokens": 8}
+    assert greedy["decode"] == {"method": "greedy", "max_new_tokens": 8}
+
+    (tmp_path / "run").mkdir()
+    config_lib.save(config, tmp_path / "run")
+    for flags, expected in [([], metrics), (["--config.decode.method=greedy"], greedy)]:
+        assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 0
+        printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert {k: printed[k] for k in ("decode", "bleu", "chrf")} == {
+            k: expected[k] for k in ("decode", "bleu", "chrf")
+        }
+    with pytest.raises(SystemExit):  # argparse's one line: eval changes the mesh and the decoding only
+        run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.train.steps=3"])
+    assert "--config.decode.*=VALUE overrides" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- one meaning for the decode section, flags and API

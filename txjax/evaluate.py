@@ -82,7 +82,7 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     """Metrics of decoded outputs, the whole split in jitted batches (txjax.decode.decode_all): synthetic tasks,
     greedy exact match (the answer, then EOS); translation, sacreBLEU BLEU and chrF of the config's `decode`
     strategy (`strategy` overrides its fields, e.g. method="greedy") against the raw references, with
-    sacreBLEU's signatures (also printed)."""
+    sacreBLEU's signatures (also printed) and the strategy used."""
     tok, cfg = run.tokenizer, run.model.cfg
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
         prompts, answers = dataset.eval_examples()
@@ -118,6 +118,7 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
         print(bleu_score.format(signature=str(bleu.get_signature())))
         print(chrf_score.format(signature=str(chrf.get_signature())))
         return {
+            "decode": {name: value for name, value in strategy.items() if name != "eos_id"},
             "bleu": bleu_score.score,
             "chrf": chrf_score.score,
             "bleu_signature": str(bleu.get_signature()),

@@ -9,13 +9,16 @@ import os
 from txjax import distributed
 
 
-def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str], prefix: str = "--config."):
-    """(args, overrides): the parser's flags, and every other flag, each of which must start with `prefix`
-    (`--config.SECTION.FIELD=VALUE`, applied later by txjax.config)."""
+def parse_with_overrides(
+    parser: argparse.ArgumentParser, argv: list[str], prefix: str | tuple[str, ...] = "--config."
+) -> tuple[argparse.Namespace, list[str]]:
+    """(args, overrides): the parser's flags, and every other flag, each of which must start with `prefix` (or one
+    of several) (`--config.SECTION.FIELD=VALUE`, applied later by txjax.config)."""
     args, overrides = parser.parse_known_args(argv)
     for flag in overrides:
         if not flag.startswith(prefix):
-            parser.error(f"unrecognized argument {flag} (this command takes {prefix}*=VALUE overrides)")
+            takes = " or ".join(f"{p}*=VALUE" for p in ((prefix,) if isinstance(prefix, str) else prefix))
+            parser.error(f"unrecognized argument {flag} (this command takes {takes} overrides)")
     return args, overrides
 
 

@@ -17,9 +17,10 @@ from txjax.score_text import score_text
 
 def main(argv: list[str]) -> None:
     """run.py eval --workdir=DIR [--split=valid|test | --text=FILE [--max_tokens=N] [--context=N]]
-    [--config.mesh.FIELD=N ...]: writes DIR/eval_<split>.json (--text: eval_text.json), prints it as the last line.
-    The parameters are laid out on the run's mesh (on one device when this machine has fewer devices than it needs)
-    unless --config.mesh.* flags choose another."""
+    [--config.mesh.FIELD=N ...] [--config.decode.FIELD=V ...]: writes DIR/eval_<split>.json (--text:
+    eval_text.json), prints it as the last line. The parameters are laid out on the run's mesh (on one device when
+    this machine has fewer devices than it needs) unless --config.mesh.* flags choose another; a translation is
+    decoded with the run's decode section, --config.decode.* flags changing its fields (e.g. length_penalty)."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
@@ -27,12 +28,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--max_tokens", type=int, default=0, help="--text: its first N tokens only (0: all)")
     parser.add_argument("--context", type=int, default=0, help="--text: tokens per window (0: the model's max_len)")
     add_distributed_flags(parser)
-    args, overrides = parse_with_overrides(parser, argv, prefix="--config.mesh.")
+    args, overrides = parse_with_overrides(parser, argv, prefix=("--config.mesh.", "--config.decode."))
     initialize_distributed(args)
-    mesh_config = config_lib.load(args.workdir)
+    config = config_lib.load(args.workdir)
     for flag in overrides:
-        config_lib.apply_override(mesh_config, flag)
-    mesh = (distributed.run_mesh if overrides else distributed.fitting_mesh)(mesh_config.mesh)
+        config_lib.apply_override(config, flag)
+    mesh_given = any(flag.startswith("--config.mesh.") for flag in overrides)
+    mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
+    decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]
+    strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh)
         if args.text:  # a missing, short or unencodable text is a one-line error
@@ -48,7 +52,7 @@ def main(argv: list[str]) -> None:
             eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
             exact_match=run.config.data.kind == "synthetic",
         )
-        metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset)}
+        metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset, **strategy)}
     if distributed.is_lead():
         write_metrics(args.workdir, "text" if args.text else args.split, metrics)
         print(json.dumps(metrics))
