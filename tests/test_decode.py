@@ -431,6 +431,8 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
         assert {k: printed[k] for k in ("decode", "bleu", "chrf")} == {
             k: expected[k] for k in ("decode", "bleu", "chrf")
         }
+    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.decode.method=bean"]) == 2
+    assert "config.decode.method='bean' is not one of" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's one line: eval changes the mesh and the decoding only
         run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.train.steps=3"])
     assert "--config.decode.*=VALUE overrides" in capsys.readouterr().err

@@ -33,6 +33,7 @@ def main(argv: list[str]) -> None:
     config = config_lib.load(args.workdir)
     for flag in overrides:
         config_lib.apply_override(config, flag)
+    config_lib.validate(config)  # a bad decode field is one line here, not a traceback from the decoder
     mesh_given = any(flag.startswith("--config.mesh.") for flag in overrides)
     mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
     decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]
