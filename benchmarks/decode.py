@@ -78,26 +78,26 @@ def cached_generation_s(model, params, n: int, repeats: int, first_bucket: int =
     return timed_s(lambda: run(first_bucket=first_bucket), repeats)
 
 
-def cached_steps(model, p: int):
-    """(steps, fresh): steps(params, cache, token_1) runs decode steps at positions p-32..p-1 in one jitted loop
-    (the cache donated); fresh(params) is a cache of p slots prefilled with p-32 tokens."""
+def cached_steps(model, p: int, batch: int = 1):
+    """(steps, fresh): steps(params, cache, token_N) runs decode steps at positions p-32..p-1 for `batch` rows in one
+    jitted loop (the cache donated); fresh(params) is a cache of p slots prefilled with p-32 tokens per row."""
     first = p - STEPS_TIMED
 
     @functools.partial(jax.jit, donate_argnums=1)
-    def steps(params, cache, token_1):
+    def steps(params, cache, token_N):
         def body(t, carry):
-            cache, token_1 = carry
-            logits_1xV, cache = decode.extend(model, params, cache, token_1[:, None], jnp.full((1, 1), t))
-            return cache, jnp.argmax(logits_1xV, -1).astype(jnp.int32)
+            cache, token_N = carry
+            logits_NxV, cache = decode.extend(model, params, cache, token_N[:, None], jnp.full((batch, 1), t))
+            return cache, jnp.argmax(logits_NxV, -1).astype(jnp.int32)
 
-        return jax.lax.fori_loop(first, p, body, (cache, token_1))
+        return jax.lax.fori_loop(first, p, body, (cache, token_N))
 
     prefill = jax.jit(
         lambda params, cache: decode.extend(
-            model, params, cache, jnp.zeros((1, first), jnp.int32), jnp.arange(first)[None]
+            model, params, cache, jnp.zeros((batch, first), jnp.int32), jnp.tile(jnp.arange(first), (batch, 1))
         )[1]
     )
-    return steps, lambda params: prefill(params, init_cache(model, 1, p))
+    return steps, lambda params: prefill(params, init_cache(model, batch, p))
 
 
 def cached_step_s(model, params, p: int, repeats: int) -> float:

@@ -1,8 +1,9 @@
-"""What one batch-1 decode step spends its time on (issue 19.1): a jax.profiler trace of 32 greedy decode steps at
-positions p-32..p-1 of a cache of p slots (benchmarks/decode.py's per-token loop), and its costliest XLA ops.
+"""What one decode step spends its time on (issue 19.1 at batch 1; 19.2's batched generation with --batch=32): a
+jax.profiler trace of 32 greedy decode steps at positions p-32..p-1 of a cache of p slots (benchmarks/decode.py's
+per-token loop), and its costliest XLA ops.
 
     python benchmarks/decode_profile.py [--shape=gpt2_small|shakespeare_char|smollm2] [--dtype=float32|bfloat16]
-        [--position=256] [--top=12]
+        [--position=256] [--top=12] [--batch=1]
 
 Per op: its share of the traced op time, ms per decode step, the start of its HLO instruction (what it is: a dot
 of the weights, the cache update, the softmax, ...) and where it comes from (the Flax module path and jax op of
@@ -68,17 +69,18 @@ def main():
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--position", type=int, default=256)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=1, help="rows decoded together (batched generation: 32)")
     args = parser.parse_args()
     common.warn_if_loaded()
     model, params = smollm2(args.dtype) if args.shape == "smollm2" else build(args.shape, args.dtype)
-    steps, fresh = cached_steps(model, args.position)
-    token_1 = jnp.zeros((1,), jnp.int32)
-    compiled = steps.lower(params, fresh(params), token_1).compile()
-    jax.block_until_ready(steps(params, fresh(params), token_1))  # compile and warm up
+    steps, fresh = cached_steps(model, args.position, args.batch)
+    token_N = jnp.zeros((args.batch,), jnp.int32)
+    compiled = steps.lower(params, fresh(params), token_N).compile()
+    jax.block_until_ready(steps(params, fresh(params), token_N))  # compile and warm up
     cache = jax.block_until_ready(fresh(params))
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
-        jax.block_until_ready(steps(params, cache, token_1))
+        jax.block_until_ready(steps(params, cache, token_N))
         jax.profiler.stop_trace()
         ops = profiling.top_ops(trace_dir, n=10_000)
     module = max({r["module"] for r in ops}, key=lambda m: sum(r["ms"] for r in ops if r["module"] == m))
@@ -101,18 +103,22 @@ def main():
         k = kind(text.get(r["op"], ("", ""))[0], r["op"])
         by_kind[k] = by_kind.get(k, 0.0) + r["ms"] / total_ms
     per_step = total_ms / STEPS_TIMED
-    print(f"{args.shape}, {args.dtype}, batch 1, position {args.position}: {per_step:.3f} ms of ops per step")
+    print(
+        f"{args.shape}, {args.dtype}, batch {args.batch}, position {args.position}: {per_step:.3f} ms of ops per step"
+    )
     print(common.table(rows))
     print("by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
     summary = {
         "shape": args.shape,
         "dtype": args.dtype,
         "position": args.position,
+        "batch": args.batch,
         "op_ms_per_step": total_ms / STEPS_TIMED,
         "share_by_kind": by_kind,
         "top_ops": rows,
     }
-    common.save(f"decode_profile_{args.shape}_{args.dtype}", summary)
+    suffix = "" if args.batch == 1 else f"_batch{args.batch}"
+    common.save(f"decode_profile_{args.shape}_{args.dtype}{suffix}", summary)
     print(json.dumps(summary))
 
 

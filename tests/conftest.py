@@ -22,7 +22,8 @@ for _flag, _value in TEST_XLA_FLAGS.items():
 
 def xla_flags(devices: int) -> str:
     """XLA_FLAGS for a subprocess with `devices` simulated CPU devices and the suite's code generation level."""
-    return " ".join(f"{flag}={devices if 'device_count' in flag else value}" for flag, value in TEST_XLA_FLAGS.items())
+    flags = {**TEST_XLA_FLAGS, "--xla_force_host_platform_device_count": str(devices)}
+    return " ".join(f"{flag}={value}" for flag, value in flags.items())
 
 
 @pytest.fixture(scope="session", autouse=True)

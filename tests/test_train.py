@@ -331,6 +331,20 @@ def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_p
     assert [r["train_minutes"] for r in valid] == sorted(r["train_minutes"] for r in valid)
 
 
+def test_a_translation_run_logs_greedy_bleu_and_chrf_at_its_evals(tmp_path):
+    """eval_generation on a translation task: each eval decodes the valid split greedily and logs BLEU and chrF,
+    numbers in metrics.jsonl and TensorBoard (whose scalars take nothing else), and the run ends."""
+    pairs = [("a cat", "un gato"), ("the dog", "el perro"), ("a dog", "un perro"), ("the cat", "el gato")]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    data = [f"--config.data.{k}={tmp_path / 'pairs.tsv'}" for k in ("path", "valid_path")]
+    flags = ["--config.family=encoder_decoder", "--config.data.kind=parallel", "--config.data.tokenizer=char", *data]
+    config = tiny_config(*flags, "--config.train.eval_every=3", "--config.train.eval_generation=true")
+    result = train(config, tmp_path / "run")
+    valid = [r for r in read_metrics(tmp_path / "run") if r["split"] == "valid"]
+    assert result["step"] == 6 and [r["step"] for r in valid] == [3, 6]
+    assert all(isinstance(r["bleu"], float) and 0 <= r["chrf"] <= 100 for r in valid)
+
+
 def test_time_budget_stops_with_a_checkpoint_and_a_final_eval(tmp_path):
     result = train(tiny_config("--config.train.max_minutes=1e-9"), tmp_path)
     assert result["step"] == 1 and "valid_loss" in result

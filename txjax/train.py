@@ -152,7 +152,8 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             generated = generation_metrics(
                 TrainedRun(configs[r], model, tokenizer, params, step), valid_data, method="greedy"
             )
-            metrics |= {k: v for k, v in generated.items() if not k.endswith("_signature")}
+            # the numbers (TensorBoard's scalars), not sacreBLEU's signatures or the strategy (greedy, said above)
+            metrics |= {k: v for k, v in generated.items() if isinstance(v, int | float)}
         return metrics | {"train_minutes": trained_minutes}
 
     step, pending, records, in_flight, trained_s = start, [], {}, InFlight(), 0.0

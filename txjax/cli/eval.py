@@ -8,7 +8,7 @@ import json
 from txjax import config as config_lib
 from txjax import distributed
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
-from txjax.config import user_errors
+from txjax.config import ConfigError, user_errors
 from txjax.data import read_text, resolve_path
 from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import build_dataset, load_workdir
@@ -37,6 +37,9 @@ def main(argv: list[str]) -> None:
     mesh_given = any(flag.startswith("--config.mesh.") for flag in overrides)
     mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
     decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]
+    if decode_given and (args.text or config.data.kind != "parallel"):  # nothing would read them: say so
+        task = "--text is scored, not decoded" if args.text else f"a {config.data.kind} task decodes greedily"
+        raise ConfigError(f"--config.decode.{decode_given[0]}: only a translation split is decoded ({task}): drop it")
     strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh)
