@@ -10,7 +10,7 @@ same weights, in one run (issue 19.2).
   attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
   compilation, torch's first call), the two sides' calls interleaved (common.time_calls); the prefill is included
-  on both sides. float32 on both sides.
+  on both sides. float32 on both sides; txjax's model in its decoding layout (txjax.decode.for_decoding, once).
 - batch 1 also: the float32 bound, G / (bytes of the model's weights), G the streaming rate that
   benchmarks/bandwidth.py measures (its fastest float32 read), measured in this run before the models; the
   fraction of it that each side reaches (a decoded token reads every weight once; the cache is a few % more).
@@ -32,7 +32,7 @@ import transformers
 
 from txjax.convert import gpt2 as gpt2_convert
 from txjax.convert.gguf import load_gguf
-from txjax.decode import generate, pad_batch
+from txjax.decode import for_decoding, generate, pad_batch
 from txjax.models import DecoderLM
 
 
@@ -85,6 +85,7 @@ def main():
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
     for name in args.models.split(","):
         model, params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
+        model, params = for_decoding(model, params)  # once, as a caller decoding many batches does
         for batch in map(int, args.batches.split(",")):
             for mixed in (False, True) if batch > 1 else (False,):
                 batch_prompts = prompts(batch, mixed, model.cfg.vocab_size)

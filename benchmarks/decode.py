@@ -47,12 +47,12 @@ STEPS_TIMED = 32  # decode steps per per-token cost measurement
 
 
 def build(shape: str, dtype: str):
-    """The model (layers unrolled, as txjax.decode runs them) and random parameters stored in `dtype`."""
+    """The model in decoding's layout (txjax.decode.for_decoding) and random parameters stored in `dtype`."""
     cfg = dataclasses.replace(SHAPES[shape], dtype=dtype, scan_layers=False)
     model = DecoderLM(cfg)
     init = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 1), jnp.int32))["params"]))
     params = jax.tree_util.tree_map(lambda p: p.astype(dtype), init(jax.random.key(0)))
-    return model, params
+    return decode.for_decoding(model, params)
 
 
 def timed_s(fn, repeats: int) -> tuple[float, float]:

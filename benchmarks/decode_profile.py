@@ -98,16 +98,18 @@ def main():
         }
         for r in ops[: args.top]
     ]
-    by_kind = {}
+    by_kind, costliest = {}, {}  # share of op time per kind, and each kind's costliest op (ops come costliest first)
     for r in ops:
         k = kind(text.get(r["op"], ("", ""))[0], r["op"])
         by_kind[k] = by_kind.get(k, 0.0) + r["ms"] / total_ms
+        costliest.setdefault(k, f"{r['op']} {r['ms'] / total_ms:.1%}: {text.get(r['op'], ('', ''))[0][:70]}")
     per_step = total_ms / STEPS_TIMED
     print(
         f"{args.shape}, {args.dtype}, batch {args.batch}, position {args.position}: {per_step:.3f} ms of ops per step"
     )
     print(common.table(rows))
     print("by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    print("\n".join(f"costliest {k}: {op}" for k, op in costliest.items()))
     summary = {
         "shape": args.shape,
         "dtype": args.dtype,
@@ -115,6 +117,7 @@ def main():
         "batch": args.batch,
         "op_ms_per_step": total_ms / STEPS_TIMED,
         "share_by_kind": by_kind,
+        "costliest_by_kind": costliest,
         "top_ops": rows,
     }
     suffix = "" if args.batch == 1 else f"_batch{args.batch}"

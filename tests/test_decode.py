@@ -12,7 +12,6 @@ import pytest
 from txjax import decode
 from txjax.attention import NEG_INF
 from txjax.decode import init_cache
-from txjax.decode.cache import CACHE_LEAF_NDIM
 from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
 from txjax.positional import KINDS
 
@@ -126,32 +125,25 @@ def test_decode_step_compiles_once_over_100_steps():
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
     model = EncoderDecoder(tiny(scan_layers=scan_layers))
-    cache = init_cache(model, 3, 5, 4)
-    marked = jax.tree_util.tree_map_with_path(  # every per-row leaf holds its row number
-        lambda path, x: (
-            x
-            if path[-1].key == "cache_index"
-            else jnp.moveaxis(
-                jnp.broadcast_to(
-                    jnp.arange(3),
-                    (
-                        *x.shape[: x.ndim - 1 - CACHE_LEAF_NDIM[path[-1].key]],
-                        *x.shape[x.ndim - CACHE_LEAF_NDIM[path[-1].key] :],
-                        3,
-                    ),
-                ),
-                -1,
-                x.ndim - 1 - CACHE_LEAF_NDIM[path[-1].key],
-            ).astype(x.dtype)
-        ),
-        cache,
-    )
+    cache = init_cache(model, 3, 6, 5)  # 3 rows, gathered into 4: no other axis of the cache has size 3 or 4
+
+    def row_axis(leaf, rows=3):
+        (axis,) = [i for i, n in enumerate(leaf.shape) if n == rows]
+        return axis
+
+    def mark(path, leaf):  # every per-row leaf holds its row number
+        if path[-1].key == "cache_index":
+            return leaf
+        shape = [1] * leaf.ndim
+        shape[row_axis(leaf)] = 3
+        return jnp.broadcast_to(jnp.arange(3).reshape(shape), leaf.shape).astype(leaf.dtype)
+
     rows = jnp.array([2, 2, 0, 1])
-    for path, leaf in jax.tree_util.tree_leaves_with_path(decode.gather_rows(marked, rows)):
+    gathered = decode.gather_rows(jax.tree_util.tree_map_with_path(mark, cache), rows)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(gathered):
         if path[-1].key != "cache_index":
-            axis = leaf.ndim - 1 - CACHE_LEAF_NDIM[path[-1].key]
-            assert leaf.shape[axis] == 4
-            np.testing.assert_array_equal(jnp.moveaxis(leaf, axis, -1).reshape(-1, 4)[0], rows)
+            by_row = jnp.moveaxis(leaf, row_axis(leaf, 4), -1).reshape(-1, 4)
+            np.testing.assert_array_equal(by_row, np.broadcast_to(rows, by_row.shape))
 
 
 # ---------------------------------------------------------------- batches, padding, reference implementations
@@ -265,6 +257,23 @@ def test_sampling_same_seed_same_text():
     a, b, c = sample(seed=0), sample(seed=0), sample(seed=1)
     assert a.ids == b.ids and len(a.ids) == 3
     assert a.ids != c.ids and len({tuple(ids) for ids in a.ids}) > 1
+
+
+@pytest.mark.parametrize("family", ["lm", "seq2seq"])
+def test_the_decoding_layout_computes_what_the_trained_one_does(family):
+    """for_decoding's model (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each) on its converted
+    parameters: the same full forward pass as the scanned, unfused model, with each option that adds parameters to
+    the fused projections (q/k/v biases, QK-norm, SwiGLU, grouped-query heads)."""
+    options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
+    model, params = (lm if family == "lm" else seq2seq)("rope", **options)
+    fused_model, fused = decode.for_decoding(model, params)
+    layer = fused["decoder"]["layers_1"]
+    assert set(layer["self_attention"]) == {"qkv", "qkv_bias", "out", "query_norm", "key_norm"}
+    assert "wi_fused" in layer["ffn"] and "wi_gate" not in layer["ffn"]
+    inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
+    expected = model.apply({"params": params}, *inputs)
+    np.testing.assert_allclose(fused_model.apply({"params": fused}, *inputs), expected, rtol=1e-5, atol=1e-5)
+    assert decode.for_decoding(fused_model, fused) == (fused_model, fused)  # already in the decoding layout
 
 
 # ---------------------------------------------------------------- the cache grows through bucketed lengths

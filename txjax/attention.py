@@ -127,6 +127,7 @@ class MultiHeadAttention(nn.Module):
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
+    fused_qkv: bool = False  # self-attention's W^Q, W^K, W^V side by side in one 'qkv' (decoding: for_decoding)
     norm_eps: float = 1e-5
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
@@ -160,15 +161,21 @@ class MultiHeadAttention(nn.Module):
             scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("kv",))
             return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, name=name)(t).astype(t.dtype)
 
-        q_BxLxHxK = rms_norm("query_norm", proj("query", self.num_heads, x_BxLxD, ("embed", "heads", "kv")))
-        if kv is None:  # cross-attention decode step: K/V of the encoder output, computed once at prefill
-            k_BxSxGxK, v_BxSxGxK = self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        h, g = self.num_heads, self.num_kv_heads
+        if self.fused_qkv and not self.cross:  # decoding's layout: one product x [W^Q|W^K|W^V] instead of three
+            qkv = jnp.split(proj("qkv", h + 2 * g, x_BxLxD, ("embed", "heads", "kv")), (h, h + g), axis=2)
+            q_BxLxHxK, k_BxSxGxK, v_BxSxGxK = rms_norm("query_norm", qkv[0]), rms_norm("key_norm", qkv[1]), qkv[2]
         else:
-            k_BxSxGxK = rms_norm("key_norm", proj("key", self.num_kv_heads, kv, ("embed", "kv_heads", "kv")))
-            v_BxSxGxK = proj("value", self.num_kv_heads, kv, ("embed", "kv_heads", "kv"))
-            if decode and self.cross:
-                self.put_variable("cache", "cross_key", k_BxSxGxK)
-                self.put_variable("cache", "cross_value", v_BxSxGxK)
+            q_BxLxHxK = rms_norm("query_norm", proj("query", h, x_BxLxD, ("embed", "heads", "kv")))
+            if kv is None:  # cross-attention decode step: K/V of the encoder output, computed once at prefill
+                k_BxSxGxK = self.get_variable("cache", "cross_key")
+                v_BxSxGxK = self.get_variable("cache", "cross_value")
+            else:
+                k_BxSxGxK = rms_norm("key_norm", proj("key", g, kv, ("embed", "kv_heads", "kv")))
+                v_BxSxGxK = proj("value", g, kv, ("embed", "kv_heads", "kv"))
+                if decode and self.cross:
+                    self.put_variable("cache", "cross_key", k_BxSxGxK)
+                    self.put_variable("cache", "cross_value", v_BxSxGxK)
         if self.rope_base is not None:
             q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
             k_BxSxGxK = positional.apply_rope(k_BxSxGxK, k_pos, self.rope_base)
@@ -231,7 +238,7 @@ class MultiHeadAttention(nn.Module):
         is_init = not self.has_variable("cache", "cached_key")
         ck = self.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
         cv = self.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
-        cpos = self.variable("cache", "cached_pos", lambda: jnp.full((b, k_new.shape[1]), -1, jnp.int32))
+        cpos = self.variable("cache", "cached_pos", lambda: jnp.full((b, l), -1, jnp.int32))
         cidx = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
         if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
             return k_new, v_new, q_pos, mask

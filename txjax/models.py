@@ -69,6 +69,7 @@ class ModelConfig:
     attention_impl: str = "reference"
     attention_scale: str = "sqrt"
     scan_layers: bool = True
+    fused_projections: bool = False  # decoding's layout (txjax.decode.for_decoding): [W^Q|W^K|W^V], SwiGLU's [W1|W3]
     remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5

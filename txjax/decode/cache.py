@@ -12,11 +12,13 @@ import jax
 import jax.numpy as jnp
 
 from txjax.families import family_of
+from txjax.layers import fuse_projections
 from txjax.models import unstack_layers
 
-# dims of each cache leaf without the batch axis (and without nn.scan's leading layer axis); cache_index has no batch
-CACHE_LEAF_NDIM = {"cached_key": 3, "cached_value": 3, "cross_key": 3, "cross_value": 3, "cached_pos": 1}
-# the target-length axis of the growing leaves, from the end: keys/values [B, S, KV, K], positions [B, S]
+# the row (batch) axis of each per-row cache leaf, from the end (nn.scan adds a leading layer axis): keys and values
+# [B, S, KV, K], positions [B, S]; cache_index has no row axis
+BATCH_AXIS = {"cached_key": -4, "cached_value": -4, "cross_key": -4, "cross_value": -4, "cached_pos": -2}
+# the target-length axis of the growing leaves, from the end
 LENGTH_AXIS = {"cached_key": -3, "cached_value": -3, "cached_pos": -1}
 
 
@@ -116,27 +118,28 @@ def filled(cache):
 
 
 def for_decoding(model, params):
-    """The same model with its layers unrolled (scan_layers=False, params via unstack_layers) for decoding: under
-    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache (the speed-up
-    is measured by benchmarks/decode.py)."""
-    if not model.cfg.scan_layers:
+    """The same model in decoding's layout: its layers unrolled (scan_layers=False, params via unstack_layers: under
+    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache) and each
+    layer's input projections side by side (fused_projections, params via layers.fuse_projections: one matrix
+    product for W^Q, W^K, W^V and one for SwiGLU's W1, W3). Idempotent: a decoding model comes back as it is."""
+    cfg = model.cfg
+    if cfg.fused_projections:
         return model, params
-    return model.clone(cfg=dataclasses.replace(model.cfg, scan_layers=False)), unstack_layers(params)
+    params = fuse_projections(unstack_layers(params) if cfg.scan_layers else params)
+    return model.clone(cfg=dataclasses.replace(cfg, scan_layers=False, fused_projections=True)), params
 
 
-def gather_rows(cache, rows_M, leaves=tuple(CACHE_LEAF_NDIM)):
+def gather_rows(cache, rows_M, leaves=tuple(BATCH_AXIS)):
     """cache rows (batch axis) -> cache[rows_M] for every per-row leaf named in `leaves`: tiling to B*W rows (all
     of them) and beam reordering (the self-attention ones: every beam of a row holds its source's cross-attention
     keys/values, which a reorder within the row leaves as they are).
 
-    The batch axis is found from the leaf's rank (nn.scan adds a leading layer axis); cache_index is shared.
+    cache_index is shared.
     """
 
     def gather(path, leaf):
         name = path[-1].key
-        if name not in leaves:
-            return leaf
-        return jnp.take(leaf, rows_M, axis=leaf.ndim - 1 - CACHE_LEAF_NDIM[name])
+        return jnp.take(leaf, rows_M, axis=BATCH_AXIS[name]) if name in leaves else leaf
 
     return jax.tree_util.tree_map_with_path(gather, cache)
 
