@@ -282,28 +282,39 @@ def experiments() -> list[str]:
     return table(header, rows)
 
 
+def flat_config(folder: Path) -> dict:
+    """A run's config.json as {"section.field": value}."""
+    flat = {}
+    for section, fields in json.loads((folder / "config.json").read_text()).items():
+        flat.update({f"{section}.{k}": v for k, v in fields.items()} if isinstance(fields, dict) else {section: fields})
+    return flat
+
+
 def bible_variants() -> list[str]:
     """bible_en_es's 20-minute runs: the experiment as committed (experiments/results/bible_en_es/) and each variant
-    trained with flags on top of it (experiments/results/bible_en_es/variants/NAME/, copied from its workdir)."""
-    rows = []
+    (experiments/results/bible_en_es/variants/NAME/, copied from its workdir), labelled by the config fields in
+    which it differs from the committed run (model.vocab_size follows data.vocab_size: left out)."""
+    committed, rows = flat_config(RUNS / "bible_en_es"), []
     for folder in [RUNS / "bible_en_es", *sorted((RUNS / "bible_en_es" / "variants").glob("*/"))]:
         valid, test = (folder / "eval_valid.json", folder / "eval_test.json")
         if not (valid.is_file() and test.is_file()):
             continue
-        v, t = json.loads(valid.read_text()), json.loads(test.read_text())
-        flags = [f"`{f}`" for f in v["machine"]["command"].split() if f.startswith("--config.")]
+        v, t, config = json.loads(valid.read_text()), json.loads(test.read_text()), flat_config(folder)
+        changed = sorted(k for k in {*config, *committed} - {"model.vocab_size"} if config.get(k) != committed.get(k))
+        flags = [f"`{k}={config.get(k)}`" for k in changed]
         rows.append([", ".join(flags) or "(the experiment as committed)", v["step"], n(v.get("train_minutes")),
                      n(v["loss"], 4), n(v["bleu"], 4), f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})",
                      machine_label(v["machine"])])  # fmt: skip
-    header = ["flags on experiments/bible_en_es.py", "steps", "training minutes", "valid loss",
+    header = ["config fields changed from the committed run", "steps", "training minutes", "valid loss",
               "valid BLEU (greedy)", "test BLEU, beam 4 (chrF)", "measured"]  # fmt: skip
     return table(header, rows)
 
 
 def bible_length_penalty() -> list[str]:
-    """The committed bible_en_es run's valid split decoded with beam 4 at several length penalties
-    (`run.py eval --config.decode.length_penalty=A`, copied into experiments/results/bible_en_es/length_penalty/)."""
-    evals = [json.loads(p.read_text()) for p in (RUNS / "bible_en_es" / "length_penalty").glob("eval_valid_*.json")]
+    """The 16-row bible_en_es run's valid split decoded with beam 4 at several length penalties (`run.py eval
+    --config.decode.length_penalty=A`, copied into experiments/results/bible_en_es/variants/batch16/length_penalty/)."""
+    folder = RUNS / "bible_en_es" / "variants" / "batch16" / "length_penalty"
+    evals = [json.loads(p.read_text()) for p in folder.glob("eval_valid_*.json")]
     rows = [[e["decode"]["length_penalty"], e["decode"]["beam_size"], e["step"], n(e["bleu"], 4), n(e["chrf"], 4),
              f"`{e['machine']['command']}`", machine_label(e["machine"])]
             for e in sorted(evals, key=lambda e: e["decode"]["length_penalty"])]  # fmt: skip
