@@ -86,6 +86,7 @@ def main():
     module = max({r["module"] for r in ops}, key=lambda m: sum(r["ms"] for r in ops if r["module"] == m))
     ops = [r for r in ops if r["module"] == module]  # the decode loop's program
     text = hlo_lines(compiled.as_text())
+    hlo = {r["op"]: text.get(r["op"], ("", "")) for r in ops}  # op name -> (its HLO line, its source line)
     total_ms = sum(r["ms"] for r in ops)
     rows = [
         {
@@ -93,16 +94,16 @@ def main():
             "ms_per_step": r["ms"] / STEPS_TIMED,
             "calls_per_step": r["calls"] / STEPS_TIMED,
             "op": r["op"],
-            "hlo": text.get(r["op"], ("", ""))[0][:60],
-            "where": text.get(r["op"], ("", ""))[1][-70:],
+            "hlo": hlo[r["op"]][0][:60],
+            "where": hlo[r["op"]][1][-70:],
         }
         for r in ops[: args.top]
     ]
     by_kind, costliest = {}, {}  # share of op time per kind, and each kind's costliest op (ops come costliest first)
     for r in ops:
-        k = kind(text.get(r["op"], ("", ""))[0], r["op"])
+        k = kind(hlo[r["op"]][0], r["op"])
         by_kind[k] = by_kind.get(k, 0.0) + r["ms"] / total_ms
-        costliest.setdefault(k, f"{r['op']} {r['ms'] / total_ms:.1%}: {text.get(r['op'], ('', ''))[0][:70]}")
+        costliest.setdefault(k, f"{r['op']} {r['ms'] / total_ms:.1%}: {hlo[r['op']][0][:70]}")
     per_step = total_ms / STEPS_TIMED
     print(
         f"{args.shape}, {args.dtype}, batch {args.batch}, position {args.position}: {per_step:.3f} ms of ops per step"

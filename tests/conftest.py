@@ -1,6 +1,6 @@
 """Test session setup: 8 simulated CPU devices (for the sharding tests) and LLVM's cheapest code generation, both
 set in XLA_FLAGS before anything imports jax (and inherited by run.py subprocesses); the measured matmul peak
-(txjax.peak) cached in a temporary folder; a per-module persistent compilation cache fixture.
+(txjax.peak) cached in a temporary folder; a per-module persistent compilation cache fixture; a tiny parallel corpus.
 
 The suite compiles some hundred small programs and runs each for a few steps: at LLVM's -O0
 (--xla_backend_optimization_level=0) compiling a toy model's train step takes about a third less time, its few steps
@@ -66,3 +66,11 @@ def compilation_cache(compilation_cache_dir):
     for name, value in before.items():
         jax.config.update(name, value)
     del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+
+
+@pytest.fixture
+def pairs_tsv(tmp_path):
+    """Four English-Spanish pairs in data.kind=parallel's format (source TAB target, one pair per line)."""
+    path = tmp_path / "pairs.tsv"
+    path.write_text("a cat\tun gato\nthe dog\tel perro\na dog\tun perro\nthe cat\tel gato\n")
+    return path

@@ -395,7 +395,7 @@ def test_generate_windowed_is_generate_while_it_fits_then_slides():
     assert long[19:] == decode.generate(model, params, [restart], max_new_tokens=13).ids[0]
 
 
-def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
+def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, capsys):
     """`run.py generate` and the BLEU/chrF of evaluation on an (untrained) encoder-decoder run; `run.py eval`
     decodes with the run's decode section, or with the fields its --config.decode.* flags change."""
     import run
@@ -405,13 +405,11 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     from txjax import evaluate, experiment
     from txjax.data import CharTokenizer, ParallelDataset
 
-    pairs = [("a cat", "un gato"), ("the dog", "el perro"), ("a dog", "un perro"), ("the cat", "el gato")]
-    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
-    tokenizer = CharTokenizer.from_text("".join(s + t for s, t in pairs), specials=True)
+    tokenizer = CharTokenizer.from_text(pairs_tsv.read_text().replace("\t", "").replace("\n", ""), specials=True)
     config = config_lib.base_config()
     config.unlock()
     config.update(family="encoder_decoder")
-    config.data.update(kind="parallel", path=str(tmp_path / "pairs.tsv"), valid_path=str(tmp_path / "pairs.tsv"))
+    config.data.update(kind="parallel", path=str(pairs_tsv), valid_path=str(pairs_tsv))
     config.decode.update(method="beam", max_new_tokens=8, beam_size=2)
     model = EncoderDecoder(tiny(vocab_size=tokenizer.vocab_size))
     params = random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
@@ -424,7 +422,7 @@ def test_run_py_generate_and_translation_bleu(tmp_path, monkeypatch, capsys):
     assert run.main(["generate", "--workdir=unused", "--prompt=the cat!"]) == 2  # '!' is not in the vocab
     assert capsys.readouterr().err.count("\n") == 1
 
-    dataset = ParallelDataset(tmp_path / "pairs.tsv", tokenizer, max_src_len=12, max_tgt_len=12)
+    dataset = ParallelDataset(pairs_tsv, tokenizer, max_src_len=12, max_tgt_len=12)
     metrics = evaluate.generation_metrics(fake_run, dataset, batch_size=4)
     assert capsys.readouterr().out.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100 and metrics["bleu_signature"]

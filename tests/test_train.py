@@ -79,6 +79,7 @@ def test_bad_values_are_one_line_errors():
         ("--config.train.steps=abc", "expected int"),
         ("--config.model.d_model=33", "divisible by model.num_heads"),
         ("--config.train.grad_accum=3", "divisible by grad_accum"),
+        ("--config.model.fused_projections=true", "is the decoding layout"),
     ]:
         with pytest.raises(config_lib.ConfigError, match=message) as e:
             tiny_config(flag)
@@ -331,12 +332,10 @@ def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_p
     assert [r["train_minutes"] for r in valid] == sorted(r["train_minutes"] for r in valid)
 
 
-def test_a_translation_run_logs_greedy_bleu_and_chrf_at_its_evals(tmp_path):
+def test_a_translation_run_logs_greedy_bleu_and_chrf_at_its_evals(tmp_path, pairs_tsv):
     """eval_generation on a translation task: each eval decodes the valid split greedily and logs BLEU and chrF,
     numbers in metrics.jsonl and TensorBoard (whose scalars take nothing else), and the run ends."""
-    pairs = [("a cat", "un gato"), ("the dog", "el perro"), ("a dog", "un perro"), ("the cat", "el gato")]
-    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
-    data = [f"--config.data.{k}={tmp_path / 'pairs.tsv'}" for k in ("path", "valid_path")]
+    data = [f"--config.data.{k}={pairs_tsv}" for k in ("path", "valid_path")]
     flags = ["--config.family=encoder_decoder", "--config.data.kind=parallel", "--config.data.tokenizer=char", *data]
     config = tiny_config(*flags, "--config.train.eval_every=3", "--config.train.eval_generation=true")
     result = train(config, tmp_path / "run")

@@ -221,6 +221,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"config.model.parametrization='mup' supports train.optimizer {' or '.join(optim.MUP_OPTIMIZERS)}, "
             f"not {t.optimizer!r}"
         )
+    if config.model.fused_projections:  # Muon's, muP's and export's parameter names are the trained layout's
+        raise ConfigError(
+            "config.model.fused_projections=True is the decoding layout (txjax.decode.for_decoding fuses a trained"
+            " model's W^Q|W^K|W^V itself): training keeps them apart, leave it False"
+        )
     if t.z_loss < 0:
         raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
     if not 0.0 <= t.label_smoothing < 1.0:
