@@ -86,6 +86,8 @@ SHAPES = {  # name -> (experiment file, overrides of its config)
             "model.num_kv_heads": None,
             "model.d_ff": 1024,
             "model.dropout": 0.1,
+            "model.activation": "gelu",  # MarianConfig's (the experiment trains with ReLU^2 and RoPE)
+            "model.positional": "sinusoidal",
             "model.share_embeddings": True,
             "model.tie_embeddings": True,
         },

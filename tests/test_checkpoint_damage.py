@@ -1,6 +1,7 @@
 """A damaged checkpoint: bytes flipped in a step's array data (orbax stores no checksum of it; txjax writes
 sha256sums.txt with every step). Readers and training fall back to the newest step that restores, with one warning
-line naming the bad one; training from there ends bit-identical to a run that never met the damage."""
+line naming the bad one; training from there ends bit-identical to a run that never met the damage. Averaging the
+last N checkpoints (run.py eval --average=N) passes over a bad step the same way."""
 
 import shutil
 from pathlib import Path
@@ -73,3 +74,27 @@ def test_when_no_step_restores_one_line_says_so(reference, tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"no checkpoint in .* restores \(step 6 .*; step 4 .*; step 2"):
         load_workdir(workdir)
     assert Checkpointer(workdir / "checkpoints", 3).manager.all_steps() == [2, 4, 6]  # a reader changes nothing
+
+
+def test_average_is_the_mean_of_the_newest_steps_that_restore(reference, tmp_path, capsys):
+    single = {step: params_of_step(reference, step) for step in (2, 4, 6)}
+    run = load_workdir(reference, average=2)
+    assert (run.step, run.averaged_steps) == (6, (6, 4))
+    for got, a, b in zip(*(jax.tree_util.tree_leaves(p) for p in (jax.device_get(run.params), single[6], single[4]))):
+        np.testing.assert_allclose(got, (a + b) / 2, rtol=1e-6, atol=1e-7)
+        assert not np.array_equal(a, b)  # the steps differ, so a mean that kept one of them would fail
+    assert load_workdir(reference, step=4, average=2).averaged_steps == (4, 2)
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    flip_array_bytes(workdir / "checkpoints" / "4")
+    capsys.readouterr()
+    assert load_workdir(workdir, average=2).averaged_steps == (6, 2)  # step 4 passed over, with one warning
+    assert capsys.readouterr().err.count("warning: checkpoint step 4 (Damaged: ") == 1
+    with pytest.raises(config_lib.ConfigError, match=r"3 checkpoints asked for, 2 restore .*\(steps 6, 2\): ask for"):
+        load_workdir(workdir, average=3)
+    with pytest.raises(config_lib.ConfigError, match=r"^--average=0: the number of checkpoints to average must be"):
+        load_workdir(workdir, average=0)
+
+
+def params_of_step(workdir, step):
+    return jax.device_get(load_workdir(workdir, step=step).params)

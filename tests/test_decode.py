@@ -415,7 +415,7 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
     params = random_params(model, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))
     fake_run = experiment.TrainedRun(config, model, tokenizer, params, step=0)
     for command in (txjax.cli.generate, txjax.cli.eval):
-        monkeypatch.setattr(command, "load_workdir", lambda workdir, mesh=None: fake_run)
+        monkeypatch.setattr(command, "load_workdir", lambda workdir, mesh=None, average=1: fake_run)
 
     assert run.main(["generate", "--workdir=unused", "--prompt=the cat"]) == 0
     assert capsys.readouterr().out.count("\n") == 1  # one translation (beam search; maybe empty, untrained)

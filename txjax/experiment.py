@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
@@ -131,11 +132,18 @@ class TrainedRun(NamedTuple):
     tokenizer: data.Tokenizer
     params: Any
     step: int
+    averaged_steps: tuple[int, ...] = ()  # the checkpoints whose mean `params` is, when more than one
 
 
-def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None = None) -> TrainedRun:
+def load_workdir(
+    workdir: str | Path, step: int | None = None, mesh: Mesh | None = None, average: int = 1
+) -> TrainedRun:
     """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir, laid out
-    on `mesh` (default: the first device), whatever mesh and process count wrote them."""
+    on `mesh` (default: the first device), whatever mesh and process count wrote them. average=N: the element-wise
+    mean of the parameters of the N newest checkpoints (up to `step`), Vaswani et al. 2017 (section 6.1: "a single
+    model obtained by averaging the last 5 checkpoints"); `step` is then the newest of them."""
+    if average < 1:
+        raise config_lib.ConfigError(f"--average={average}: the number of checkpoints to average must be at least 1")
     workdir = Path(workdir)
     config = config_lib.load(workdir)
     model = build_model(config)
@@ -144,8 +152,11 @@ def load_workdir(workdir: str | Path, step: int | None = None, mesh: Mesh | None
     init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     try:
-        state = ckpt.restore(jax.eval_shape(init), step)
+        states = ckpt.restore_newest(jax.eval_shape(init), average, step)
     finally:
         ckpt.close()
-    params = eval_params(config.train, state)  # schedule-free AdamW: the averaged point
-    return TrainedRun(config, model, data.load_tokenizer(workdir / TOKENIZER_DIR), params, int(state.step))
+    params = [eval_params(config.train, state) for state in states]  # schedule-free AdamW: the averaged point
+    mean = lambda *leaves: (sum(leaf.astype(jnp.float32) for leaf in leaves) / len(leaves)).astype(leaves[0].dtype)
+    averaged = tuple(int(state.step) for state in states) if average > 1 else ()
+    tokenizer = data.load_tokenizer(workdir / TOKENIZER_DIR)
+    return TrainedRun(config, model, tokenizer, jax.tree.map(mean, *params), int(states[0].step), averaged)

@@ -16,17 +16,20 @@ from txjax.score_text import score_text
 
 
 def main(argv: list[str]) -> None:
-    """run.py eval --workdir=DIR [--split=valid|test | --text=FILE [--max_tokens=N] [--context=N]]
+    """run.py eval --workdir=DIR [--split=valid|test | --text=FILE [--max_tokens=N] [--context=N]] [--average=N]
     [--config.mesh.FIELD=N ...] [--config.decode.FIELD=V ...]: writes DIR/eval_<split>.json (--text:
-    eval_text.json), prints it as the last line. The parameters are laid out on the run's mesh (on one device when
-    this machine has fewer devices than it needs) unless --config.mesh.* flags choose another; a translation is
-    decoded with the run's decode section, --config.decode.* flags changing its fields (e.g. length_penalty)."""
+    eval_text.json), prints it as the last line. --average=N evaluates the mean of the parameters of the last N
+    checkpoints (their steps recorded as averaged_steps). The parameters are laid out on the run's mesh (on one
+    device when this machine has fewer devices than it needs) unless --config.mesh.* flags choose another; a
+    translation is decoded with the run's decode section, --config.decode.* flags changing its fields (e.g.
+    length_penalty)."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
     parser.add_argument("--text", help="score this text file instead (txjax.score_text): loss, nats/char, bits/byte")
     parser.add_argument("--max_tokens", type=int, default=0, help="--text: its first N tokens only (0: all)")
     parser.add_argument("--context", type=int, default=0, help="--text: tokens per window (0: the model's max_len)")
+    parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")
     add_distributed_flags(parser)
     args, overrides = parse_with_overrides(parser, argv, prefix=("--config.mesh.", "--config.decode."))
     initialize_distributed(args)
@@ -42,7 +45,7 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--config.decode.{decode_given[0]}: only a translation split is decoded ({task}): drop it")
     strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
     with user_errors():
-        run = load_workdir(args.workdir, mesh=mesh)
+        run = load_workdir(args.workdir, mesh=mesh, average=args.average)
         if args.text:  # a missing, short or unencodable text is a one-line error
             text = read_text(resolve_path(args.text, "text file", "--text"))
             score = score_text(run, text, max_tokens=args.max_tokens, context=args.context, mesh=mesh)
@@ -57,6 +60,8 @@ def main(argv: list[str]) -> None:
             exact_match=run.config.data.kind == "synthetic",
         )
         metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset, **strategy)}
+    if run.averaged_steps:
+        metrics["averaged_steps"] = list(run.averaged_steps)
     if distributed.is_lead():
         write_metrics(args.workdir, "text" if args.text else args.split, metrics)
         print(json.dumps(metrics))

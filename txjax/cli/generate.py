@@ -35,9 +35,10 @@ def main(argv: list[str]) -> None:
     ]:
         parser.add_argument(f"--{name}", type=kind, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")
     parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")
     args = vars(parser.parse_args(argv))
     with user_errors():
-        run = load_workdir(args.pop("workdir"))
+        run = load_workdir(args.pop("workdir"), average=args.pop("average"))
         texts = generate_from_workdir(run, args.pop("prompt"), **args)
     print("\n---------------\n".join(texts))
