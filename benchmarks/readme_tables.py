@@ -303,11 +303,33 @@ def bible_variants() -> list[str]:
         # a field only the committed run records was added after the variant ran (at its default: the old behaviour)
         changed = sorted(k for k in {*config} - {"model.vocab_size"} if config[k] != committed.get(k, config[k]))
         flags = [f"`{k}={config.get(k)}`" for k in changed]
-        rows.append([", ".join(flags) or "(the experiment as committed)", v["step"], n(v.get("train_minutes")),
+        rows.append([", ".join(flags) or "(the experiment as committed)", v["step"], n(train_minutes(folder)),
                      n(v["loss"], 4), n(v["bleu"], 4), f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})",
                      machine_label(v["machine"])])  # fmt: skip
     header = ["config fields changed from the committed run", "steps", "training minutes", "valid loss",
               "valid BLEU (greedy)", "test BLEU, beam 4 (chrF)", "measured"]  # fmt: skip
+    return table(header, rows)
+
+
+def train_minutes(folder: Path) -> float | None:
+    """The training minutes of a run's last logged evaluation (metrics.jsonl)."""
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return next((r["train_minutes"] for r in reversed(records) if "train_minutes" in r), None)
+
+
+def bible_averaging() -> list[str]:
+    """The checkpoints100 run's last checkpoints averaged (`run.py eval --average=N`), valid and test split, copied
+    into experiments/results/bible_en_es/variants/checkpoints100/average/eval_{valid,test}_N.json."""
+    folder, rows = RUNS / "bible_en_es" / "variants" / "checkpoints100" / "average", []
+    for valid in sorted(folder.glob("eval_valid_*.json"), key=lambda p: int(p.stem.split("_")[-1])):
+        v, test = json.loads(valid.read_text()), folder / valid.name.replace("valid", "test")
+        t = json.loads(test.read_text()) if test.is_file() else None
+        steps = v.get("averaged_steps", [v["step"]])
+        rows.append([len(steps), f"{min(steps)}-{max(steps)}", n(v["loss"], 4), n(v["bleu"], 4), n(v["chrf"], 4),
+                     f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})" if t else "", f"`{v['machine']['command']}`",
+                     machine_label(v["machine"])])  # fmt: skip
+    header = ["checkpoints averaged", "steps", "valid loss", "valid BLEU, beam 4", "valid chrF", "test BLEU (chrF)",
+              "command (valid)", "measured"]  # fmt: skip
     return table(header, rows)
 
 
@@ -326,7 +348,7 @@ TABLES = {
     f.__name__: f
     for f in (
         *(ablations, mup, data, smollm2, train_speed, decode, generation, peers),
-        *(experiments, bible_variants, bible_length_penalty),
+        *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }
 
