@@ -69,40 +69,43 @@ class Checkpointer:
     def restore(self, abstract_state, step: int | None = None):
         """The state saved at `step` (default: the latest that restores), with the structure, shapes and dtypes of
         `abstract_state` (a pytree of jax.ShapeDtypeStruct, e.g. from jax.eval_shape of the init)."""
-        return self.restore_newest(abstract_state, 1, step)[0]
+        return next(self.restore_newest(abstract_state, 1, step))[1]
 
-    def restore_newest(self, abstract_state, count: int, step: int | None = None) -> list:
-        """The `count` newest states that restore, newest first: from the latest step, or from `step` and the
-        steps before it (`step` alone when count is 1). A step that does not restore is passed over with a
-        warning line; fewer than `count` left is a ConfigError naming the steps there are."""
+    def restore_newest(self, abstract_state, count: int, step: int | None = None):
+        """Yields (step, state) for the `count` newest steps that restore, newest first, one state at a time (a
+        caller that reduces them holds one): from the latest step, or from `step` and the steps before it (`step`
+        alone when count is 1). A step that does not restore is passed over with a warning line; fewer than
+        `count` left is a ConfigError naming the steps there are."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         if step is not None:
             steps = [step] + ([s for s in steps if s < step] if count > 1 else [])
         if not steps:
             raise FileNotFoundError(f"no finished checkpoint in {self.directory}")
-        states, restored, problems = [], [], []
+        restored, problems = [], []
         for i, s in enumerate(steps):
             try:
                 verify(self.directory / str(s))
-                states.append(self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state)))
-                restored.append(s)
+                state = self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
             except Exception as e:  # noqa: BLE001 -- any failure to read a step is a reason to try the one before
                 problems.append(f"step {s} ({type(e).__name__}: {_first_line(e)})")
                 later = f"; trying step {steps[i + 1]}" if i + 1 < len(steps) else ""
                 print(
                     f"warning: checkpoint {problems[-1]} in {self.directory} does not restore{later}", file=sys.stderr
                 )
-            if len(states) == count:
-                return states
-        if not states:
+                continue
+            restored.append(s)
+            yield s, state
+            if len(restored) == count:
+                return
+        if not restored:
             raise ConfigError(
                 f"no checkpoint in {self.directory} restores ({'; '.join(problems)}); move the folder away to start "
                 "the run afresh"
             )
         raise ConfigError(
-            f"{count} checkpoints asked for, {len(states)} restore in {self.directory} (steps "
-            f"{', '.join(map(str, restored))}): ask for at most {len(states)}, or train with a "
-            "larger train.keep_checkpoints"
+            f"{count} checkpoints asked for, {len(restored)} restore in {self.directory} (steps "
+            f"{', '.join(map(str, restored))}): ask for at most {len(restored)}, or train with a larger "
+            "train.keep_checkpoints"
         )
 
     def verified(self, step: int) -> bool:

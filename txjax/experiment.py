@@ -151,12 +151,17 @@ def load_workdir(
     shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())
     init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
+    steps, total = [], None  # a running float32 sum: one restored state in memory at a time
     try:
-        states = ckpt.restore_newest(jax.eval_shape(init), average, step)
+        for saved, state in ckpt.restore_newest(jax.eval_shape(init), average, step):
+            params = eval_params(config.train, state)  # schedule-free AdamW: the averaged point
+            if average > 1:
+                f32 = jax.tree.map(lambda leaf: leaf.astype(jnp.float32), params)
+                total = f32 if total is None else jax.tree.map(jnp.add, total, f32)
+            steps.append(saved)
     finally:
         ckpt.close()
-    params = [eval_params(config.train, state) for state in states]  # schedule-free AdamW: the averaged point
-    mean = lambda *leaves: (sum(leaf.astype(jnp.float32) for leaf in leaves) / len(leaves)).astype(leaves[0].dtype)
-    averaged = tuple(int(state.step) for state in states) if average > 1 else ()
+    if average > 1:
+        params = jax.tree.map(lambda summed, leaf: (summed / len(steps)).astype(leaf.dtype), total, params)
     tokenizer = data.load_tokenizer(workdir / TOKENIZER_DIR)
-    return TrainedRun(config, model, tokenizer, jax.tree.map(mean, *params), int(states[0].step), averaged)
+    return TrainedRun(config, model, tokenizer, params, steps[0], tuple(steps) if average > 1 else ())
