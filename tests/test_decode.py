@@ -124,26 +124,24 @@ def test_decode_step_compiles_once_over_100_steps():
 
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
-    model = EncoderDecoder(tiny(scan_layers=scan_layers))
-    cache = init_cache(model, 3, 6, 5)  # 3 rows, gathered into 4: no other axis of the cache has size 3 or 4
+    cfg = tiny(scan_layers=scan_layers)
+    cache = init_cache(EncoderDecoder(cfg), 3, 6, 5)  # 3 rows, gathered into 4
 
-    def row_axis(leaf, rows=3):
-        (axis,) = [i for i, n in enumerate(leaf.shape) if n == rows]
-        return axis
+    def per_row(name, rows):
+        """The row held by each slot of a leaf, broadcastable to it: positions [.., B, S] hold row b on axis -2;
+        keys/values [.., B*KV, S, K] (attention.cache_layout) on axis -3, the KV heads of row b side by side."""
+        return rows[:, None] if name == "cached_pos" else np.repeat(rows, cfg.kv_heads)[:, None, None]
 
     def mark(path, leaf):  # every per-row leaf holds its row number
-        if path[-1].key == "cache_index":
-            return leaf
-        shape = [1] * leaf.ndim
-        shape[row_axis(leaf)] = 3
-        return jnp.broadcast_to(jnp.arange(3).reshape(shape), leaf.shape).astype(leaf.dtype)
+        name = path[-1].key
+        return leaf if name == "cache_index" else jnp.broadcast_to(per_row(name, np.arange(3)), leaf.shape)
 
-    rows = jnp.array([2, 2, 0, 1])
-    gathered = decode.gather_rows(jax.tree_util.tree_map_with_path(mark, cache), rows)
+    rows = np.array([2, 2, 0, 1])
+    gathered = decode.gather_rows(jax.tree_util.tree_map_with_path(mark, cache), jnp.asarray(rows))
     for path, leaf in jax.tree_util.tree_leaves_with_path(gathered):
         if path[-1].key != "cache_index":
-            by_row = jnp.moveaxis(leaf, row_axis(leaf, 4), -1).reshape(-1, 4)
-            np.testing.assert_array_equal(by_row, np.broadcast_to(rows, by_row.shape))
+            expected = np.broadcast_to(per_row(path[-1].key, rows), leaf.shape)
+            np.testing.assert_array_equal(leaf, expected, err_msg=str(path))
 
 
 # ---------------------------------------------------------------- batches, padding, reference implementations

@@ -87,24 +87,51 @@ def segment_mask(q_seg, k_seg):
 
 
 def _per_head(fn: Callable) -> Callable:
-    """vmap a one-head function over the heads: q [B, L, H, K], k/v [B, S, KV, K] -> out [B, L, H, K].
+    """vmap a one-head function over the heads: q [B, L, H, K] with k/v [B, S, KV, K], or with decoding's k/v
+    [B*KV, S, K] (see `cache_layout`) -> out [B, L, H, K], probs [B, H, L, S].
 
-    With grouped-query attention (H = KV * G) it vmaps twice, over the KV heads and then over the G query heads that
-    share one K/V head (k and v broadcast), so K/V are never copied. fn(q [B,L,K], k [B,S,K], v [B,S,K],
-    bias [B|1,L,S] | None, keep [B,L,S] | None) -> (out [B,L,K], probs [B,L,S]); per-head extras (bias, keep) come
-    as [B|1, H, L, S].
+    With grouped-query attention (H = KV * R) it vmaps over the K/V heads and then over the R query heads that share
+    one K/V head (k and v broadcast), so K/V are never copied. fn(q [..., L, K], k [..., S, K], v [..., S, K],
+    mask [..., L, S] | None, bias | None, keep | None) -> (out [..., L, K], probs [..., L, S]), where `...` is the
+    rows [B] for k/v [B, S, KV, K] (the mask [B|1, L, S] shared by the heads) and nothing for decoding's layout (one
+    vmap over the rows and K/V heads together, the mask repeated per K/V head); per-head extras (bias, keep) come as
+    [B|1, H, L, S].
     """
-    over_g = jax.vmap(fn, in_axes=(-2, None, None, 1, 1), out_axes=(-2, 1))
-    over_kv = jax.vmap(over_g, in_axes=(-3, -2, -2, 1, 1), out_axes=(-3, 1))
+    over_r = jax.vmap(fn, in_axes=(-2, None, None, None, -3, -3), out_axes=(-2, -3))
 
-    def run(q_BxLxHxK, k, v, bias, keep):
-        g = k.shape[-2]  # H = G * R: the R query heads of a group share its K/V head
-        split = lambda t: None if t is None else einops.rearrange(t, "b (g r) l s -> b g r l s", g=g)
-        q_BxLxGxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> b l g r k", g=g)
-        out, probs = over_kv(q_BxLxGxRxK, k, v, split(bias), split(keep))
-        return einops.rearrange(out, "b l g r k -> b l (g r) k"), einops.rearrange(probs, "b g r l s -> b (g r) l s")
+    def run(q_BxLxHxK, k, v, mask, bias, keep):
+        b = q_BxLxHxK.shape[0]
+        if k.ndim == 4:  # [B, S, KV, K]
+            g = k.shape[-2]
+            split = lambda t: None if t is None else einops.rearrange(t, "b (g r) l s -> b g r l s", g=g)
+            q_BxLxGxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> b l g r k", g=g)
+            over_kv = jax.vmap(over_r, in_axes=(-3, -2, -2, None, 1, 1), out_axes=(-3, 1))
+            out, probs = over_kv(q_BxLxGxRxK, k, v, mask, split(bias), split(keep))
+            out = einops.rearrange(out, "b l g r k -> b l (g r) k")
+            return out, einops.rearrange(probs, "b g r l s -> b (g r) l s")
+        g = k.shape[0] // b  # [B*KV, S, K]
+        rows = lambda t: None if t is None else jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by rows
+        split = lambda t: None if t is None else einops.rearrange(rows(t), "b (g r) l s -> (b g) r l s", g=g)
+        q_BGxLxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> (b g) l r k", g=g)
+        mask = None if mask is None else einops.repeat(rows(mask), "b l s -> (b g) l s", g=g)
+        out, probs = jax.vmap(over_r)(q_BGxLxRxK, k, v, mask, split(bias), split(keep))
+        out = einops.rearrange(out, "(b g) l r k -> b l (g r) k", b=b)
+        return out, einops.rearrange(probs, "(b g) r l s -> b (g r) l s", b=b)
 
     return run
+
+
+def cache_layout(t_BxSxGxK):
+    """Keys or values [B, S, KV, K] -> decoding's layout [B*KV, S, K]: rows and K/V heads on one leading axis.
+
+    Why: XLA:CPU multiplies batched matrices in place only when their batch axes lead in memory in the product's
+    order and are not of size 1. Vmapped over the heads of [B, S, KV, K] the products' batch axes are (KV head,
+    row), so every decode step copied each layer's whole cache into that order; stored [B, KV, S, K] the two batch
+    axes match, but at B = 1 XLA drops the size-1 axis and duplicates the cache update (a copy again). One merged
+    axis is read as it lies at every B. Training keeps [B, S, KV, K]: there the mask, repeated per K/V head by
+    this layout, would cost more than the transpose it saves.
+    """
+    return einops.rearrange(t_BxSxGxK, "b s g k -> (b g) s k")
 
 
 class MultiHeadAttention(nn.Module):
@@ -112,7 +139,8 @@ class MultiHeadAttention(nn.Module):
 
     Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
     sequence axis. `kv=None` means self-attention. In decode mode the keys/values of the new tokens are written
-    into a preallocated cache at `cache_index` and the queries attend over the whole cache.
+    into a preallocated cache at `cache_index` and the queries attend over the whole cache; in decode mode keys
+    and values are in `cache_layout`, [B*KV, S, K].
     """
 
     num_heads: int
@@ -168,19 +196,22 @@ class MultiHeadAttention(nn.Module):
         else:
             q_BxLxHxK = rms_norm("query_norm", proj("query", h, x_BxLxD, ("embed", "heads", "kv")))
             if kv is None:  # cross-attention decode step: K/V of the encoder output, computed once at prefill
-                k_BxSxGxK = self.get_variable("cache", "cross_key")
+                k_BxSxGxK = self.get_variable("cache", "cross_key")  # already in cache_layout, [B*KV, S, K]
                 v_BxSxGxK = self.get_variable("cache", "cross_value")
             else:
                 k_BxSxGxK = rms_norm("key_norm", proj("key", g, kv, ("embed", "kv_heads", "kv")))
                 v_BxSxGxK = proj("value", g, kv, ("embed", "kv_heads", "kv"))
                 if decode and self.cross:
+                    k_BxSxGxK, v_BxSxGxK = cache_layout(k_BxSxGxK), cache_layout(v_BxSxGxK)
                     self.put_variable("cache", "cross_key", k_BxSxGxK)
                     self.put_variable("cache", "cross_value", v_BxSxGxK)
         if self.rope_base is not None:
             q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
             k_BxSxGxK = positional.apply_rope(k_BxSxGxK, k_pos, self.rope_base)
-        if decode and not self.cross:
-            k_BxSxGxK, v_BxSxGxK, k_pos, mask = self._update_cache(k_BxSxGxK, v_BxSxGxK, q_pos, mask)
+        if decode and not self.cross:  # from here on decoding's k/v are [B*KV, S, K] despite their names
+            k_BxSxGxK, v_BxSxGxK, k_pos, mask = self._update_cache(
+                cache_layout(k_BxSxGxK), cache_layout(v_BxSxGxK), q_pos, mask
+            )
 
         bias_BxHxLxS = None
         if self.alibi:
@@ -201,9 +232,11 @@ class MultiHeadAttention(nn.Module):
         return y_BxLxD
 
     def _attend(self, q, k, v, mask, bias, scale, deterministic):
-        """Per-head softmax(mask(qk^T*scale+bias))v: q [B,L,H,K], k/v [B,S,KV,K] -> [B,L,H,K]."""
+        """Per-head softmax(mask(qk^T*scale+bias))v: q [B,L,H,K], k/v [B,S,KV,K] or [B*KV,S,K] -> [B,L,H,K]."""
         use_dropout = self.dropout > 0 and not deterministic
         if self.impl == "fused" and not (self.sow_weights or use_dropout):
+            if k.ndim == 3:  # decoding's cache_layout -> dot_product_attention's [B, S, KV, K]
+                k, v = (einops.rearrange(t, "(b g) s k -> b s g k", b=q.shape[0]) for t in (k, v))
             if mask is not None:
                 mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
@@ -219,10 +252,12 @@ class MultiHeadAttention(nn.Module):
             keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, shape) / (1.0 - self.dropout)
         m = None if mask is None else mask[:, 0]  # [B|1, Lq, Lk], shared by all heads
 
-        def one_head(q_, k_, v_, bias_, keep_):
-            return scaled_dot_product_attention(q_, k_, v_, m, bias=bias_, scale=scale, keep=keep_, return_weights=True)
+        def one_head(q_, k_, v_, m_, bias_, keep_):
+            return scaled_dot_product_attention(
+                q_, k_, v_, m_, bias=bias_, scale=scale, keep=keep_, return_weights=True
+            )
 
-        out_BxLxHxK, probs_BxHxLxS = _per_head(one_head)(q, k, v, bias, keep)
+        out_BxLxHxK, probs_BxHxLxS = _per_head(one_head)(q, k, v, m, bias, keep)
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", probs_BxHxLxS)
         return out_BxLxHxK
@@ -230,11 +265,11 @@ class MultiHeadAttention(nn.Module):
     def _update_cache(self, k_new, v_new, q_pos, mask):
         """Write this call's keys/values at cache_index; return the whole cache and its mask.
 
-        The cache is [B, max_len, kv_heads, d_k]; `cached_pos` stores each slot's position (-1 = empty). A query
-        attends to a filled slot whose position is <= its own and that `mask` (the new tokens' mask, [B,1,L,L],
-        for left padding) does not exclude.
+        k_new/v_new [B*KV, L, K] and the cache [B*KV, max_len, K] are in `cache_layout`; `cached_pos` [B, max_len]
+        stores each slot's position (-1 = empty). A query attends to a filled slot whose position is <= its own and
+        that `mask` (the new tokens' mask, [B,1,L,L], for left padding) does not exclude.
         """
-        b, l = k_new.shape[:2]
+        b, l = q_pos.shape
         is_init = not self.has_variable("cache", "cached_key")
         ck = self.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
         cv = self.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
@@ -243,8 +278,8 @@ class MultiHeadAttention(nn.Module):
         if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
             return k_new, v_new, q_pos, mask
         i = cidx.value
-        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, i, 0, 0))
-        cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, i, 0, 0))
+        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, i, 0))
+        cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, i, 0))
         # a new token excluded by the caller's mask from its own slot (left padding) is stored as empty (-1)
         own = jnp.ones((b, l), bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)
         cpos.value = jax.lax.dynamic_update_slice(cpos.value, jnp.where(own, q_pos, -1).astype(jnp.int32), (0, i))

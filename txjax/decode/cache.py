@@ -15,11 +15,11 @@ from txjax.families import family_of
 from txjax.layers import fuse_projections
 from txjax.models import unstack_layers
 
-# the row (batch) axis of each per-row cache leaf, from the end (nn.scan adds a leading layer axis): keys and values
-# [B, S, KV, K], positions [B, S]; cache_index has no row axis
-BATCH_AXIS = {"cached_key": -4, "cached_value": -4, "cross_key": -4, "cross_value": -4, "cached_pos": -2}
+# the per-row cache leaves (nn.scan adds a leading layer axis): keys and values in attention.cache_layout
+# [B*KV, S, K] (each row's K/V heads side by side on one axis), positions [B, S]; cache_index has no row axis
+ROW_LEAVES = ("cached_key", "cached_value", "cross_key", "cross_value", "cached_pos")
 # the target-length axis of the growing leaves, from the end
-LENGTH_AXIS = {"cached_key": -3, "cached_value": -3, "cached_pos": -1}
+LENGTH_AXIS = {"cached_key": -2, "cached_value": -2, "cached_pos": -1}
 
 
 def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
@@ -129,17 +129,25 @@ def for_decoding(model, params):
     return model.clone(cfg=dataclasses.replace(cfg, scan_layers=False, fused_projections=True)), params
 
 
-def gather_rows(cache, rows_M, leaves=tuple(BATCH_AXIS)):
+def gather_rows(cache, rows_M, leaves=ROW_LEAVES):
     """cache rows (batch axis) -> cache[rows_M] for every per-row leaf named in `leaves`: tiling to B*W rows (all
     of them) and beam reordering (the self-attention ones: every beam of a row holds its source's cross-attention
     keys/values, which a reorder within the row leaves as they are).
 
     cache_index is shared.
     """
+    b = next(
+        leaf.shape[-2] for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key == "cached_pos"
+    )
 
     def gather(path, leaf):
         name = path[-1].key
-        return jnp.take(leaf, rows_M, axis=BATCH_AXIS[name]) if name in leaves else leaf
+        if name not in leaves:
+            return leaf
+        if name == "cached_pos":
+            return jnp.take(leaf, rows_M, axis=-2)
+        by_row = einops.rearrange(leaf, "... (b g) s k -> ... b g s k", b=b)  # cache_layout's rows apart
+        return einops.rearrange(jnp.take(by_row, rows_M, axis=-4), "... m g s k -> ... (m g) s k")
 
     return jax.tree_util.tree_map_with_path(gather, cache)
 
