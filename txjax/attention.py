@@ -190,34 +190,33 @@ class MultiHeadAttention(nn.Module):
             return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, name=name)(t).astype(t.dtype)
 
         h, g = self.num_heads, self.num_kv_heads
+        # k, v: [B, S, KV, K] from the projections; in decode mode [B*KV, S, K] (cache_layout) once cached
         if self.fused_qkv and not self.cross:  # decoding's layout: one product x [W^Q|W^K|W^V] instead of three
             qkv = jnp.split(proj("qkv", h + 2 * g, x_BxLxD, ("embed", "heads", "kv")), (h, h + g), axis=2)
-            q_BxLxHxK, k_BxSxGxK, v_BxSxGxK = rms_norm("query_norm", qkv[0]), rms_norm("key_norm", qkv[1]), qkv[2]
+            q_BxLxHxK, k, v = rms_norm("query_norm", qkv[0]), rms_norm("key_norm", qkv[1]), qkv[2]
         else:
             q_BxLxHxK = rms_norm("query_norm", proj("query", h, x_BxLxD, ("embed", "heads", "kv")))
             if kv is None:  # cross-attention decode step: K/V of the encoder output, computed once at prefill
-                k_BxSxGxK = self.get_variable("cache", "cross_key")  # already in cache_layout, [B*KV, S, K]
-                v_BxSxGxK = self.get_variable("cache", "cross_value")
+                k = self.get_variable("cache", "cross_key")
+                v = self.get_variable("cache", "cross_value")
             else:
-                k_BxSxGxK = rms_norm("key_norm", proj("key", g, kv, ("embed", "kv_heads", "kv")))
-                v_BxSxGxK = proj("value", g, kv, ("embed", "kv_heads", "kv"))
+                k = rms_norm("key_norm", proj("key", g, kv, ("embed", "kv_heads", "kv")))
+                v = proj("value", g, kv, ("embed", "kv_heads", "kv"))
                 if decode and self.cross:
-                    k_BxSxGxK, v_BxSxGxK = cache_layout(k_BxSxGxK), cache_layout(v_BxSxGxK)
-                    self.put_variable("cache", "cross_key", k_BxSxGxK)
-                    self.put_variable("cache", "cross_value", v_BxSxGxK)
+                    k, v = cache_layout(k), cache_layout(v)
+                    self.put_variable("cache", "cross_key", k)
+                    self.put_variable("cache", "cross_value", v)
         if self.rope_base is not None:
             q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
-            k_BxSxGxK = positional.apply_rope(k_BxSxGxK, k_pos, self.rope_base)
-        if decode and not self.cross:  # from here on decoding's k/v are [B*KV, S, K] despite their names
-            k_BxSxGxK, v_BxSxGxK, k_pos, mask = self._update_cache(
-                cache_layout(k_BxSxGxK), cache_layout(v_BxSxGxK), q_pos, mask
-            )
+            k = positional.apply_rope(k, k_pos, self.rope_base)
+        if decode and not self.cross:
+            k, v, k_pos, mask = self._update_cache(cache_layout(k), cache_layout(v), q_pos, mask)
 
         bias_BxHxLxS = None
         if self.alibi:
             bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
-        out_BxLxHxK = self._attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, bias_BxHxLxS, scale, deterministic)
+        out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, bias_BxHxLxS, scale, deterministic)
 
         w_out = self.param(
             "out",
