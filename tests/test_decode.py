@@ -259,19 +259,28 @@ def test_sampling_same_seed_same_text():
 
 @pytest.mark.parametrize("family", ["lm", "seq2seq"])
 def test_the_decoding_layout_computes_what_the_trained_one_does(family):
-    """for_decoding's model (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each) on its converted
-    parameters: the same full forward pass as the scanned, unfused model, with each option that adds parameters to
-    the fused projections (q/k/v biases, QK-norm, SwiGLU, grouped-query heads)."""
+    """for_decoding's model (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each; every kernel output
+    axes first) on its converted parameters: the same full forward pass as the scanned, unfused model, with each
+    option that adds parameters to the rearranged projections (q/k/v biases, QK-norm, SwiGLU, grouped-query heads)
+    or kernels (biases everywhere, an untied head)."""
     options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
-    model, params = (lm if family == "lm" else seq2seq)("rope", **options)
-    fused_model, fused = decode.for_decoding(model, params)
-    layer = fused["decoder"]["layers_1"]
-    assert set(layer["self_attention"]) == {"qkv", "qkv_bias", "out", "query_norm", "key_norm"}
-    assert "wi_fused" in layer["ffn"] and "wi_gate" not in layer["ffn"]
-    inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
-    expected = model.apply({"params": params}, *inputs)
-    np.testing.assert_allclose(fused_model.apply({"params": fused}, *inputs), expected, rtol=1e-5, atol=1e-5)
-    assert decode.for_decoding(fused_model, fused) == (fused_model, fused)  # already in the decoding layout
+    for extra in ({}, dict(use_bias=True, tie_embeddings=False)):
+        model, params = (lm if family == "lm" else seq2seq)("rope", **options, **extra)
+        fused_model, fused = decode.for_decoding(model, params)
+        cfg, layer = model.cfg, fused["decoder"]["layers_1"]
+        h, g, k, d, f = cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model, cfg.d_ff
+        assert set(layer["self_attention"]) >= {"qkv", "qkv_bias", "out", "query_norm", "key_norm"}
+        assert layer["self_attention"]["qkv"].shape == (h + 2 * g, k, d)
+        assert layer["self_attention"]["out"].shape == (d, h, k)
+        assert layer["ffn"]["wi_fused"]["kernel"].shape == (2 * f, d) and "wi_gate" not in layer["ffn"]
+        assert layer["ffn"]["wo"]["kernel"].shape == (d, f)
+        if extra:
+            embedder = fused["embed" if family == "lm" else "src_embed"]  # shared by source and target
+            assert embedder["lm_head"]["kernel"].shape == (cfg.vocab_size, d)
+        inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
+        expected = model.apply({"params": params}, *inputs)
+        np.testing.assert_allclose(fused_model.apply({"params": fused}, *inputs), expected, rtol=1e-5, atol=1e-5)
+        assert decode.for_decoding(fused_model, fused) == (fused_model, fused)  # already in the decoding layout
 
 
 # ---------------------------------------------------------------- the cache grows through bucketed lengths

@@ -79,7 +79,7 @@ def test_bad_values_are_one_line_errors():
         ("--config.train.steps=abc", "expected int"),
         ("--config.model.d_model=33", "divisible by model.num_heads"),
         ("--config.train.grad_accum=3", "divisible by grad_accum"),
-        ("--config.model.fused_projections=true", "is the decoding layout"),
+        ("--config.model.decoding_layout=true", "is for decoding only"),
     ]:
         with pytest.raises(config_lib.ConfigError, match=message) as e:
             tiny_config(flag)
@@ -361,3 +361,13 @@ def test_profile_steps_write_a_trace_of_those_steps_and_print_its_top_ops(tmp_pa
     assert profiling.format_ops(ops[:10]) in capsys.readouterr().out
     with pytest.raises(config_lib.ConfigError, match="profile_steps='4:2': expected A:B with 0 <= A < B"):
         tiny_config("--config.train.profile_steps=4:2")
+
+
+def test_a_config_saved_before_the_decoding_layout_was_renamed_still_loads():
+    """experiments/results/bible_en_es/config.json was written with model.fused_projections (since renamed
+    decoding_layout, never saved True): it loads, without that key, and validates."""
+    saved = Path(__file__).resolve().parents[1] / "experiments" / "results" / "bible_en_es"
+    assert "fused_projections" in json.loads((saved / config_lib.CONFIG_FILE).read_text())["model"]
+    loaded = config_lib.load(saved)
+    assert "fused_projections" not in loaded.model and loaded.model.decoding_layout is False
+    config_lib.model_config(loaded.model.to_dict())

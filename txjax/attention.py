@@ -11,6 +11,7 @@ True meaning "may attend".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import einops
@@ -134,13 +135,26 @@ def cache_layout(t_BxSxGxK):
     return einops.rearrange(t_BxSxGxK, "b s g k -> (b g) s k")
 
 
+def out_major_product(x_BxLxI, w_Oxi):
+    """x W^T with W stored output axes first, [O..., I...] (the decoding layout): x's trailing axes (I...) against
+    W's as one [(O...), (I...)] matrix, the result's last axis split back into O... .
+
+    Why the flattening: XLA:CPU multiplies a vector by an [out, in] matrix reading each output's weights as one
+    contiguous row, faster than by [in, out]; but a kernel with two output or input axes it first transposes into
+    [in, out], a copy of the whole matrix at every call."""
+    out_axes = w_Oxi.shape[: w_Oxi.ndim - (x_BxLxI.ndim - 2)]
+    w_2d = w_Oxi.reshape(math.prod(out_axes), -1)
+    y = precision.einsum("bli,oi->blo", x_BxLxI.reshape(*x_BxLxI.shape[:2], -1), w_2d)
+    return y.reshape(*y.shape[:2], *out_axes)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
 
-    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
-    sequence axis. `kv=None` means self-attention. In decode mode the keys/values of the new tokens are written
-    into a preallocated cache at `cache_index` and the queries attend over the whole cache; in decode mode keys
-    and values are in `cache_layout`, [B*KV, S, K].
+    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model] (in the
+    decoding layout output axes first); none has a sequence axis. `kv=None` means self-attention. In decode mode
+    the keys/values of the new tokens are written into a preallocated cache at `cache_index` and the queries attend
+    over the whole cache; in decode mode keys and values are in `cache_layout`, [B*KV, S, K].
     """
 
     num_heads: int
@@ -155,7 +169,9 @@ class MultiHeadAttention(nn.Module):
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
-    fused_qkv: bool = False  # self-attention's W^Q, W^K, W^V side by side in one 'qkv' (decoding: for_decoding)
+    decoding_layout: bool = False  # txjax.decode.for_decoding's: self-attention's W^Q|W^K|W^V one 'qkv', and every
+    # weight stored output axes first (query/key/value/qkv [heads, d_k, d_model], out [d_model, heads, d_k]), so
+    # that a batch-1 product reads each output's weights as one contiguous row (layers.Dense)
     norm_eps: float = 1e-5
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
@@ -173,8 +189,15 @@ class MultiHeadAttention(nn.Module):
         init = nn.initializers.normal(stddev=self.init_std)
 
         def proj(name, heads, inp, spec):
-            w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
-            out = precision.einsum("bld,dhk->blhk", inp.astype(self.dtype), w.astype(self.dtype))
+            inp = inp.astype(self.dtype)
+            if self.decoding_layout:  # w [H, K, D] read as one [(H K), D] matrix (see `out_major_product`)
+                w = self.param(
+                    name, nn.with_logical_partitioning(init, spec[1:] + spec[:1]), (heads, self.head_dim, d_model)
+                )
+                out = out_major_product(inp, w.astype(self.dtype))
+            else:
+                w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
+                out = precision.einsum("bld,dhk->blhk", inp, w.astype(self.dtype))
             if self.use_bias or self.qkv_bias:
                 out = out + self.param(
                     f"{name}_bias",
@@ -191,7 +214,7 @@ class MultiHeadAttention(nn.Module):
 
         h, g = self.num_heads, self.num_kv_heads
         # k, v: [B, S, KV, K] from the projections; in decode mode [B*KV, S, K] (cache_layout) once cached
-        if self.fused_qkv and not self.cross:  # decoding's layout: one product x [W^Q|W^K|W^V] instead of three
+        if self.decoding_layout and not self.cross:  # decoding's layout: one product x [W^Q|W^K|W^V] instead of three
             qkv = jnp.split(proj("qkv", h + 2 * g, x_BxLxD, ("embed", "heads", "kv")), (h, h + g), axis=2)
             q_BxLxHxK, k, v = rms_norm("query_norm", qkv[0]), rms_norm("key_norm", qkv[1]), qkv[2]
         else:
@@ -218,12 +241,15 @@ class MultiHeadAttention(nn.Module):
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
         out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, bias_BxHxLxS, scale, deterministic)
 
-        w_out = self.param(
-            "out",
-            nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std), ("heads", "kv", "embed")),
-            (self.num_heads, self.head_dim, d_model),
-        )
-        y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
+        out_init, out_BxLxHxK = nn.initializers.normal(self.out_init_std), out_BxLxHxK.astype(self.dtype)
+        if self.decoding_layout:  # w_out [D, H, K] read as one [D, (H K)] matrix
+            spec, shape = ("embed", "heads", "kv"), (d_model, self.num_heads, self.head_dim)
+            w_out = self.param("out", nn.with_logical_partitioning(out_init, spec), shape).astype(self.dtype)
+            y_BxLxD = out_major_product(out_BxLxHxK, w_out)
+        else:
+            spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
+            w_out = self.param("out", nn.with_logical_partitioning(out_init, spec), shape).astype(self.dtype)
+            y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK, w_out)
         if self.use_bias:
             y_BxLxD = y_BxLxD + self.param(
                 "out_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d_model,)

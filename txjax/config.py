@@ -221,10 +221,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"config.model.parametrization='mup' supports train.optimizer {' or '.join(optim.MUP_OPTIMIZERS)}, "
             f"not {t.optimizer!r}"
         )
-    if config.model.fused_projections:  # Muon's, muP's and export's parameter names are the trained layout's
+    if config.model.decoding_layout:  # Muon's, muP's and export's parameter names are the trained layout's
         raise ConfigError(
-            "config.model.fused_projections=True is the decoding layout (txjax.decode.for_decoding fuses a trained"
-            " model's W^Q|W^K|W^V itself): training keeps them apart, leave it False"
+            "config.model.decoding_layout=True is for decoding only (txjax.decode.for_decoding rearranges a trained"
+            " model's weights itself): training keeps the trained layout, leave it False"
         )
     if t.z_loss < 0:
         raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
@@ -318,4 +318,6 @@ def load(workdir: Path) -> ml_collections.ConfigDict:
             k: merged(defaults[k], v) if isinstance(defaults.get(k), dict) else v for k, v in saved.items()
         }
 
-    return ml_collections.ConfigDict(merged(base_config().to_dict(), json.loads(path.read_text())))
+    saved = json.loads(path.read_text())
+    saved.get("model", {}).pop("fused_projections", None)  # retired: always False when saved (now decoding_layout)
+    return ml_collections.ConfigDict(merged(base_config().to_dict(), saved))

@@ -34,18 +34,31 @@ ACTIVATIONS = {
 NORMS = ("layernorm", "rmsnorm")
 
 
-def dense(features, axes, use_bias, dtype, name, std):
-    """A Linear layer, kernel ~ N(0, std^2), whose parameters carry logical axis names (for the sharding rules);
-    in a low-precision dtype its products accumulate in float32 (txjax.precision)."""
-    return nn.Dense(
-        features,
-        use_bias=use_bias,
-        dtype=dtype,
-        name=name,
-        dot_general=precision.dense_dot_general,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
-    )
+class Dense(nn.Module):
+    """y = x W + b, W [in, out] ~ N(0, std^2); in decoding's layout (out_major) W is stored [out, in] and y = x W^T + b:
+    a batch-1 product then reads each output's weights as one contiguous row, which XLA:CPU streams faster than a
+    vector times the [in, out] matrix (txjax.decode.for_decoding). Parameters 'kernel' and 'bias', as nn.Dense names
+    them, carry logical axis names (`axes`: in, out; for the sharding rules); in a low-precision dtype the product
+    accumulates in float32 (txjax.precision)."""
+
+    features: int
+    axes: tuple[str, str]
+    use_bias: bool
+    dtype: jnp.dtype
+    std: float
+    out_major: bool = False
+
+    @nn.compact
+    def __call__(self, x_BxLxI):
+        shape, axes, spec = (x_BxLxI.shape[-1], self.features), self.axes, "...i,io->...o"
+        if self.out_major:
+            shape, axes, spec = shape[::-1], axes[::-1], "...i,oi->...o"
+        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.std), axes), shape)
+        y_BxLxO = precision.einsum(spec, x_BxLxI.astype(self.dtype), kernel.astype(self.dtype))
+        if not self.use_bias:
+            return y_BxLxO
+        bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:])
+        return y_BxLxO + self.param("bias", bias_init, (self.features,)).astype(self.dtype)
 
 
 def make_norm(cfg, name=None):
@@ -63,24 +76,25 @@ def make_norm(cfg, name=None):
 
 
 class FeedForward(nn.Module):
-    """act(x W1 + b1) W2 + b2, or SwiGLU; W1 [d_model, d_ff], W2 [d_ff, d_model]. With fused_projections (the
-    decoding layout) SwiGLU's W1 and W3 are one [d_model, 2 d_ff] matrix 'wi_fused', one product instead of two."""
+    """act(x W1 + b1) W2 + b2, or SwiGLU; W1 [d_model, d_ff], W2 [d_ff, d_model]. In the decoding layout SwiGLU's W1
+    and W3 are one matrix 'wi_fused' (one product instead of two) and every kernel is stored [out, in] (Dense)."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x_BxLxD):
         cfg, dtype = self.cfg, self.cfg.compute_dtype
-        w_in = lambda name, n=1: dense(n * cfg.d_ff, ("embed", "mlp"), cfg.use_bias, dtype, name, cfg.hidden_init_std)
+        linear = lambda n, axes, name, std: Dense(n, axes, cfg.use_bias, dtype, std, cfg.decoding_layout, name=name)
+        w_in = lambda name, n=1: linear(n * cfg.d_ff, ("embed", "mlp"), name, cfg.hidden_init_std)
         act = ACTIVATIONS[cfg.activation]
         if cfg.activation != "swiglu":
             h_BxLxF = act(w_in("wi")(x_BxLxD))
-        elif cfg.fused_projections:
+        elif cfg.decoding_layout:
             h1_BxLxF, h3_BxLxF = jnp.split(w_in("wi_fused", 2)(x_BxLxD), 2, axis=-1)
             h_BxLxF = act(h1_BxLxF) * h3_BxLxF
         else:
             h_BxLxF = act(w_in("wi")(x_BxLxD)) * w_in("wi_gate")(x_BxLxD)
-        return dense(x_BxLxD.shape[-1], ("mlp", "embed"), cfg.use_bias, dtype, "wo", cfg.out_init_std)(h_BxLxF)
+        return linear(x_BxLxD.shape[-1], ("mlp", "embed"), "wo", cfg.out_init_std)(h_BxLxF)
 
 
 def make_attention(cfg, cross: bool, name: str, sow_weights=False):
@@ -98,7 +112,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
         alibi=not cross and cfg.positional == "alibi",
         qk_norm=cfg.qk_norm,
-        fused_qkv=cfg.fused_projections,
+        decoding_layout=cfg.decoding_layout,
         norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
         cross=cross,
@@ -149,24 +163,34 @@ class Block(nn.Module):
         return h.astype(x_BxLxD.dtype), None
 
 
-def fuse_projections(tree):
-    """Parameters (unboxed, any nesting) -> those of fused_projections=True, the same values side by side: each
-    self-attention's query/key/value kernels [D, H|G|G, K] -> 'qkv' [D, H+2G, K] (their biases likewise; cross-
-    attention's stay apart: its keys and values read the encoder output), each SwiGLU FFN's wi/wi_gate -> 'wi_fused'
-    [D, 2F]. What a decode step gains: 4 matrix products per layer instead of 7 (benchmarks/decode_profile.py)."""
+def decoding_params(tree):
+    """Parameters (unboxed, any nesting) -> those of decoding_layout=True, the same values rearranged: every kernel
+    stored output axes first (Dense [in, out] -> [out, in]; attention's query/key/value [D, H, K] -> [H, K, D], its
+    out [H, K, D] -> [D, H, K]), each self-attention's query/key/value side by side as 'qkv' [H+2G, K, D] (their
+    biases likewise; cross-attention's stay apart: its keys and values read the encoder output), each SwiGLU FFN's
+    wi/wi_gate as 'wi_fused' [2F, D]. What a decode step gains: 4 matrix products per layer instead of 7, each
+    reading its weights row by row (benchmarks/decode_profile.py)."""
     if not isinstance(tree, Mapping):
         return tree
-    out = {key: fuse_projections(sub) for key, sub in tree.items()}
-    attention = dict(out.get("self_attention", {}))
-    if "query" in attention:
-        names = ("query", "key", "value")
-        attention["qkv"] = jnp.concatenate([attention.pop(n) for n in names], axis=1)
-        if "query_bias" in attention:
-            attention["qkv_bias"] = jnp.concatenate([attention.pop(f"{n}_bias") for n in names], axis=0)
-        out["self_attention"] = attention
+    out = {key: decoding_params(sub) for key, sub in tree.items()}
+    if "kernel" in out:  # a Dense
+        out["kernel"] = out["kernel"].T
+    for name in ("self_attention", "cross_attention"):
+        if "query" not in out.get(name, {}):
+            continue
+        attention = dict(out[name])
+        for n in ("query", "key", "value"):
+            attention[n] = jnp.moveaxis(attention[n], 0, -1)
+        attention["out"] = jnp.moveaxis(attention["out"], -1, 0)
+        if name == "self_attention":
+            names = ("query", "key", "value")
+            attention["qkv"] = jnp.concatenate([attention.pop(n) for n in names], axis=0)
+            if "query_bias" in attention:
+                attention["qkv_bias"] = jnp.concatenate([attention.pop(f"{n}_bias") for n in names], axis=0)
+        out[name] = attention
     ffn = dict(out.get("ffn", {}))
-    if "wi_gate" in ffn:  # SwiGLU: [W1 | W3]
+    if "wi_gate" in ffn:  # SwiGLU: [W1 | W3], on the output axis
         wi, gate = ffn.pop("wi"), ffn.pop("wi_gate")
-        ffn["wi_fused"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=-1), wi, gate)
+        ffn["wi_fused"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=0), wi, gate)
         out["ffn"] = ffn
     return out

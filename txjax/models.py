@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from txjax import positional, precision
 from txjax.attention import causal_mask, segment_mask
-from txjax.layers import ACTIVATIONS, NORMS, Block, make_norm
+from txjax.layers import ACTIVATIONS, NORMS, Block, Dense, make_norm
 
 _CHOICES = {
     "positional": positional.KINDS,
@@ -69,7 +69,7 @@ class ModelConfig:
     attention_impl: str = "reference"
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    fused_projections: bool = False  # decoding's layout (txjax.decode.for_decoding): [W^Q|W^K|W^V], SwiGLU's [W1|W3]
+    decoding_layout: bool = False  # txjax.decode.for_decoding's: [W^Q|W^K|W^V], SwiGLU's [W1|W3], kernels [out, in]
     remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
@@ -173,12 +173,8 @@ class Embedder(nn.Module):
                 ),
             )
         if not cfg.tie_embeddings:
-            self.lm_head = nn.DenseGeneral(
-                cfg.vocab_size,
-                use_bias=False,
-                dtype=cfg.compute_dtype,
-                dot_general=precision.dense_dot_general,
-                kernel_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("embed", "vocab")),
+            self.lm_head = Dense(
+                cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std, cfg.decoding_layout
             )
 
     def __call__(self, tokens_BxL, positions_BxL):

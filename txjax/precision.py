@@ -51,11 +51,3 @@ def _einsum_f32_bwd(spec, saved, g):
 
 
 _einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
-
-
-def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
-    """`dot_general` for nn.Dense / nn.DenseGeneral over the last input axis: x [..., d] @ kernel [d, f] -> [..., f]
-    through `einsum` (float32 accumulation for low-precision operands)."""
-    if tuple(map(tuple, dimension_numbers[0])) != ((x.ndim - 1,), (0,)) or any(dimension_numbers[1]):
-        raise NotImplementedError(f"dense_dot_general: only x[..., d] @ kernel[d, ...], got {dimension_numbers}")
-    return einsum("...d,d" + "fghij"[: kernel.ndim - 1] + "->..." + "fghij"[: kernel.ndim - 1], x, kernel)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.families import family_of
-from txjax.layers import fuse_projections
+from txjax.layers import decoding_params
 from txjax.models import unstack_layers
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys and values in attention.cache_layout
@@ -119,14 +119,15 @@ def filled(cache):
 
 def for_decoding(model, params):
     """The same model in decoding's layout: its layers unrolled (scan_layers=False, params via unstack_layers: under
-    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache) and each
-    layer's input projections side by side (fused_projections, params via layers.fuse_projections: one matrix
-    product for W^Q, W^K, W^V and one for SwiGLU's W1, W3). Idempotent: a decoding model comes back as it is."""
+    nn.scan each decode step copies every layer's cache slice out of and back into the stacked cache), each layer's
+    input projections side by side (one matrix product for W^Q, W^K, W^V and one for SwiGLU's W1, W3) and every
+    kernel stored output axes first (decoding_layout, params via layers.decoding_params). Idempotent: a decoding
+    model comes back as it is."""
     cfg = model.cfg
-    if cfg.fused_projections:
+    if cfg.decoding_layout:
         return model, params
-    params = fuse_projections(unstack_layers(params) if cfg.scan_layers else params)
-    return model.clone(cfg=dataclasses.replace(cfg, scan_layers=False, fused_projections=True)), params
+    params = decoding_params(unstack_layers(params) if cfg.scan_layers else params)
+    return model.clone(cfg=dataclasses.replace(cfg, scan_layers=False, decoding_layout=True)), params
 
 
 def gather_rows(cache, rows_M, leaves=ROW_LEAVES):
