@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import einops
 import flax.linen as nn
@@ -189,15 +190,11 @@ class MultiHeadAttention(nn.Module):
         init = nn.initializers.normal(stddev=self.init_std)
 
         def proj(name, heads, inp, spec):
-            inp = inp.astype(self.dtype)
-            if self.decoding_layout:  # w [H, K, D] read as one [(H K), D] matrix (see `out_major_product`)
-                w = self.param(
-                    name, nn.with_logical_partitioning(init, spec[1:] + spec[:1]), (heads, self.head_dim, d_model)
-                )
-                out = out_major_product(inp, w.astype(self.dtype))
-            else:
-                w = self.param(name, nn.with_logical_partitioning(init, spec), (d_model, heads, self.head_dim))
-                out = precision.einsum("bld,dhk->blhk", inp, w.astype(self.dtype))
+            shape, product = (d_model, heads, self.head_dim), partial(precision.einsum, "bld,dhk->blhk")
+            if self.decoding_layout:  # w [H, K, D], read as one [(H K), D] matrix
+                shape, spec, product = shape[1:] + shape[:1], spec[1:] + spec[:1], out_major_product
+            w = self.param(name, nn.with_logical_partitioning(init, spec), shape)
+            out = product(inp.astype(self.dtype), w.astype(self.dtype))
             if self.use_bias or self.qkv_bias:
                 out = out + self.param(
                     f"{name}_bias",
@@ -241,15 +238,12 @@ class MultiHeadAttention(nn.Module):
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
         out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, bias_BxHxLxS, scale, deterministic)
 
-        out_init, out_BxLxHxK = nn.initializers.normal(self.out_init_std), out_BxLxHxK.astype(self.dtype)
-        if self.decoding_layout:  # w_out [D, H, K] read as one [D, (H K)] matrix
-            spec, shape = ("embed", "heads", "kv"), (d_model, self.num_heads, self.head_dim)
-            w_out = self.param("out", nn.with_logical_partitioning(out_init, spec), shape).astype(self.dtype)
-            y_BxLxD = out_major_product(out_BxLxHxK, w_out)
-        else:
-            spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
-            w_out = self.param("out", nn.with_logical_partitioning(out_init, spec), shape).astype(self.dtype)
-            y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK, w_out)
+        spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
+        product = partial(precision.einsum, "blhk,hkd->bld")
+        if self.decoding_layout:  # w_out [D, H, K], read as one [D, (H K)] matrix
+            spec, shape, product = spec[-1:] + spec[:-1], shape[-1:] + shape[:-1], out_major_product
+        w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std), spec), shape)
+        y_BxLxD = product(out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
         if self.use_bias:
             y_BxLxD = y_BxLxD + self.param(
                 "out_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d_model,)

@@ -12,6 +12,7 @@ Dropout is applied to each residual branch before the addition and is off when d
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import flax.linen as nn
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax import precision
-from txjax.attention import MultiHeadAttention
+from txjax.attention import MultiHeadAttention, out_major_product
 
 if TYPE_CHECKING:  # the config type only; models.py imports this file
     from txjax.models import ModelConfig
@@ -35,9 +36,8 @@ NORMS = ("layernorm", "rmsnorm")
 
 
 class Dense(nn.Module):
-    """y = x W + b, W [in, out] ~ N(0, std^2); in decoding's layout (out_major) W is stored [out, in] and y = x W^T + b:
-    a batch-1 product then reads each output's weights as one contiguous row, which XLA:CPU streams faster than a
-    vector times the [in, out] matrix (txjax.decode.for_decoding). Parameters 'kernel' and 'bias', as nn.Dense names
+    """y = x W + b, x [B, L, in], W [in, out] ~ N(0, std^2); in decoding's layout (out_major) W is stored [out, in]
+    and y = x W^T + b (attention.out_major_product says why). Parameters 'kernel' and 'bias', as nn.Dense names
     them, carry logical axis names (`axes`: in, out; for the sharding rules); in a low-precision dtype the product
     accumulates in float32 (txjax.precision)."""
 
@@ -50,11 +50,11 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxLxI):
-        shape, axes, spec = (x_BxLxI.shape[-1], self.features), self.axes, "...i,io->...o"
+        shape, axes, product = (x_BxLxI.shape[-1], self.features), self.axes, partial(precision.einsum, "bli,io->blo")
         if self.out_major:
-            shape, axes, spec = shape[::-1], axes[::-1], "...i,oi->...o"
+            shape, axes, product = shape[::-1], axes[::-1], out_major_product
         kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.std), axes), shape)
-        y_BxLxO = precision.einsum(spec, x_BxLxI.astype(self.dtype), kernel.astype(self.dtype))
+        y_BxLxO = product(x_BxLxI.astype(self.dtype), kernel.astype(self.dtype))
         if not self.use_bias:
             return y_BxLxO
         bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:])
@@ -178,12 +178,11 @@ def decoding_params(tree):
     for name in ("self_attention", "cross_attention"):
         if "query" not in out.get(name, {}):
             continue
-        attention = dict(out[name])
-        for n in ("query", "key", "value"):
+        attention, names = dict(out[name]), ("query", "key", "value")
+        for n in names:
             attention[n] = jnp.moveaxis(attention[n], 0, -1)
         attention["out"] = jnp.moveaxis(attention["out"], -1, 0)
         if name == "self_attention":
-            names = ("query", "key", "value")
             attention["qkv"] = jnp.concatenate([attention.pop(n) for n in names], axis=0)
             if "query_bias" in attention:
                 attention["qkv_bias"] = jnp.concatenate([attention.pop(f"{n}_bias") for n in names], axis=0)
