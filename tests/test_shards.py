@@ -1,19 +1,17 @@
 """Tests of training from prepared shards (txjax.data.shards): windows and packed rows, per-process rows, no
 attention across documents, evaluation weights, and a SIGKILLed run resuming bit for bit."""
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from test_faults import faulty
 from test_prepare import random_documents, write_text
-from test_train import REPO, assert_trees_equal, params_of, run_py
+from test_train import assert_trees_equal, params_of
 
+import run
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_tokenizer
@@ -156,13 +154,13 @@ def test_eval_counts_every_target_once_whatever_the_batch_size(shards, pack):
     np.testing.assert_allclose(by[3]["loss"], by[7]["loss"], rtol=1e-6)
 
 
-KILLED_RUN_FLAGS = [  # 120 steps of a toy model, a checkpoint every 20
+KILLED_RUN_FLAGS = [  # 60 steps of a toy model, a checkpoint every 20
     "--config.data.max_digits=4",
     "--config.model.num_layers=1",
     "--config.model.d_model=32",
     "--config.model.d_ff=64",
     "--config.model.num_heads=2",
-    "--config.train.steps=120",
+    "--config.train.steps=60",
     "--config.train.batch_size=8",
     "--config.train.checkpoint_every=20",
     "--config.train.log_every=20",
@@ -171,35 +169,19 @@ KILLED_RUN_FLAGS = [  # 120 steps of a toy model, a checkpoint every 20
 ]
 
 
-def sigkill_at_step_20_then_rerun(workdir, flags):
-    """`run.py train FLAGS` SIGKILLed once its step-20 checkpoint is on disk (unless it ended first), then run again:
-    (the latest checkpoint's step when it was killed, or None; the rerun's CompletedProcess)."""
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "run.py"), "train", f"--workdir={workdir}", *flags],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and not (workdir / "checkpoints" / "20").is_dir() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    killed = proc.poll() is None
-    os.kill(proc.pid, signal.SIGKILL) if killed else None
-    proc.wait()
-    killed_at = Checkpointer(workdir / "checkpoints", 3).latest_step() if killed else None
-    return killed_at, run_py("train", f"--workdir={workdir}", *flags)
-
-
-def test_sigkill_while_training_from_shards_then_rerun_is_bit_exact(shards, tmp_path):
-    """`run.py train` from packed shards, SIGKILLed once its first checkpoint is on disk, then run again: the same
-    final parameters as a run that was never interrupted (batch k is a function of (seed, k): no iterator state)."""
+def test_sigkill_while_training_from_shards_then_rerun_is_bit_exact(shards, tmp_path, capsys):
+    """`run.py train` from packed shards, SIGKILLed inside its second checkpoint save (step 40, its files written,
+    not committed; tests/fault_driver.py), then run again: it resumes from step 20 and ends with the parameters of
+    a run that was never interrupted (batch k is a function of (seed, k): no iterator state)."""
     shards_flags = [f"--config.data.path={shards}", f"--config.data.seq_len={L}", "--config.data.pack=true"]
-    flags = [*KILLED_RUN_FLAGS, "--config.data.kind=shards", *shards_flags, "--config.train.steps=200"]
+    flags = [*KILLED_RUN_FLAGS, "--config.data.kind=shards", *shards_flags]
     reference = tmp_path / "reference"
     train(config_lib.from_command_line(None, flags), reference)
-    killed_at, result = sigkill_at_step_20_then_rerun(tmp_path / "killed", flags)
-    assert killed_at is not None and killed_at < 200, "the run ended before it could be killed"
-    assert result.returncode == 0 and "resuming" in result.stdout, result.stderr
+    args = ["train", f"--workdir={tmp_path / 'killed'}", *flags]
+    killed = faulty("KILL", "save", 2, *args)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert Checkpointer(tmp_path / "killed" / "checkpoints", 3).latest_step() == 20
+    assert run.main(args) == 0 and "resuming" in capsys.readouterr().out  # the rerun here, in this process
     assert_trees_equal(params_of(reference), params_of(tmp_path / "killed"))
 
 

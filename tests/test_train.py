@@ -212,6 +212,26 @@ def test_train_compiles_once_writes_the_workdir_and_guards_it(tmp_path):
     assert train(tiny_config("--config.train.steps=8"), tmp_path)["step"] == 8
 
 
+def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
+    """A run's scalars reach its TensorBoard event file, and the writer's import leaves PyTorch unimported (where it
+    is installed, tensorboardX would import it: seconds of every run's start-up) yet importable afterwards."""
+    script = (
+        "import importlib.util, sys\n"
+        "from txjax.metrics_log import _summary_writer_class\n"
+        "writer = _summary_writer_class()(sys.argv[1])\n"
+        "writer.add_scalar('train/loss', 1.5, 3)\n"
+        "writer.close()\n"
+        "assert 'torch' not in sys.modules\n"
+        "if importlib.util.find_spec('torch'):\n"
+        "    import torch\n"
+        "    assert torch.ones(2).sum().item() == 2.0\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    assert b"train/loss" in events.read_bytes()
+
+
 def test_resuming_without_a_config_says_the_saved_one_is_used(tmp_path, capsys):
     import run
 

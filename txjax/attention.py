@@ -172,7 +172,7 @@ class MultiHeadAttention(nn.Module):
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
     decoding_layout: bool = False  # txjax.decode.for_decoding's: self-attention's W^Q|W^K|W^V one 'qkv', and every
     # weight stored output axes first (query/key/value/qkv [heads, d_k, d_model], out [d_model, heads, d_k]), so
-    # that a batch-1 product reads each output's weights as one contiguous row (layers.Dense)
+    # that a batch-1 product reads each output's weights as one contiguous row (out_major_product says why)
     norm_eps: float = 1e-5
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)

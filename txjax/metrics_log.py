@@ -14,8 +14,25 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
+
+
+def _summary_writer_class():
+    """tensorboardX.SummaryWriter, imported without PyTorch: tensorboardX tries `import torch` on import only to
+    accept torch tensors, which txjax never passes, and where torch is installed (the interop extras) that import
+    alone costs every run's start-up about 2 s. A None entry in sys.modules makes that import fail as if torch were
+    absent, for this one import; torch stays importable afterwards."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -50,7 +67,7 @@ class MetricsLog:
             self.file = (self.workdir / METRICS_FILE).open("w")
             self.file.writelines(json.dumps(r) + "\n" for r in kept)
             self.file.flush()  # on disk at once: a resumed run reads which evals it owes (txjax.preemption)
-            self.tb = SummaryWriter(str(self.workdir / "tb"))
+            self.tb = _summary_writer_class()(str(self.workdir / "tb"))
         self.steps = steps
         self.bar = tqdm(
             total=steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not (lead and sys.stderr.isatty())
