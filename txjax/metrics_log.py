@@ -22,15 +22,14 @@ def _summary_writer_class():
     accept torch tensors, which txjax never passes, and where torch is installed (the interop extras) that import
     alone costs every run's start-up about 2 s. A None entry in sys.modules makes that import fail as if torch were
     absent, for this one import; torch stays importable afterwards."""
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    sys.modules["torch"] = None
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None
     try:
         from tensorboardX import SummaryWriter
     finally:
-        del sys.modules["torch"]
+        if hide:
+            del sys.modules["torch"]
     return SummaryWriter
 
 
