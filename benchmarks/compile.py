@@ -5,11 +5,15 @@
 For each depth and stacking, the real train_step (txjax.train_step.make_train_step) is traced and lowered ('trace_s')
 and compiled by XLA ('compile_s') from abstract shapes only (nothing is allocated or run). A scanned stack
 compiles one layer body whatever the depth, so its time should stay roughly flat; the loop's grows with depth.
+XLA_FLAGS from the environment apply and are recorded, e.g. the test suite's code generation (tests/conftest.py):
+
+    XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false" python benchmarks/compile.py
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import common
@@ -51,7 +55,8 @@ def main():
             rows[-1]["total_s"] = rows[-1]["trace_s"] + rows[-1]["compile_s"]
             print(common.table(rows[-1:]), flush=True)
     print(common.table(rows))
-    print(f"wrote {common.save('compile', {'shape': args.shape, 'rows': rows}, args.out)}")
+    payload = {"shape": args.shape, "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": rows}
+    print(f"wrote {common.save('compile', payload, args.out)}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""Test session setup: 8 simulated CPU devices (for the sharding tests) and LLVM's cheapest code generation, both
+"""Test session setup: 8 simulated CPU devices (for the sharding tests) and XLA:CPU's cheapest code generation, all
 set in XLA_FLAGS before anything imports jax (and inherited by run.py subprocesses); the measured matmul peak
 (txjax.peak) cached in a temporary folder; a per-module persistent compilation cache fixture; a tiny parallel corpus.
 
 The suite compiles some hundred small programs and runs each for a few steps: at LLVM's -O0
 (--xla_backend_optimization_level=0) compiling a toy model's train step takes about a third less time, its few steps
 run slower, and what the tests compare (runs against runs, against NumPy or transformers within tolerances) is
-computed the same way on both sides. Users' runs keep XLA's default level.
+computed the same way on both sides. The suite also turns off XLA:CPU's MLIR fusion emitters
+(--xla_cpu_use_fusion_emitters=false: the older emitter lowers each fusion to LLVM IR directly), which compiles that
+train step about twice as fast again (benchmarks/compile_time.py measures both). Users' runs keep XLA's defaults.
 
 Every other test runs on the first device as it would on a one-device machine.
 """
@@ -14,7 +16,11 @@ import os
 
 import pytest
 
-TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0"}
+TEST_XLA_FLAGS = {
+    "--xla_force_host_platform_device_count": "8",
+    "--xla_backend_optimization_level": "0",
+    "--xla_cpu_use_fusion_emitters": "false",
+}
 for _flag, _value in TEST_XLA_FLAGS.items():
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={_value}".strip()
