@@ -7,7 +7,7 @@ The suite compiles some hundred small programs and runs each for a few steps: at
 run slower, and what the tests compare (runs against runs, against NumPy or transformers within tolerances) is
 computed the same way on both sides. The suite also turns off XLA:CPU's MLIR fusion emitters
 (--xla_cpu_use_fusion_emitters=false: the older emitter lowers each fusion to LLVM IR directly), which compiles that
-train step about twice as fast again (benchmarks/compile_time.py measures both). Users' runs keep XLA's defaults.
+train step about twice as fast again (benchmarks/compile.py measures both). Users' runs keep XLA's defaults.
 
 Every other test runs on the first device as it would on a one-device machine.
 """
