@@ -100,9 +100,13 @@ def main():
         for r in ops[: args.top]
     ]
     by_kind, costliest = {}, {}  # share of op time per kind, and each kind's costliest op (ops come costliest first)
+    by_product = {}  # ms per step of each einsum of the source (all layers together): which equation costs what
     for r in ops:
         k = kind(hlo[r["op"]][0], r["op"])
         by_kind[k] = by_kind.get(k, 0.0) + r["ms"] / total_ms
+        spec = re.search(r"[\w.]+,[\w.]+->[\w.]+", hlo[r["op"]][1])
+        if spec:
+            by_product[spec.group()] = by_product.get(spec.group(), 0.0) + r["ms"] / STEPS_TIMED
         costliest.setdefault(k, f"{r['op']} {r['ms'] / total_ms:.1%}: {hlo[r['op']][0][:70]}")
     per_step = total_ms / STEPS_TIMED
     print(
@@ -111,6 +115,8 @@ def main():
     print(common.table(rows))
     print("by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
     print("\n".join(f"costliest {k}: {op}" for k, op in costliest.items()))
+    by_product = dict(sorted(by_product.items(), key=lambda kv: -kv[1]))
+    print("ms per step by einsum: " + ", ".join(f"{spec} {ms:.2f}" for spec, ms in by_product.items()))
     summary = {
         "shape": args.shape,
         "dtype": args.dtype,
@@ -119,6 +125,7 @@ def main():
         "op_ms_per_step": total_ms / STEPS_TIMED,
         "share_by_kind": by_kind,
         "costliest_by_kind": costliest,
+        "ms_per_step_by_einsum": by_product,
         "top_ops": rows,
     }
     suffix = "" if args.batch == 1 else f"_batch{args.batch}"

@@ -129,7 +129,8 @@ def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
 
     def per_row(name, rows):
         """The row held by each slot of a leaf, broadcastable to it: positions [.., B, S] hold row b on axis -2;
-        keys/values [.., B*KV, S, K] (attention.cache_layout) on axis -3, the KV heads of row b side by side."""
+        keys [.., B*KV, K, S] and values [.., B*KV, S, K] (attention.cache_layout) on axis -3, the KV heads of row b
+        side by side."""
         return rows[:, None] if name == "cached_pos" else np.repeat(rows, cfg.kv_heads)[:, None, None]
 
     def mark(path, leaf):  # every per-row leaf holds its row number

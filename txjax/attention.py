@@ -89,8 +89,8 @@ def segment_mask(q_seg, k_seg):
 
 
 def _per_head(fn: Callable) -> Callable:
-    """vmap a one-head function over the heads: q [B, L, H, K] with k/v [B, S, KV, K], or with decoding's k/v
-    [B*KV, S, K] (see `cache_layout`) -> out [B, L, H, K], probs [B, H, L, S].
+    """vmap a one-head function over the heads: q [B, L, H, K] with k/v [B, S, KV, K], or with decoding's keys
+    [B*KV, K, S] and values [B*KV, S, K] (see `cache_layout`) -> out [B, L, H, K], probs [B, H, L, S].
 
     With grouped-query attention (H = KV * R) it vmaps over the K/V heads and then over the R query heads that share
     one K/V head (k and v broadcast), so K/V are never copied. fn(q [..., L, K], k [..., S, K], v [..., S, K],
@@ -111,7 +111,8 @@ def _per_head(fn: Callable) -> Callable:
             out, probs = over_kv(q_BxLxGxRxK, k, v, mask, split(bias), split(keep))
             out = einops.rearrange(out, "b l g r k -> b l (g r) k")
             return out, einops.rearrange(probs, "b g r l s -> b (g r) l s")
-        g = k.shape[0] // b  # [B*KV, S, K]
+        g = k.shape[0] // b  # keys [B*KV, K, S], values [B*KV, S, K]
+        k = k.swapaxes(-1, -2)  # fn's [S, K] view; XLA folds the swap into the score product, which reads [K, S]
         rows = lambda t: None if t is None else jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by rows
         split = lambda t: None if t is None else einops.rearrange(rows(t), "b (g r) l s -> (b g) r l s", g=g)
         q_BGxLxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> (b g) l r k", g=g)
@@ -123,17 +124,21 @@ def _per_head(fn: Callable) -> Callable:
     return run
 
 
-def cache_layout(t_BxSxGxK):
-    """Keys or values [B, S, KV, K] -> decoding's layout [B*KV, S, K]: rows and K/V heads on one leading axis.
+def cache_layout(k_BxSxGxK, v_BxSxGxK):
+    """Keys and values [B, S, KV, K] -> decoding's layout: keys [B*KV, K, S], values [B*KV, S, K] (rows and K/V
+    heads on one leading axis; keys transposed).
 
-    Why: XLA:CPU multiplies batched matrices in place only when their batch axes lead in memory in the product's
-    order and are not of size 1. Vmapped over the heads of [B, S, KV, K] the products' batch axes are (KV head,
-    row), so every decode step copied each layer's whole cache into that order; stored [B, KV, S, K] the two batch
-    axes match, but at B = 1 XLA drops the size-1 axis and duplicates the cache update (a copy again). One merged
-    axis is read as it lies at every B. Training keeps [B, S, KV, K]: there the mask, repeated per K/V head by
-    this layout, would cost more than the transpose it saves.
+    Why one leading axis: XLA:CPU multiplies batched matrices in place only when their batch axes lead in memory
+    in the product's order and are not of size 1. Vmapped over the heads of [B, S, KV, K] the products' batch axes
+    are (KV head, row), so every decode step copied each layer's whole cache into that order; stored
+    [B, KV, S, K] the two batch axes match, but at B = 1 XLA drops the size-1 axis and duplicates the cache update
+    (a copy again). One merged axis is read as it lies at every B. Why keys transposed: the scores q k^T contract
+    d_k, and XLA:CPU's batched product q [R, K] x k^T streams k [K, S] (a plain matrix product) about twice as
+    fast as k [S, K] contracted on its minor axis (benchmarks/decode_profile.py shows the score products); the
+    values' product p [R, S] x v [S, K] already has that form. Training keeps [B, S, KV, K]: there the mask,
+    repeated per K/V head by this layout, would cost more than the transpose it saves.
     """
-    return einops.rearrange(t_BxSxGxK, "b s g k -> (b g) s k")
+    return einops.rearrange(k_BxSxGxK, "b s g k -> (b g) k s"), einops.rearrange(v_BxSxGxK, "b s g k -> (b g) s k")
 
 
 def out_major_product(x_BxLxI, w_Oxi):
@@ -155,7 +160,7 @@ class MultiHeadAttention(nn.Module):
     Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model] (in the
     decoding layout output axes first); none has a sequence axis. `kv=None` means self-attention. In decode mode
     the keys/values of the new tokens are written into a preallocated cache at `cache_index` and the queries attend
-    over the whole cache; in decode mode keys and values are in `cache_layout`, [B*KV, S, K].
+    over the whole cache; in decode mode keys and values are in `cache_layout`, [B*KV, K, S] and [B*KV, S, K].
     """
 
     num_heads: int
@@ -210,7 +215,7 @@ class MultiHeadAttention(nn.Module):
             return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, name=name)(t).astype(t.dtype)
 
         h, g = self.num_heads, self.num_kv_heads
-        # k, v: [B, S, KV, K] from the projections; in decode mode [B*KV, S, K] (cache_layout) once cached
+        # k, v: [B, S, KV, K] from the projections; in decode mode [B*KV, K, S], [B*KV, S, K] (cache_layout) once cached
         if self.decoding_layout and not self.cross:  # decoding's layout: one product x [W^Q|W^K|W^V] instead of three
             qkv = jnp.split(proj("qkv", h + 2 * g, x_BxLxD, ("embed", "heads", "kv")), (h, h + g), axis=2)
             q_BxLxHxK, k, v = rms_norm("query_norm", qkv[0]), rms_norm("key_norm", qkv[1]), qkv[2]
@@ -223,14 +228,14 @@ class MultiHeadAttention(nn.Module):
                 k = rms_norm("key_norm", proj("key", g, kv, ("embed", "kv_heads", "kv")))
                 v = proj("value", g, kv, ("embed", "kv_heads", "kv"))
                 if decode and self.cross:
-                    k, v = cache_layout(k), cache_layout(v)
+                    k, v = cache_layout(k, v)
                     self.put_variable("cache", "cross_key", k)
                     self.put_variable("cache", "cross_value", v)
         if self.rope_base is not None:
             q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
             k = positional.apply_rope(k, k_pos, self.rope_base)
         if decode and not self.cross:
-            k, v, k_pos, mask = self._update_cache(cache_layout(k), cache_layout(v), q_pos, mask)
+            k, v, k_pos, mask = self._update_cache(*cache_layout(k, v), q_pos, mask)
 
         bias_BxHxLxS = None
         if self.alibi:
@@ -255,7 +260,8 @@ class MultiHeadAttention(nn.Module):
         use_dropout = self.dropout > 0 and not deterministic
         if self.impl == "fused" and not (self.sow_weights or use_dropout):
             if k.ndim == 3:  # decoding's cache_layout -> dot_product_attention's [B, S, KV, K]
-                k, v = (einops.rearrange(t, "(b g) s k -> b s g k", b=q.shape[0]) for t in (k, v))
+                k = einops.rearrange(k, "(b g) k s -> b s g k", b=q.shape[0])
+                v = einops.rearrange(v, "(b g) s k -> b s g k", b=q.shape[0])
             if mask is not None:
                 mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
@@ -284,7 +290,8 @@ class MultiHeadAttention(nn.Module):
     def _update_cache(self, k_new, v_new, q_pos, mask):
         """Write this call's keys/values at cache_index; return the whole cache and its mask.
 
-        k_new/v_new [B*KV, L, K] and the cache [B*KV, max_len, K] are in `cache_layout`; `cached_pos` [B, max_len]
+        k_new [B*KV, K, L], v_new [B*KV, L, K] and the cache ([B*KV, K, max_len], [B*KV, max_len, K]) are in
+        `cache_layout`; `cached_pos` [B, max_len]
         stores each slot's position (-1 = empty). A query attends to a filled slot whose position is <= its own and
         that `mask` (the new tokens' mask, [B,1,L,L], for left padding) does not exclude.
         """
@@ -297,7 +304,7 @@ class MultiHeadAttention(nn.Module):
         if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
             return k_new, v_new, q_pos, mask
         i = cidx.value
-        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, i, 0))
+        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, 0, i))
         cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, i, 0))
         # a new token excluded by the caller's mask from its own slot (left padding) is stored as empty (-1)
         own = jnp.ones((b, l), bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)

@@ -15,11 +15,11 @@ from txjax.families import family_of
 from txjax.layers import decoding_params
 from txjax.models import unstack_layers
 
-# the per-row cache leaves (nn.scan adds a leading layer axis): keys and values in attention.cache_layout
-# [B*KV, S, K] (each row's K/V heads side by side on one axis), positions [B, S]; cache_index has no row axis
+# the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
+# attention.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
 ROW_LEAVES = ("cached_key", "cached_value", "cross_key", "cross_value", "cached_pos")
 # the target-length axis of the growing leaves, from the end
-LENGTH_AXIS = {"cached_key": -2, "cached_value": -2, "cached_pos": -1}
+LENGTH_AXIS = {"cached_key": -1, "cached_value": -2, "cached_pos": -1}
 
 
 def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
@@ -147,8 +147,8 @@ def gather_rows(cache, rows_M, leaves=ROW_LEAVES):
             return leaf
         if name == "cached_pos":
             return jnp.take(leaf, rows_M, axis=-2)
-        by_row = einops.rearrange(leaf, "... (b g) s k -> ... b g s k", b=b)  # cache_layout's rows apart
-        return einops.rearrange(jnp.take(by_row, rows_M, axis=-4), "... m g s k -> ... (m g) s k")
+        by_row = einops.rearrange(leaf, "... (b g) x y -> ... b g x y", b=b)  # cache_layout's rows apart
+        return einops.rearrange(jnp.take(by_row, rows_M, axis=-4), "... m g x y -> ... (m g) x y")
 
     return jax.tree_util.tree_map_with_path(gather, cache)
 
