@@ -10,8 +10,8 @@ same weights, in one run (issue 19.2).
   attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
   compilation, torch's first call), the two sides' calls interleaved (common.time_calls); the prefill is included
-  on both sides. float32 on both sides; txjax's model in its decoding layout (txjax.decode.for_decoding, once), or
-  with --layout=trained as training leaves it (the A/B of what the decoding layout buys).
+  on both sides. float32 on both sides; txjax's model in its decoding layout (txjax.decode.for_decoding, once per
+  batch size), or with --layout=trained as training leaves it (the A/B of what the decoding layout buys).
 - batch 1 also: the float32 bound, G / (bytes of the model's weights), G the streaming rate that
   benchmarks/bandwidth.py measures (its fastest float32 read), measured in this run before the models; the
   fraction of it that each side reaches (a decoded token reads every weight once; the cache is a few % more).
@@ -87,10 +87,11 @@ def main():
     n, rows = args.new_tokens, []
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
     for name in args.models.split(","):
-        model, params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
-        if args.layout == "decoding":
-            model, params = for_decoding(model, params)  # once, as a caller decoding many batches does
+        trained, trained_params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
         for batch in map(int, args.batches.split(",")):
+            model, params = trained, trained_params
+            if args.layout == "decoding":  # once per batch size, as a caller decoding many batches does
+                model, params = for_decoding(trained, trained_params, batch)
             for mixed in (False, True) if batch > 1 else (False,):
                 batch_prompts = prompts(batch, mixed, model.cfg.vocab_size)
                 ours = functools.partial(generate, model, params, batch_prompts, max_new_tokens=n)

@@ -46,13 +46,13 @@ BUCKET = 64  # recompute pads the sequence to a multiple of this
 STEPS_TIMED = 32  # decode steps per per-token cost measurement
 
 
-def build(shape: str, dtype: str):
-    """The model in decoding's layout (txjax.decode.for_decoding) and random parameters stored in `dtype`."""
+def build(shape: str, dtype: str, rows: int = 1):
+    """The model in decoding's layout for `rows` rows (txjax.decode.for_decoding), random parameters in `dtype`."""
     cfg = dataclasses.replace(SHAPES[shape], dtype=dtype, scan_layers=False)
     model = DecoderLM(cfg)
     init = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 1), jnp.int32))["params"]))
     params = jax.tree_util.tree_map(lambda p: p.astype(dtype), init(jax.random.key(0)))
-    return decode.for_decoding(model, params)
+    return decode.for_decoding(model, params, rows)
 
 
 def timed_s(fn, repeats: int) -> tuple[float, float]:

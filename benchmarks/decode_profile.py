@@ -31,10 +31,10 @@ from txjax.decode import for_decoding
 from txjax.models import DecoderLM
 
 
-def smollm2(dtype: str):
-    """SmolLM2-135M from the GGUF, layers unrolled, weights stored in `dtype`."""
+def smollm2(dtype: str, batch: int):
+    """SmolLM2-135M from the GGUF in the decoding layout for `batch` rows, weights stored in `dtype`."""
     cfg, params, _ = load_gguf(common.smollm2_gguf())
-    model, params = for_decoding(DecoderLM(dataclasses.replace(cfg, dtype=dtype)), params)
+    model, params = for_decoding(DecoderLM(dataclasses.replace(cfg, dtype=dtype)), params, batch)
     return model, jax.tree_util.tree_map(lambda p: jnp.asarray(p, dtype), params)
 
 
@@ -72,7 +72,9 @@ def main():
     parser.add_argument("--batch", type=int, default=1, help="rows decoded together (batched generation: 32)")
     args = parser.parse_args()
     common.warn_if_loaded()
-    model, params = smollm2(args.dtype) if args.shape == "smollm2" else build(args.shape, args.dtype)
+    model, params = (
+        smollm2(args.dtype, args.batch) if args.shape == "smollm2" else build(args.shape, args.dtype, args.batch)
+    )
     steps, fresh = cached_steps(model, args.position, args.batch)
     token_N = jnp.zeros((args.batch,), jnp.int32)
     compiled = steps.lower(params, fresh(params), token_N).compile()

@@ -212,6 +212,18 @@ def test_stop_token_ends_rows_and_exits_early():
 # ---------------------------------------------------------------- strategies
 
 
+def test_greedy_tokens_are_numpy_argmax_first_index_on_ties():
+    logits_NxV = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32)
+    logits_NxV[1, [3, 40]] = logits_NxV[1].max() + 1  # a tie for first place: the first index wins
+    logits_NxV[2] = NEG_INF  # all equal
+    logits_NxV[3, -1] = 9.0  # the last index
+    strategy = decode.Strategy(max_new_tokens=1, method="greedy")
+    tokens_N = decode.choose_tokens(strategy, jnp.asarray(logits_NxV), jax.random.key(0))
+    assert tokens_N.dtype == jnp.int32
+    assert np.asarray(tokens_N).tolist() == np.argmax(logits_NxV, axis=-1).tolist()
+    assert np.asarray(tokens_N)[[1, 2, 3]].tolist() == [3, 0, 49]
+
+
 def test_top_k_filter_keeps_k_largest():
     logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]]))
     kept = decode.top_k_filter(logits, 2) > NEG_INF
@@ -259,29 +271,32 @@ def test_sampling_same_seed_same_text():
 
 
 @pytest.mark.parametrize("family", ["lm", "seq2seq"])
-def test_the_decoding_layout_computes_what_the_trained_one_does(family):
-    """for_decoding's model (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each; every kernel output
-    axes first) on its converted parameters: the same full forward pass as the scanned, unfused model, with each
-    option that adds parameters to the rearranged projections (q/k/v biases, QK-norm, SwiGLU, grouped-query heads)
-    or kernels (biases everywhere, an untied head)."""
+@pytest.mark.parametrize("rows", [1, 8])
+def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
+    """for_decoding's model (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each; for one row every
+    kernel output axes first, for a batch input axes first) on its converted parameters: the same full forward pass
+    as the scanned, unfused model, with each option that adds parameters to the rearranged projections (q/k/v
+    biases, QK-norm, SwiGLU, grouped-query heads) or kernels (biases everywhere, an untied head)."""
     options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
     for extra in ({}, dict(use_bias=True, tie_embeddings=False)):
         model, params = (lm if family == "lm" else seq2seq)("rope", **options, **extra)
-        decoding_model, decoding = decode.for_decoding(model, params)
+        decoding_model, decoding = decode.for_decoding(model, params, rows)
         cfg, layer = model.cfg, decoding["decoder"]["layers_1"]
         h, g, k, d, f = cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model, cfg.d_ff
+        out_first = lambda *shape: shape if rows == 1 else shape[-1:] + shape[:-1]  # [out..., in] or [in, out...]
+        assert decoding_model.cfg.out_major == (rows == 1)
         assert set(layer["self_attention"]) >= {"qkv", "qkv_bias", "out", "query_norm", "key_norm"}
-        assert layer["self_attention"]["qkv"].shape == (h + 2 * g, k, d)
-        assert layer["self_attention"]["out"].shape == (d, h, k)
-        assert layer["ffn"]["wi_fused"]["kernel"].shape == (2 * f, d) and "wi_gate" not in layer["ffn"]
-        assert layer["ffn"]["wo"]["kernel"].shape == (d, f)
+        assert layer["self_attention"]["qkv"].shape == out_first(h + 2 * g, k, d)
+        assert layer["self_attention"]["out"].shape == ((d, h, k) if rows == 1 else (h, k, d))
+        assert layer["ffn"]["wi_fused"]["kernel"].shape == out_first(2 * f, d) and "wi_gate" not in layer["ffn"]
+        assert layer["ffn"]["wo"]["kernel"].shape == out_first(d, f)
         if extra:
             embedder = decoding["embed" if family == "lm" else "src_embed"]  # shared by source and target
-            assert embedder["lm_head"]["kernel"].shape == (cfg.vocab_size, d)
+            assert embedder["lm_head"]["kernel"].shape == out_first(cfg.vocab_size, d)
         inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
         expected = model.apply({"params": params}, *inputs)
         np.testing.assert_allclose(decoding_model.apply({"params": decoding}, *inputs), expected, rtol=1e-5, atol=1e-5)
-        again = decode.for_decoding(decoding_model, decoding)
+        again = decode.for_decoding(decoding_model, decoding, 9 - rows)
         assert again == (decoding_model, decoding)  # already in the decoding layout
 
 

@@ -142,12 +142,13 @@ def cache_layout(k_BxSxGxK, v_BxSxGxK):
 
 
 def out_major_product(x_BxLxI, w_Oxi):
-    """x W^T with W stored output axes first, [O..., I...] (the decoding layout): x's trailing axes (I...) against
-    W's as one [(O...), (I...)] matrix, the result's last axis split back into O... .
+    """x W^T with W stored output axes first, [O..., I...] (the decoding layout for one row): x's trailing axes
+    (I...) against W's as one [(O...), (I...)] matrix, the result's last axis split back into O... .
 
     Why the flattening: XLA:CPU multiplies a vector by an [out, in] matrix reading each output's weights as one
     contiguous row, faster than by [in, out]; but a kernel with two output or input axes it first transposes into
-    [in, out], a copy of the whole matrix at every call."""
+    [in, out], a copy of the whole matrix at every call. Why one row only: from 2 rows on, XLA:CPU's matrix product
+    x [B, in] W [in, out] is the faster one (1.2-1.6x at B = 8 and 32: benchmarks/decode_profile.py --batch)."""
     out_axes = w_Oxi.shape[: w_Oxi.ndim - (x_BxLxI.ndim - 2)]
     w_2d = w_Oxi.reshape(math.prod(out_axes), -1)
     y = precision.einsum("bli,oi->blo", x_BxLxI.reshape(*x_BxLxI.shape[:2], -1), w_2d)
@@ -157,8 +158,8 @@ def out_major_product(x_BxLxI, w_Oxi):
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
 
-    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model] (in the
-    decoding layout output axes first); none has a sequence axis. `kv=None` means self-attention. In decode mode
+    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model] (with
+    out_major output axes first); none has a sequence axis. `kv=None` means self-attention. In decode mode
     the keys/values of the new tokens are written into a preallocated cache at `cache_index` and the queries attend
     over the whole cache; in decode mode keys and values are in `cache_layout`, [B*KV, K, S] and [B*KV, S, K].
     """
@@ -175,9 +176,10 @@ class MultiHeadAttention(nn.Module):
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
-    decoding_layout: bool = False  # txjax.decode.for_decoding's: self-attention's W^Q|W^K|W^V one 'qkv', and every
-    # weight stored output axes first (query/key/value/qkv [heads, d_k, d_model], out [d_model, heads, d_k]), so
-    # that a batch-1 product reads each output's weights as one contiguous row (out_major_product says why)
+    decoding_layout: bool = False  # txjax.decode.for_decoding's: self-attention's W^Q|W^K|W^V one 'qkv'
+    out_major: bool = False  # every weight stored output axes first (query/key/value/qkv [heads, d_k, d_model], out
+    # [d_model, heads, d_k]), so that a batch-1 product reads each output's weights as one contiguous row
+    # (out_major_product says why); for_decoding sets it when it decodes one row at a time
     norm_eps: float = 1e-5
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
@@ -196,7 +198,7 @@ class MultiHeadAttention(nn.Module):
 
         def proj(name, heads, inp, spec):
             shape, product = (d_model, heads, self.head_dim), partial(precision.einsum, "bld,dhk->blhk")
-            if self.decoding_layout:  # w [H, K, D], read as one [(H K), D] matrix
+            if self.out_major:  # w [H, K, D], read as one [(H K), D] matrix
                 shape, spec, product = shape[1:] + shape[:1], spec[1:] + spec[:1], out_major_product
             w = self.param(name, nn.with_logical_partitioning(init, spec), shape)
             out = product(inp.astype(self.dtype), w.astype(self.dtype))
@@ -245,7 +247,7 @@ class MultiHeadAttention(nn.Module):
 
         spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
         product = partial(precision.einsum, "blhk,hkd->bld")
-        if self.decoding_layout:  # w_out [D, H, K], read as one [D, (H K)] matrix
+        if self.out_major:  # w_out [D, H, K], read as one [D, (H K)] matrix
             spec, shape, product = spec[-1:] + spec[:-1], shape[-1:] + shape[:-1], out_major_product
         w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std), spec), shape)
         y_BxLxD = product(out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))

@@ -36,7 +36,7 @@ NORMS = ("layernorm", "rmsnorm")
 
 
 class Dense(nn.Module):
-    """y = x W + b, x [B, L, in], W [in, out] ~ N(0, std^2); in decoding's layout (out_major) W is stored [out, in]
+    """y = x W + b, x [B, L, in], W [in, out] ~ N(0, std^2); with out_major (decoding one row) W is stored [out, in]
     and y = x W^T + b (attention.out_major_product says why). Parameters 'kernel' and 'bias', as nn.Dense names
     them, carry logical axis names (`axes`: in, out; for the sharding rules); in a low-precision dtype the product
     accumulates in float32 (txjax.precision)."""
@@ -77,14 +77,14 @@ def make_norm(cfg, name=None):
 
 class FeedForward(nn.Module):
     """act(x W1 + b1) W2 + b2, or SwiGLU; W1 [d_model, d_ff], W2 [d_ff, d_model]. In the decoding layout SwiGLU's W1
-    and W3 are one matrix 'wi_fused' (one product instead of two) and every kernel is stored [out, in] (Dense)."""
+    and W3 are one matrix 'wi_fused' (one product instead of two), its kernels [out, in] or [in, out] (Dense)."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x_BxLxD):
         cfg, dtype = self.cfg, self.cfg.compute_dtype
-        linear = lambda n, axes, name, std: Dense(n, axes, cfg.use_bias, dtype, std, cfg.decoding_layout, name=name)
+        linear = lambda n, axes, name, std: Dense(n, axes, cfg.use_bias, dtype, std, cfg.out_major_kernels, name=name)
         w_in = lambda name, n=1: linear(n * cfg.d_ff, ("embed", "mlp"), name, cfg.hidden_init_std)
         act = ACTIVATIONS[cfg.activation]
         if cfg.activation != "swiglu":
@@ -113,6 +113,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         alibi=not cross and cfg.positional == "alibi",
         qk_norm=cfg.qk_norm,
         decoding_layout=cfg.decoding_layout,
+        out_major=cfg.out_major_kernels,
         norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
         cross=cross,
@@ -163,33 +164,36 @@ class Block(nn.Module):
         return h.astype(x_BxLxD.dtype), None
 
 
-def decoding_params(tree):
-    """Parameters (unboxed, any nesting) -> those of decoding_layout=True, the same values rearranged: every kernel
-    stored output axes first (Dense [in, out] -> [out, in]; attention's query/key/value [D, H, K] -> [H, K, D], its
-    out [H, K, D] -> [D, H, K]), each self-attention's query/key/value side by side as 'qkv' [H+2G, K, D] (their
-    biases likewise; cross-attention's stay apart: its keys and values read the encoder output), each SwiGLU FFN's
-    wi/wi_gate as 'wi_fused' [2F, D]. What a decode step gains: 4 matrix products per layer instead of 7, each
-    reading its weights row by row (benchmarks/decode_profile.py)."""
+def decoding_params(tree, out_major: bool = True):
+    """Parameters (unboxed, any nesting) -> those of decoding_layout=True, the same values rearranged: each
+    self-attention's query/key/value side by side as 'qkv' [D, H+2G, K] (their biases likewise; cross-attention's
+    stay apart: its keys and values read the encoder output), each SwiGLU FFN's wi/wi_gate as 'wi_fused' [D, 2F];
+    with out_major every kernel stored output axes first (Dense [in, out] -> [out, in]; attention's
+    query/key/value/qkv [D, H, K] -> [H, K, D], its out [H, K, D] -> [D, H, K]). What a decode step gains: 4 matrix
+    products per layer instead of 7, each reading its weights row by row when it decodes one row
+    (benchmarks/decode_profile.py)."""
     if not isinstance(tree, Mapping):
         return tree
-    out = {key: decoding_params(sub) for key, sub in tree.items()}
-    if "kernel" in out:  # a Dense
+    out = {key: decoding_params(sub, out_major) for key, sub in tree.items()}
+    if "kernel" in out and out_major:  # a Dense
         out["kernel"] = out["kernel"].T
     for name in ("self_attention", "cross_attention"):
         if "query" not in out.get(name, {}):
             continue
         attention, names = dict(out[name]), ("query", "key", "value")
-        for n in names:
-            attention[n] = jnp.moveaxis(attention[n], 0, -1)
-        attention["out"] = jnp.moveaxis(attention["out"], -1, 0)
+        if out_major:
+            for n in names:
+                attention[n] = jnp.moveaxis(attention[n], 0, -1)
+            attention["out"] = jnp.moveaxis(attention["out"], -1, 0)
         if name == "self_attention":
-            attention["qkv"] = jnp.concatenate([attention.pop(n) for n in names], axis=0)
+            attention["qkv"] = jnp.concatenate([attention.pop(n) for n in names], axis=0 if out_major else 1)
             if "query_bias" in attention:
                 attention["qkv_bias"] = jnp.concatenate([attention.pop(f"{n}_bias") for n in names], axis=0)
         out[name] = attention
     ffn = dict(out.get("ffn", {}))
-    if "wi_gate" in ffn:  # SwiGLU: [W1 | W3], on the output axis
+    if "wi_gate" in ffn:  # SwiGLU: [W1 | W3], on the output axis (a bias's only axis)
         wi, gate = ffn.pop("wi"), ffn.pop("wi_gate")
-        ffn["wi_fused"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=0), wi, gate)
+        axis = 0 if out_major else -1
+        ffn["wi_fused"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=axis), wi, gate)
         out["ffn"] = ffn
     return out

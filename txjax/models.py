@@ -69,7 +69,8 @@ class ModelConfig:
     attention_impl: str = "reference"
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    decoding_layout: bool = False  # txjax.decode.for_decoding's: [W^Q|W^K|W^V], SwiGLU's [W1|W3], kernels [out, in]
+    decoding_layout: bool = False  # txjax.decode.for_decoding's: [W^Q|W^K|W^V], SwiGLU's [W1|W3], layers unrolled
+    out_major: bool = True  # in the decoding layout: kernels [out, in] (decoding one row) or [in, out] (a batch)
     remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
@@ -137,6 +138,11 @@ class ModelConfig:
         return jnp.dtype(self.dtype)
 
     @property
+    def out_major_kernels(self) -> bool:
+        """Kernels stored [out, in] (attention.out_major_product): the decoding layout's for one row at a time."""
+        return self.decoding_layout and self.out_major
+
+    @property
     def width_multiplier(self) -> float:
         """muP's m = d_model / base_width; 1 under the standard parametrization."""
         return self.d_model / self.base_width if self.parametrization == "mup" else 1.0
@@ -174,7 +180,7 @@ class Embedder(nn.Module):
             )
         if not cfg.tie_embeddings:
             self.lm_head = Dense(
-                cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std, cfg.decoding_layout
+                cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std, cfg.out_major_kernels
             )
 
     def __call__(self, tokens_BxL, positions_BxL):

@@ -94,7 +94,7 @@ def generate(
     check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
     pad_id = 0 if pad_id is None else pad_id
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
-    model, params = for_decoding(model, params)
+    model, params = for_decoding(model, params, len(prompts) * strategy.rows_per_prompt)
     out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, jax.random.key(seed))
     return _results(strategy, *out)
 
@@ -120,7 +120,7 @@ def translate(
     check_inputs(sources, cfg.vocab_size, cfg.max_len, "source")
     check_inputs([[bos_id]], cfg.vocab_size, cfg.max_len, "target", strategy.max_new_tokens)
     src_BxS, lengths_B = pad_batch(sources, pad_id, length)
-    model, params = for_decoding(model, params)
+    model, params = for_decoding(model, params, len(sources) * strategy.rows_per_prompt)
     out = generate_ids(model, params, strategy, pad_id, bos_id, src_BxS, lengths_B, jax.random.key(seed))
     return _results(strategy, *out)
 
@@ -132,8 +132,9 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
     input (so no num_samples)."""
     if kwargs.get("num_samples", 1) != 1:
         raise ValueError("decode_all gives one output per input: num_samples must be 1")
-    model, params = for_decoding(model, params)
     batch_size = min(batch_size, len(inputs))
+    strategy = Strategy(**{f.name: kwargs[f.name] for f in dataclasses.fields(Strategy) if f.name in kwargs})
+    model, params = for_decoding(model, params, batch_size * strategy.rows_per_prompt)
     run = generate if family_of(model).continues_input else translate
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     outs = []
@@ -170,7 +171,7 @@ def generate_windowed(
     if not 0 < keep < max_len:
         raise ValueError(f"keep={keep} must be in [1, {max_len - 1}] (the context is max_len={max_len})")
     prompt = list(prompt)[-max_len:]
-    model, params = for_decoding(model, params)
+    model, params = for_decoding(model, params, Strategy(max_new_tokens, **strategy).rows_per_prompt)
     new = min(max_new_tokens, max_len - len(prompt) + 1)
     out = generate(model, params, [prompt], max_new_tokens=new, seed=seed, pad_id=pad_id, **strategy)
     one_each = {k: v for k, v in strategy.items() if k != "num_samples"}  # later chunks: one row per sample

