@@ -88,7 +88,7 @@ def cached_steps(model, p: int, batch: int = 1):
         def body(t, carry):
             cache, token_N = carry
             logits_NxV, cache = decode.extend(model, params, cache, token_N[:, None], jnp.full((batch, 1), t))
-            return cache, jnp.argmax(logits_NxV, -1).astype(jnp.int32)
+            return cache, decode.greedy_tokens(logits_NxV)  # as generate's greedy steps
 
         return jax.lax.fori_loop(first, p, body, (cache, token_N))
 
@@ -121,7 +121,7 @@ def recompute_fns(model, length: int):
     def run(params, tokens_1xL, first, last):
         def body(t, tokens_1xL):
             logits_1xLxV = model.apply({"params": params}, tokens_1xL)
-            return tokens_1xL.at[0, t].set(jnp.argmax(logits_1xLxV[0, t - 1]).astype(jnp.int32))
+            return tokens_1xL.at[0, t].set(decode.greedy_tokens(logits_1xLxV[:, t - 1])[0])
 
         return jax.lax.fori_loop(first, last, body, tokens_1xL)
 

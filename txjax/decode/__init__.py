@@ -49,6 +49,7 @@ from txjax.decode.cache import (
 from txjax.decode.sampling import (
     SampleState,
     choose_tokens,
+    greedy_tokens,
     init_sample_state,
     sample_update,
     top_k_filter,
@@ -76,6 +77,7 @@ __all__ = [
     "generate_from_workdir",
     "generate_ids",
     "generate_windowed",
+    "greedy_tokens",
     "grow",
     "init_beam_state",
     "init_cache",
