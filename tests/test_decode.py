@@ -82,6 +82,28 @@ def test_lm_prefill_then_steps_equal_full_forward(positional):
     np.testing.assert_allclose(steps_LxBxV, full_BxLxV[:, p:].transpose(1, 0, 2), atol=2e-5, rtol=1e-5)
 
 
+def test_bfloat16_grouped_query_decoding_follows_the_full_forward_pass():
+    """Decoding's cache layout in bfloat16 with grouped-query heads (its products take bfloat16 q and cache on
+    XLA:CPU, no float32 copy of the cache): the steps' logits are the full forward pass's within bfloat16 rounding,
+    and far from those of another prefix (so a cache read at the wrong slot or head would fail)."""
+    model, params = decode.for_decoding(*lm("rope", dtype="bfloat16"), 2)
+    tokens_BxL, p = random_ids(0, (2, 12)), 5
+    other_BxL = tokens_BxL.copy()
+    other_BxL[:, 1:p] = random_ids(1, (2, p - 1))
+
+    @jax.jit
+    def run(params, tokens_BxL):
+        cache = init_cache(model, 2, 12)
+        _, cache = decode.extend(model, params, cache, tokens_BxL[:, :p], jnp.arange(p)[None].repeat(2, 0))
+        return teacher_forced_steps(model, params, cache, tokens_BxL, p)
+
+    full_BxLxV = model.apply({"params": params}, tokens_BxL)[:, p:].transpose(1, 0, 2)
+    steps_LxBxV, other_LxBxV = run(params, tokens_BxL), run(params, other_BxL)
+    scale = float(jnp.abs(full_BxLxV).max())
+    assert float(jnp.abs(steps_LxBxV - full_BxLxV).max()) < 0.03 * scale
+    assert float(jnp.abs(other_LxBxV - full_BxLxV).max()) > 0.1 * scale
+
+
 @pytest.mark.parametrize("positional", KINDS)
 def test_seq2seq_cached_steps_equal_full_forward(positional):
     model, params = seq2seq(positional)

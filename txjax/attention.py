@@ -269,9 +269,12 @@ class MultiHeadAttention(nn.Module):
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
             # like the reference: a query with no key to attend to gets zeros
             return out if mask is None else out * mask.any(-1)[:, 0, :, None, None].astype(out.dtype)
-        if self.num_kv_heads < self.num_heads and q.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+        gqa_bf16_cpu = self.num_kv_heads < self.num_heads and q.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+        if gqa_bf16_cpu and k.ndim == 4:
             # XLA:CPU runs bfloat16 dots only through XNNPACK, which takes at most two batch axes; the backward of
-            # grouped-query attention has three (batch, K/V head, query head of the group): float32 here instead
+            # grouped-query attention over [B, S, KV, K] has three (batch, K/V head, query head of the group):
+            # float32 here instead. Decoding's cache_layout has two (rows and K/V heads as one, the query head),
+            # and casting there would convert the whole cache at every step.
             q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
         keep = None
         if use_dropout:  # dropout on the attention weights, one mask per head
