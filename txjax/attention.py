@@ -124,6 +124,17 @@ def _per_head(fn: Callable) -> Callable:
     return run
 
 
+def write_slots(cache, new, i, axis: int):
+    """The cache with `new` written at slots i.. of `axis` (dynamic_update_slice, in place in a decode loop).
+
+    One slot of a 16-bit cache on XLA:CPU is written as a select over the whole cache instead, where(slot == i, new,
+    cache): XLA:CPU's in-place update of 16-bit values is the slower of the two, ~9x for one key column
+    (benchmarks/cache_update.py), while float32's is the faster."""
+    if new.shape[axis] == 1 and cache.dtype.itemsize == 2 and jax.default_backend() == "cpu":
+        return jnp.where(jax.lax.broadcasted_iota(jnp.int32, cache.shape, axis) == i, new, cache)
+    return jax.lax.dynamic_update_slice(cache, new, tuple(i if a == axis else 0 for a in range(cache.ndim)))
+
+
 def cache_layout(k_BxSxGxK, v_BxSxGxK):
     """Keys and values [B, S, KV, K] -> decoding's layout: keys [B*KV, K, S], values [B*KV, S, K] (rows and K/V
     heads on one leading axis; keys transposed).
@@ -309,8 +320,7 @@ class MultiHeadAttention(nn.Module):
         if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
             return k_new, v_new, q_pos, mask
         i = cidx.value
-        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, 0, i))
-        cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, i, 0))
+        ck.value, cv.value = write_slots(ck.value, k_new, i, axis=2), write_slots(cv.value, v_new, i, axis=1)
         # a new token excluded by the caller's mask from its own slot (left padding) is stored as empty (-1)
         own = jnp.ones((b, l), bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)
         cpos.value = jax.lax.dynamic_update_slice(cpos.value, jnp.where(own, q_pos, -1).astype(jnp.int32), (0, i))
