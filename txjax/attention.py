@@ -128,8 +128,8 @@ def write_slots(cache, new, i, axis: int):
     """The cache with `new` written at slots i.. of `axis` (dynamic_update_slice, in place in a decode loop).
 
     One slot of a 16-bit cache on XLA:CPU is written as a select over the whole cache instead, where(slot == i, new,
-    cache): XLA:CPU's in-place update of 16-bit values is the slower of the two, ~9x for one key column
-    (benchmarks/cache_update.py), while float32's is the faster."""
+    cache): XLA:CPU's in-place update of 16-bit values is the slower of the two, while float32's is the faster
+    (benchmarks/cache_update.py measures both)."""
     if new.shape[axis] == 1 and cache.dtype.itemsize == 2 and jax.default_backend() == "cpu":
         return jnp.where(jax.lax.broadcasted_iota(jnp.int32, cache.shape, axis) == i, new, cache)
     return jax.lax.dynamic_update_slice(cache, new, tuple(i if a == axis else 0 for a in range(cache.ndim)))
@@ -159,7 +159,7 @@ def out_major_product(x_BxLxI, w_Oxi):
     Why the flattening: XLA:CPU multiplies a vector by an [out, in] matrix reading each output's weights as one
     contiguous row, faster than by [in, out]; but a kernel with two output or input axes it first transposes into
     [in, out], a copy of the whole matrix at every call. Why one row only: from 2 rows on, XLA:CPU's matrix product
-    x [B, in] W [in, out] is the faster one (1.2-1.6x at B = 8 and 32: benchmarks/decode_profile.py --batch)."""
+    x [B, in] W [in, out] is the faster one (benchmarks/decode_profile.py --batch=32 times both)."""
     out_axes = w_Oxi.shape[: w_Oxi.ndim - (x_BxLxI.ndim - 2)]
     w_2d = w_Oxi.reshape(math.prod(out_axes), -1)
     y = precision.einsum("bli,oi->blo", x_BxLxI.reshape(*x_BxLxI.shape[:2], -1), w_2d)
