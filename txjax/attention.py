@@ -159,7 +159,8 @@ def out_major_product(x_BxLxI, w_Oxi):
     Why the flattening: XLA:CPU multiplies a vector by an [out, in] matrix reading each output's weights as one
     contiguous row, faster than by [in, out]; but a kernel with two output or input axes it first transposes into
     [in, out], a copy of the whole matrix at every call. Why one row only: from 2 rows on, XLA:CPU's matrix product
-    x [B, in] W [in, out] is the faster one (benchmarks/decode_profile.py --batch=32 times both)."""
+    x [B, in] W [in, out] is the faster one (benchmarks/decode_profile.py --batch=32 lists the weight products'
+    ms per step by einsum, bli,io->blo for this orientation)."""
     out_axes = w_Oxi.shape[: w_Oxi.ndim - (x_BxLxI.ndim - 2)]
     w_2d = w_Oxi.reshape(math.prod(out_axes), -1)
     y = precision.einsum("bli,oi->blo", x_BxLxI.reshape(*x_BxLxI.shape[:2], -1), w_2d)

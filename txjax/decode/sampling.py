@@ -34,7 +34,7 @@ def top_p_filter(logits_NxV, p: float):
 
 def greedy_tokens(logits_NxV):
     """argmax_v z_v, the first index on a tie (as jnp.argmax), read as min{v : z_v = max_u z_u}: two plain
-    reductions, which XLA:CPU runs faster than argmax's variadic (value, index) reduce (decode_profile.py shows it)."""
+    reductions, which XLA:CPU runs faster than argmax's variadic (value, index) reduce."""
     max_N1 = logits_NxV.max(axis=-1, keepdims=True)
     index_NxV = jax.lax.broadcasted_iota(jnp.int32, logits_NxV.shape, logits_NxV.ndim - 1)
     return jnp.where(logits_NxV >= max_N1, index_NxV, logits_NxV.shape[-1]).min(axis=-1)
