@@ -29,10 +29,13 @@ def main(argv: list[str]) -> int:
             f"usage: python run.py {{{','.join(COMMANDS)}}} [flags]   (python run.py COMMAND --help)", file=sys.stderr
         )
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
     from txjax.preemption import EXIT_STATUS, Preempted
     from txjax.train import Diverged
 
+    if argv[0] in COMPILING_COMMANDS:
+        enable_compilation_cache()
     try:
         importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     except (ConfigError, Diverged) as e:

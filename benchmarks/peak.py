@@ -3,7 +3,7 @@
     python benchmarks/peak.py [--repeats=N] [--quick]
 
 The measurement is txjax.peak.measure (variants and formula there), here over every size: CPU n = 1024, 2048,
-4096; GPU 4096, 8192, 16384. The peak of a dtype (used as the MFU denominator by benchmarks/train.py, which
+4096; GPU 8192, 16384. The peak of a dtype (used as the MFU denominator by benchmarks/train.py, which
 prefers results/peak_PLATFORM.json to the training loop's quick cached measurement) is the best median over sizes.
 """
 

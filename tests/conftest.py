@@ -7,23 +7,56 @@ The suite compiles some hundred small programs and runs each for a few steps: at
 run slower, and what the tests compare (runs against runs, against NumPy or transformers within tolerances) is
 computed the same way on both sides. The suite also turns off XLA:CPU's MLIR fusion emitters
 (--xla_cpu_use_fusion_emitters=false: the older emitter lowers each fusion to LLVM IR directly), which compiles that
-train step about twice as fast again (benchmarks/compile.py measures both). Users' runs keep XLA's defaults.
+train step about twice as fast again (benchmarks/compile.py measures both). Users' runs keep XLA's defaults. A flag
+this XLA does not know would abort every process (newer XLA removed the legacy emitters): each codegen flag is tried in
+a child process first and left out where it fails. Float32 matmuls are float32 (JAX_DEFAULT_MATMUL_PRECISION=highest:
+what the comparisons need on a GPU, whose default is TF32).
 
 Every other test runs on the first device as it would on a one-device machine.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-TEST_XLA_FLAGS = {
-    "--xla_force_host_platform_device_count": "8",
+CODEGEN_XLA_FLAGS = {  # code generation for the suite's many small compiles; each dropped where XLA lacks it
     "--xla_backend_optimization_level": "0",
     "--xla_cpu_use_fusion_emitters": "false",
+    "--xla_gpu_deterministic_ops": "true",  # on a GPU: runs compared bit for bit (resume) sum in one order
 }
+_CHECKED = "TXJAX_TEST_XLA_FLAGS"  # the flags the first process of this session found accepted (xdist workers reuse)
+
+
+def _accepted(flags: dict[str, str]) -> bool:
+    """Whether a fresh process starts XLA with `flags`: an XLA that does not know a flag aborts the process (newer
+    releases removed XLA:CPU's legacy emitters and their flag), so each is tried in a child before the suite uses it."""
+    env = {**os.environ, "XLA_FLAGS": " ".join(f"{k}={v}" for k, v in flags.items()), "JAX_PLATFORMS": "cpu"}
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+
+
+def _test_xla_flags() -> dict[str, str]:
+    """8 simulated CPU devices, plus the codegen flags this XLA accepts (all together in one probe, else one by one)."""
+    if _CHECKED in os.environ:
+        return dict(flag.split("=", 1) for flag in os.environ[_CHECKED].split())
+    flags = {"--xla_force_host_platform_device_count": "8"}
+    if _accepted(CODEGEN_XLA_FLAGS):
+        flags |= CODEGEN_XLA_FLAGS
+    else:
+        flags |= {k: v for k, v in CODEGEN_XLA_FLAGS.items() if _accepted({k: v})}
+    os.environ[_CHECKED] = " ".join(f"{k}={v}" for k, v in flags.items())
+    return flags
+
+
+TEST_XLA_FLAGS = _test_xla_flags()
 for _flag, _value in TEST_XLA_FLAGS.items():
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={_value}".strip()
+# The suite's float32 comparisons (against NumPy, transformers, other runs) want float32 matmuls: on a GPU, XLA's
+# default multiplies float32 in TF32. Tests that check another precision set it themselves.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 
 def xla_flags(devices: int) -> str:

@@ -10,6 +10,8 @@ import pytest
 
 from txjax import attention as A
 
+pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
+
 # ----------------------------------------------------------------------------------------------------------------
 # NumPy references (also imported by test_layers.py)
 

@@ -65,6 +65,7 @@ def teacher_forced_steps(model, params, cache, tokens_BxL, first, src_segment_id
     return jax.lax.scan(step, cache, jnp.arange(first, tokens_BxL.shape[1]))[1]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", KINDS)
 def test_lm_prefill_then_steps_equal_full_forward(positional):
     model, params = lm(positional)
@@ -104,6 +105,7 @@ def test_bfloat16_grouped_query_decoding_follows_the_full_forward_pass():
     assert float(jnp.abs(other_LxBxV - full_BxLxV).max()) > 0.1 * scale
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", KINDS)
 def test_seq2seq_cached_steps_equal_full_forward(positional):
     model, params = seq2seq(positional)
@@ -208,6 +210,7 @@ def test_left_padded_batch_rows_equal_generating_alone():
         np.testing.assert_allclose(batch.scores[i], alone.scores[0], rtol=1e-4)
 
 
+@pytest.mark.gpu
 def test_lm_greedy_with_cache_equals_recomputing_the_prefix():
     model, params = lm("rope")
     forward = jax.jit(lambda x: model.apply({"params": params}, x))
@@ -215,6 +218,7 @@ def test_lm_greedy_with_cache_equals_recomputing_the_prefix():
         assert ids == greedy_by_recomputing(forward, prompt, 10, 16)
 
 
+@pytest.mark.gpu
 def test_seq2seq_greedy_with_cache_equals_recomputing_the_prefix():
     model, params = seq2seq("rope")
     forward = jax.jit(lambda src, src_seg, tgt: model.apply({"params": params}, src, tgt, src_segment_ids=src_seg))

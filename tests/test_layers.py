@@ -12,6 +12,8 @@ from txjax.attention import causal_mask, segment_mask
 from txjax.layers import Block, FeedForward, make_norm
 from txjax.models import ModelConfig
 
+pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
+
 EPS = 1e-5
 
 

@@ -185,6 +185,7 @@ def test_logical_axis_names():
 # Causality
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", POSITIONALS)
 def test_decoder_lm_causal_and_packed_segments(positional):
     lm = built("lm", positional=positional)
@@ -207,6 +208,7 @@ def test_decoder_lm_causal_and_packed_segments(positional):
     np.testing.assert_allclose(packed[1, 4:], alone[0, :4], atol=1e-5)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", POSITIONALS)
 def test_encoder_decoder_decoder_side_causal(positional):
     s2s = built("ed", positional=positional)
@@ -251,6 +253,7 @@ def test_encoder_ignores_pad_contents(positional):
 # Cached decoding: prefill + one-token steps == the full forward pass
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", POSITIONALS)
 def test_lm_cached_decoding_equals_full_forward(positional):
     lm = built("lm", positional=positional)
@@ -294,6 +297,7 @@ def test_lm_left_padded_prompt_equals_unpadded(kw):
         np.testing.assert_allclose(out[1, 0], ref[3 + k], atol=1e-4)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", POSITIONALS)
 def test_encoder_decoder_cached_decoding_equals_full_forward(positional):
     s2s = built("ed", positional=positional)
@@ -366,6 +370,7 @@ def test_remat_same_outputs_and_gradients():
         )
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("positional", ["alibi"])
 def test_fused_equals_reference_models(positional):
     rng = np.random.default_rng(8)
@@ -389,6 +394,7 @@ def test_fused_equals_reference_models(positional):
     np.testing.assert_allclose(got, exp, atol=1e-4)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_bfloat16_compute_close_to_float32_params_stay_float32(impl):
     lm = built("lm", positional="alibi")
@@ -404,6 +410,7 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32(impl):
     assert float(jnp.abs(got - ref).max()) > 0  # it did compute in bfloat16
 
 
+@pytest.mark.gpu
 def test_bfloat16_grouped_query_attention_gradients_close_to_float32():
     """The backward pass of grouped-query attention runs in bfloat16 (on XLA:CPU, whose bfloat16 dots take two batch
     axes and GQA's backward has three, the attention itself computes in float32) and its gradients are float32's

@@ -46,8 +46,15 @@ def test_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(peak, "measure", fake_measure)
     assert peak.peak_gflops() == {"float32": 100.0, "bfloat16": 200.0}
-    assert calls == [(True, peak.QUICK_REPEATS, ("float32", "bfloat16"))]
+    assert calls == [(True, peak.QUICK_REPEATS[jax.devices()[0].platform], ("float32", "bfloat16"))]
     path = tmp_path / f"peak_{jax.devices()[0].device_kind}.json"
     assert peak.cache_path() == path and json.loads(path.read_text())["device_kind"] == jax.devices()[0].device_kind
     assert peak.peak_gflops() == {"float32": 100.0, "bfloat16": 200.0}
     assert len(calls) == 1 and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_float32_peak_multiplies_in_float32():
+    """The float32 variant asks for float32 products (a GPU's default is TF32); its TF32 twin for TF32."""
+    a = jax.ShapeDtypeStruct((8, 8), np.float32)
+    text = {name: jax.jit(fn).lower(a, a).as_text() for name, fn in peak._matmul_fns(peak.VARIANTS).items()}
+    assert "HIGHEST" in text["float32"] and "HIGHEST" not in text["tensorfloat32"] and "HIGH" in text["tensorfloat32"]

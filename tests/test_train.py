@@ -131,6 +131,7 @@ def _model_and_state(config, tmp_path):
     return data, model, tx, jax.jit(lambda: init_state(model, tx, config.train.seed))()
 
 
+@pytest.mark.gpu
 def test_grad_accumulation_equals_the_full_batch(tmp_path):
     config = tiny_config()
     data, model, tx, state = _model_and_state(config, tmp_path)
@@ -155,6 +156,7 @@ def test_label_smoothing_matches_optax_smoothed_labels():
     )
 
 
+@pytest.mark.gpu
 def test_token_sums_match_numpy_cross_entropy_and_argmax():
     logits_BxLxV = np.asarray(jax.random.normal(jax.random.key(0), (4, 5, 11)) * 3)
     targets_BxL = np.array(jax.random.randint(jax.random.key(1), (4, 5), 0, 11))
@@ -260,6 +262,7 @@ def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkey
     assert "mfu not logged: measuring the matmul peak failed (RuntimeError: no matmul today)" in capsys.readouterr().err
 
 
+@pytest.mark.gpu
 def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
     """Crash while fetching batch 3 (after the checkpoint at step 2), rerun: same parameters as no crash."""
     flags = ["--config.model.dropout=0.1", "--config.train.grad_accum=2"]

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from txjax import positional, precision
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
+ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn")  # auto: resolve_impl picks one of the other three
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -82,6 +83,23 @@ def segment_mask(q_seg, k_seg):
     """
     same = q_seg[:, None, :, None] == k_seg[:, None, None, :]
     return same & padding_mask(q_seg > 0, k_seg > 0)
+
+
+def resolve_impl(impl: str, dtype, head_dim: int) -> str:
+    """The attention implementation that runs for ModelConfig.attention_impl: 'auto' is cuDNN's fused (flash)
+    kernel on an NVIDIA GPU where it serves the case (16-bit q/k/v, d_k a multiple of 8 up to 128), else the
+    reference einsums; 'reference', 'fused' (jax.nn.dot_product_attention's XLA formulation) and 'cudnn' as named."""
+    if impl == "cudnn" and not cuda_available():
+        raise ValueError(f"model.attention_impl='cudnn' needs an NVIDIA GPU (here: {jax.default_backend()}); use auto")
+    if impl != "auto":
+        return impl
+    fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if fits and cuda_available() else "reference"
+
+
+def cuda_available() -> bool:
+    """Whether jax's default backend is an NVIDIA GPU (cuDNN's attention needs CUDA; a ROCm GPU is 'gpu' too)."""
+    return jax.default_backend() == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,7 +202,7 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' (jax.nn.dot_product_attention)
+    impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' | 'cudnn' (jax.nn.dot_product_attention's)
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
@@ -199,10 +217,12 @@ class MultiHeadAttention(nn.Module):
     out_init_std: float = 0.02  # W^O (GPT-2 scales it by 1/sqrt(2 * layers))
 
     @nn.compact
-    def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, deterministic=True, decode=False):
+    def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, causal=False, deterministic=True, decode=False):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
         mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk] or None;
-        q_pos [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi). Returns [B, Lq, D]."""
+        q_pos [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi). causal: also causal_mask(q_pos, k_pos),
+        which a fused kernel applies as is_causal (positions must grow along the sequence within a segment, as
+        txjax's inputs do, so that it equals the index order the kernel uses). Returns [B, Lq, D]."""
         d_model = x_BxLxD.shape[-1]
         kv = kv if self.cross else x_BxLxD
         k_pos = q_pos if k_pos is None else k_pos
@@ -248,14 +268,19 @@ class MultiHeadAttention(nn.Module):
         if self.rope_base is not None:
             q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
             k = positional.apply_rope(k, k_pos, self.rope_base)
-        if decode and not self.cross:
+        if decode and not self.cross:  # the cache's mask holds the causal order of its slots
             k, v, k_pos, mask = self._update_cache(*cache_layout(k, v), q_pos, mask)
+            causal = False
 
         bias_BxHxLxS = None
         if self.alibi:
             bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
-        out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, bias_BxHxLxS, scale, deterministic)
+        use_dropout = self.dropout > 0 and not deterministic
+        fused = self.impl in ("fused", "cudnn") and not (self.sow_weights or use_dropout)
+        if causal and not fused:  # the reference applies the causal order as part of the mask
+            mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
+        out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, scale, use_dropout, fused)
 
         spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
         product = partial(precision.einsum, "blhk,hkd->bld")
@@ -269,18 +294,25 @@ class MultiHeadAttention(nn.Module):
             ).astype(self.dtype)
         return y_BxLxD
 
-    def _attend(self, q, k, v, mask, bias, scale, deterministic):
-        """Per-head softmax(mask(qk^T*scale+bias))v: q [B,L,H,K], k/v [B,S,KV,K] or [B*KV,S,K] -> [B,L,H,K]."""
-        use_dropout = self.dropout > 0 and not deterministic
-        if self.impl == "fused" and not (self.sow_weights or use_dropout):
+    def _attend(self, q, k, v, mask, causal, bias, scale, use_dropout, fused):
+        """Per-head softmax(mask(qk^T*scale+bias))v: q [B,L,H,K], k/v [B,S,KV,K] or [B*KV,S,K] -> [B,L,H,K];
+        fused: jax.nn.dot_product_attention (self.impl's XLA or cuDNN kernel), with `causal` as its is_causal."""
+        if fused:
             if k.ndim == 3:  # decoding's cache_layout -> dot_product_attention's [B, S, KV, K]
                 k = einops.rearrange(k, "(b g) k s -> b s g k", b=q.shape[0])
                 v = einops.rearrange(v, "(b g) s k -> b s g k", b=q.shape[0])
+            b, l, s = q.shape[0], q.shape[1], k.shape[1]
             if mask is not None:
-                mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
-            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
-            # like the reference: a query with no key to attend to gets zeros
-            return out if mask is None else out * mask.any(-1)[:, 0, :, None, None].astype(out.dtype)
+                mask = jnp.broadcast_to(mask, (b, 1, l, s))
+            implementation = "cudnn" if self.impl == "cudnn" else "xla"
+            out = jax.nn.dot_product_attention(
+                q, k, v, bias=bias, mask=mask, scale=scale, is_causal=causal, implementation=implementation
+            )
+            if mask is None:
+                return out
+            # like the reference: a query with no key to attend to (padding) gets zeros
+            attended = mask & jnp.tri(l, s, dtype=bool) if causal else mask
+            return out * attended.any(-1)[:, 0, :, None, None].astype(out.dtype)
         gqa_bf16_cpu = self.num_kv_heads < self.num_heads and q.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
         if gqa_bf16_cpu and k.ndim == 4:
             # XLA:CPU runs bfloat16 dots only through XNNPACK, which takes at most two batch axes; the backward of

@@ -257,7 +257,14 @@ def from_command_line(
     return config
 
 
-RESUMABLE_CHANGES = ("dtype", "dropout", "attention_dropout", "attention_impl", "remat")  # the state's shapes stay
+RESUMABLE_CHANGES = (
+    "dtype",
+    "dropout",
+    "attention_dropout",
+    "attention_impl",
+    "matmul_precision",
+    "remat",
+)  # the state's shapes stay
 # what batch k is (data, seed, batch shape) and what the optimizer state holds (optimizer, a budget's plan): a resumed
 # run with other values would not continue the run it resumes
 RESUME_FIXED = {

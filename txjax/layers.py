@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax import precision
-from txjax.attention import MultiHeadAttention, out_major_product
+from txjax.attention import MultiHeadAttention, out_major_product, resolve_impl
 
 if TYPE_CHECKING:  # the config type only; models.py imports this file
     from txjax.models import ModelConfig
@@ -108,7 +108,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         qkv_bias=cfg.qkv_bias,
         dropout=cfg.attention_dropout,
         scale=cfg.attention_scale,
-        impl=cfg.attention_impl,
+        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim),
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
         alibi=not cross and cfg.positional == "alibi",
         qk_norm=cfg.qk_norm,
@@ -131,20 +131,23 @@ class Block(nn.Module):
 
     cfg: ModelConfig
     cross: bool = False  # decoder block of an encoder-decoder
+    causal: bool = False  # self-attention in causal order (a decoder) on top of ctx's mask
     sow_weights: bool = False
     deterministic: bool = True  # no dropout (eval, decode)
     decode: bool = False  # write keys/values into the KV cache
 
     @nn.compact
     def __call__(self, x_BxLxD, ctx):
-        """ctx: dict with 'mask' [B,1,L,L], 'pos' [B,L], and for cross blocks 'enc' [B,S,D] (None on cached decode
-        steps) and 'enc_mask' [B,1,L,S]."""
+        """ctx: dict with 'mask' [B,1,L,L] (segments; `causal` adds the causal order), 'pos' [B,L], and for cross
+        blocks 'enc' [B,S,D] (None on cached decode steps) and 'enc_mask' [B,1,L,S]."""
         cfg, deterministic, decode = self.cfg, self.deterministic, self.decode
         dropout = nn.Dropout(cfg.dropout)
         drop = lambda y: dropout(y, deterministic=deterministic)  # on each residual branch, before the addition
         ln = lambda name: make_norm(cfg, f"{name}_norm")
         self_attn = make_attention(cfg, False, "self_attention", self.sow_weights)
-        mha = lambda t: self_attn(t, ctx["mask"], q_pos=ctx["pos"], deterministic=deterministic, decode=decode)
+        mha = lambda t: self_attn(
+            t, ctx["mask"], q_pos=ctx["pos"], causal=self.causal, deterministic=deterministic, decode=decode
+        )
         if self.cross:
             cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)
             kv, mask = ctx["enc"], ctx["enc_mask"]

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax import positional, precision
-from txjax.attention import causal_mask, segment_mask
+from txjax.attention import ATTENTION_IMPLS, segment_mask
 from txjax.layers import ACTIVATIONS, NORMS, Block, Dense, make_norm
 
 _CHOICES = {
@@ -36,7 +36,8 @@ _CHOICES = {
     "norm_placement": ("pre", "post"),
     "activation": tuple(ACTIVATIONS),
     "dtype": ("float32", "bfloat16"),
-    "attention_impl": ("reference", "fused"),
+    "attention_impl": ATTENTION_IMPLS,
+    "matmul_precision": precision.PRECISIONS,
     "attention_scale": ("sqrt", "none", "linear"),
     "parametrization": ("standard", "mup"),
 }
@@ -66,7 +67,8 @@ class ModelConfig:
     dropout: float = 0.0
     attention_dropout: float = 0.0
     dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
-    attention_impl: str = "reference"
+    attention_impl: str = "auto"  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
+    matmul_precision: str = "highest"  # of float32 matmuls (txjax.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
     decoding_layout: bool = False  # txjax.decode.for_decoding's: [W^Q|W^K|W^V], SwiGLU's [W1|W3], layers unrolled
@@ -105,6 +107,10 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
+        if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
+            raise ValueError(
+                "model.attention_impl='cudnn' needs model.dtype=bfloat16 (cuDNN's fused attention is 16-bit)"
+            )
         if self.logit_softcap < 0:
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
         if self.parametrization == "mup" and self.attention_scale != "linear":
@@ -197,11 +203,12 @@ class Embedder(nn.Module):
         in the compute dtype (x comes from a float32 norm), accumulated in float32; under muP divided by the width
         multiplier m; soft-capped when logit_softcap = c > 0: c tanh(z / c)."""
         x_BxLxD = x_BxLxD.astype(self.cfg.compute_dtype)
-        if not self.cfg.tie_embeddings:
-            logits_BxLxV = self.lm_head(x_BxLxD).astype(jnp.float32)
-        else:
-            embedding_VxD = self.tokens.embedding.astype(x_BxLxD.dtype)
-            logits_BxLxV = precision.einsum("bld,vd->blv", x_BxLxD, embedding_VxD, out_dtype=jnp.float32)
+        with precision.matmul_precision(self.cfg.matmul_precision, self.cfg.compute_dtype):
+            if not self.cfg.tie_embeddings:
+                logits_BxLxV = self.lm_head(x_BxLxD).astype(jnp.float32)
+            else:
+                embedding_VxD = self.tokens.embedding.astype(x_BxLxD.dtype)
+                logits_BxLxV = precision.einsum("bld,vd->blv", x_BxLxD, embedding_VxD, out_dtype=jnp.float32)
         if self.cfg.parametrization == "mup":  # muP's readout multiplier 1/m, tied head or not
             logits_BxLxV = logits_BxLxV / self.cfg.width_multiplier
         cap = self.cfg.logit_softcap
@@ -214,15 +221,19 @@ class Stack(nn.Module):
     cfg: ModelConfig
     num_layers: int
     cross: bool = False
+    causal: bool = False
     sow_weights: bool = False
 
     @nn.compact
     def __call__(self, x_BxLxD, ctx, deterministic=True, decode=False):
+        with precision.matmul_precision(self.cfg.matmul_precision, self.cfg.compute_dtype):
+            return self._layers(x_BxLxD, ctx, deterministic, decode)
+
+    def _layers(self, x_BxLxD, ctx, deterministic, decode):
         cfg = self.cfg
         block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
-        kwargs = dict(
-            cfg=cfg, cross=self.cross, sow_weights=self.sow_weights, deterministic=deterministic, decode=decode
-        )
+        kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
+        kwargs |= dict(deterministic=deterministic, decode=decode)
         if cfg.scan_layers:
             scanned = nn.scan(
                 block,
@@ -260,8 +271,8 @@ class DecoderLM(nn.Module):
         pos_BxL, seg_BxL = _defaults(tokens_BxL, positions, segment_ids)
         embedder = Embedder(cfg, name="embed")
         x_BxLxD = nn.Dropout(cfg.dropout)(embedder(tokens_BxL, pos_BxL), deterministic=deterministic)
-        ctx = {"mask": causal_mask(pos_BxL, pos_BxL) & segment_mask(seg_BxL, seg_BxL), "pos": pos_BxL}
-        x_BxLxD = Stack(cfg, cfg.num_layers, sow_weights=self.sow_weights, name="decoder")(
+        ctx = {"mask": segment_mask(seg_BxL, seg_BxL), "pos": pos_BxL}  # the Stack adds the causal order
+        x_BxLxD = Stack(cfg, cfg.num_layers, causal=True, sow_weights=self.sow_weights, name="decoder")(
             x_BxLxD, ctx, deterministic, decode
         )
         return embedder.logits(x_BxLxD)
@@ -279,7 +290,7 @@ class EncoderDecoder(nn.Module):
         self.tgt_embed = self.src_embed if cfg.share_embeddings else Embedder(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Stack(cfg, cfg.encoder_layers, sow_weights=self.sow_weights)
-        self.decoder = Stack(cfg, cfg.num_layers, cross=True, sow_weights=self.sow_weights)
+        self.decoder = Stack(cfg, cfg.num_layers, cross=True, causal=True, sow_weights=self.sow_weights)
 
     def encode(self, src_BxS, src_positions=None, src_segment_ids=None, *, deterministic=True):
         """Bidirectional self-attention with the source padding (segment) mask: -> [B, S, D]."""
@@ -307,7 +318,7 @@ class EncoderDecoder(nn.Module):
         pos_BxT, seg_BxT = _defaults(tgt_BxT, tgt_positions, tgt_segment_ids)
         x_BxTxD = self.dropout(self.tgt_embed(tgt_BxT, pos_BxT), deterministic=deterministic)
         ctx = {
-            "mask": causal_mask(pos_BxT, pos_BxT) & segment_mask(seg_BxT, seg_BxT),
+            "mask": segment_mask(seg_BxT, seg_BxT),  # the decoder Stack adds the causal order
             "pos": pos_BxT,
             "enc": encoded_BxSxD,
             "enc_mask": segment_mask(seg_BxT, src_segment_ids),

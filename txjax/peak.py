@@ -23,12 +23,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-VARIANTS = {  # name -> (input dtype, preferred_element_type)
-    "float32": (jnp.float32, None),
-    "bfloat16": (jnp.bfloat16, jnp.float32),
-    "bfloat16 (bf16 result)": (jnp.bfloat16, None),
+VARIANTS = {  # name -> (input dtype, preferred_element_type, precision)
+    "float32": (jnp.float32, None, "highest"),  # float32 products: XLA's GPU default would be TF32
+    "tensorfloat32": (jnp.float32, None, "high"),  # measured on GPUs only: on a CPU it is the float32 product
+    "bfloat16": (jnp.bfloat16, jnp.float32, None),
+    "bfloat16 (bf16 result)": (jnp.bfloat16, None, None),
 }
-QUICK_REPEATS = 3  # peak_gflops(): ~1-2 s on a CPU
+QUICK_REPEATS = {"cpu": 3, "gpu": 50}  # peak_gflops(): ~1-2 s on a CPU; a GPU's ms-long calls need more to settle
 
 
 def stats_ms(seconds: list[float], cpu_seconds: list[float]) -> dict:
@@ -68,27 +69,39 @@ def sizes(quick: bool) -> list[int]:
     """Matrix sizes n: large enough to reach the ceiling, small enough to time in seconds."""
     if jax.devices()[0].platform == "cpu":
         return [2048] if quick else [1024, 2048, 4096]
-    return [8192] if quick else [4096, 8192, 16384]
+    return [8192] if quick else [8192, 16384]  # smaller GPU products leave the chip partly idle
+
+
+def _matmul_fns(variants: dict) -> dict[str, Callable]:
+    """{variant: a @ b at the variant's accumulation type and precision} (not jitted)."""
+    return {
+        name: lambda a, b, acc=acc, p=precision: jnp.matmul(a, b, preferred_element_type=acc, precision=p)
+        for name, (_, acc, precision) in variants.items()
+    }
 
 
 def _matmul_calls(n: int, variants: dict) -> dict[str, Callable[[], jax.Array]]:
     """{variant: a no-argument call of jit(a_nxn @ b_nxn)} on random inputs of the variant's dtype."""
-    fns = {}
-    for name, (dtype, acc) in variants.items():
+    calls = {}
+    for name, matmul in _matmul_fns(variants).items():
+        dtype = variants[name][0]
         a_nxn = jax.random.normal(jax.random.key(0), (n, n), dtype)
         b_nxn = jax.random.normal(jax.random.key(1), (n, n), dtype)
-        matmul = jax.jit(lambda a, b, acc=acc: jnp.matmul(a, b, preferred_element_type=acc))
-        fns[name] = lambda f=matmul, a=a_nxn, b=b_nxn: f(a, b)
-    return fns
+        jitted = jax.jit(matmul)
+        calls[name] = lambda f=jitted, a=a_nxn, b=b_nxn: f(a, b)
+    return calls
 
 
 def measure(quick: bool = False, repeats: int | None = None, variants: dict = VARIANTS) -> dict:
     """{'rows': [{variant, n, gflops_median, gflops_best, ms_median}], 'peak_gflops': {'float32': ..,
     'bfloat16': ..}}: 2 n^3 FLOPs per call over the median (and the fastest) of `repeats` timed calls."""
     repeats = repeats or (5 if quick else 20)
+    if jax.devices()[0].platform != "gpu":
+        variants = {name: v for name, v in variants.items() if name != "tensorfloat32"}
     rows = []
     for n in sizes(quick):
-        timings = time_calls(_matmul_calls(n, variants), repeats, warmup=2, rounds=max(1, repeats // 5))
+        warmup = 2 if jax.devices()[0].platform == "cpu" else 10  # a GPU ramps up its clocks
+        timings = time_calls(_matmul_calls(n, variants), repeats, warmup=warmup, rounds=max(1, repeats // 5))
         rows += [
             {
                 "variant": name,
@@ -103,11 +116,15 @@ def measure(quick: bool = False, repeats: int | None = None, variants: dict = VA
     return {"rows": rows, "peak_gflops": {"float32": best("float32"), "bfloat16": best("bfloat16")}}
 
 
+def cache_dir() -> Path:
+    """txjax's per-user cache folder: $TXJAX_CACHE_DIR, default ~/.cache/txjax (measured peaks, compiled programs)."""
+    return Path(os.environ.get("TXJAX_CACHE_DIR") or Path.home() / ".cache" / "txjax")
+
+
 def cache_path() -> Path:
-    """$TXJAX_CACHE_DIR (default ~/.cache/txjax)/peak_<device kind>.json, the kind made safe for a file name."""
-    directory = Path(os.environ.get("TXJAX_CACHE_DIR") or Path.home() / ".cache" / "txjax")
+    """cache_dir()/peak_<device kind>.json, the kind made safe for a file name."""
     kind = re.sub(r"[^A-Za-z0-9.-]+", "_", jax.devices()[0].device_kind)
-    return directory / f"peak_{kind}.json"
+    return cache_dir() / f"peak_{kind}.json"
 
 
 def peak_gflops() -> dict[str, float]:
@@ -117,7 +134,7 @@ def peak_gflops() -> dict[str, float]:
     if path.is_file():
         return json.loads(path.read_text())["peak_gflops"]
     wanted = {name: VARIANTS[name] for name in ("float32", "bfloat16")}
-    result = measure(quick=True, repeats=QUICK_REPEATS, variants=wanted)
+    result = measure(quick=True, repeats=QUICK_REPEATS.get(jax.devices()[0].platform, 3), variants=wanted)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.tmp")  # renamed into place: a reader never sees half a file
     partial.write_text(json.dumps({"device_kind": jax.devices()[0].device_kind, **result}, indent=1) + "\n")

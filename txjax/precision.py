@@ -7,14 +7,29 @@ and multiplies it with the bfloat16 operand as float32 x float32, so the backwar
 runs at float32 speed; and a bfloat16 x bfloat16 -> bfloat16 dot does not accumulate in float32 at all. On a CPU
 with AVX512_BF16 or AMX, bf16 x bf16 -> f32 is the fast path (benchmarks/peak.py measures both). Float32 operands
 take plain jnp.einsum, unchanged.
+
+Float32 matmuls run at `matmul_precision` (ModelConfig.matmul_precision): 'highest' multiplies float32 as float32
+everywhere; 'high' and 'default' let a GPU use TF32 (and a TPU bfloat16 passes), which XLA's GPU default does
+unasked. On a CPU the three compile to the same float32 product.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
+
+PRECISIONS = ("highest", "high", "default")  # jax.default_matmul_precision's names: float32, TF32 / bf16x3, backend's
+
+
+def matmul_precision(name: str, compute_dtype):
+    """A context in which float32 matmuls run at `name` (one of PRECISIONS); a model computing in a 16-bit dtype
+    has no float32 matmuls to set, and its products keep their own precision (nothing changes)."""
+    if jnp.dtype(compute_dtype) != jnp.float32:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(name)
 
 
 def einsum(spec: str, a, b, out_dtype=None):

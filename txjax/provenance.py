@@ -62,6 +62,8 @@ def machine(command: str) -> dict:
         "matmul_peak_gflops": _peak(),
         "load_average_1min": os.getloadavg()[0],
         "jax": jax.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **({"driver": device.client.platform_version} if device.platform == "gpu" else {}),
         "command": command,
         "commit": commit(),
     }

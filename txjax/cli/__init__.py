@@ -8,6 +8,20 @@ import os
 
 from txjax import distributed
 
+COMPILING_COMMANDS = ("train", "eval", "generate", "sweep")  # those whose compiled steps the persistent cache keeps
+
+
+def enable_compilation_cache() -> None:
+    """jax's persistent compilation cache: a second run of the same config loads its compiled steps (those that took
+    over a second to compile) instead of compiling them again. In $JAX_COMPILATION_CACHE_DIR when that is set, else
+    in txjax's cache folder ($TXJAX_CACHE_DIR, default ~/.cache/txjax)/jax; TXJAX_COMPILATION_CACHE=0 turns it off."""
+    import jax
+
+    from txjax.peak import cache_dir
+
+    if os.environ.get("TXJAX_COMPILATION_CACHE", "1") != "0" and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+
 
 def parse_with_overrides(
     parser: argparse.ArgumentParser, argv: list[str], prefix: str | tuple[str, ...] = "--config."
