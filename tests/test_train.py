@@ -80,6 +80,8 @@ def test_bad_values_are_one_line_errors():
         ("--config.model.d_model=33", "divisible by model.num_heads"),
         ("--config.train.grad_accum=3", "divisible by grad_accum"),
         ("--config.model.decoding_layout=true", "is for decoding only"),
+        ("--config.model.attention_impl=cudnn", "needs model.dtype=bfloat16"),
+        ("--config.model.matmul_precision=tf32", "model.matmul_precision='tf32' is not one of highest, high"),
     ]:
         with pytest.raises(config_lib.ConfigError, match=message) as e:
             tiny_config(flag)

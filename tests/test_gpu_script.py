@@ -1,0 +1,43 @@
+"""benchmarks/gpu.sh --dry-run: every stage of the GPU script runs on small shapes here, writes its result file, and
+the summary reads them, so that the script works when a GPU session finally runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("transformers", reason="the decode stage compares with transformers (pip install -e '.[interop]')")
+
+
+def test_dry_run_runs_every_stage_and_summarizes(tmp_path):
+    out = tmp_path / "gpu"
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu.sh", "--dry-run", f"--out={out}", "--budget=400"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stages = {line.split("\t")[0]: line.split("\t")[1] for line in (out / "stages.tsv").read_text().splitlines()}
+    assert set(stages) == {"peak", "train", "train_loop", "decode", "cache", "flags_0", "small", "tests"}
+    failed = {name: (out / "logs" / f"{name}.log").read_text()[-1500:] for name, rc in stages.items() if rc != "0"}
+    assert not failed, failed
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"float32", "bfloat16"} <= set(summary["peak_tflops"])
+    trained = {(r["file"], r["attention"]) for r in summary["train"]}
+    assert ("train_scan", "auto (reference)") in trained and ("train_scan", "reference (reference)") in trained
+    flags = {r["file"]: r["xla_flags"] for r in summary["train"]}
+    assert flags["train_flags_0"] == "--xla_backend_optimization_level=1"
+    assert [r["batch"] for r in summary["decode"]] == [1, 2] and all(r["ratio"] > 0 for r in summary["decode"])
+    assert json.loads(done.stdout.strip().splitlines()[-1])["stages"] == stages
+
+
+def test_unknown_argument_is_one_line():
+    done = subprocess.run(["bash", "benchmarks/gpu.sh", "--gpu"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "unknown argument --gpu" in done.stderr
