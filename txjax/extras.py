@@ -1,7 +1,7 @@
 """Optional dependencies (pyproject.toml's extras): `require(module, what)` imports one, or fails with one line
 that names the package, what needs it and the install command, e.g.
 
-    error: run.py import of a .gguf file needs the 'gguf' package (the interop extra): pip install -e '.[interop]'
+    error: reading a .gguf file needs the 'gguf' package (the interop extra): pip install -e '.[interop]'
 
 MissingExtra is a ModuleNotFoundError (code that catches ImportError still does); run.py prints it as that one line,
 without a traceback, and exits with status 2, like a config error.
