@@ -177,6 +177,30 @@ def one_line_error(error_type, message: str, *args, **kwargs) -> None:
     assert "\n" not in str(e.value)
 
 
+def test_one_text_file_is_one_document_and_the_error_names_delimiter(tmp_path, capsys):
+    """A text file without --delimiter is one document, never cut: an empty split's fix is --delimiter (no
+    --valid_fraction could split one document); with --delimiter='\\n\\n' (as typed in a shell) it prepares."""
+    import run
+
+    text = write_text(tmp_path / "input.txt", random_documents())
+    flags = [f"--input={text}", "--workers=1", "--valid_fraction=0.2"]
+    assert run.main(["prepare", *flags, f"--output={tmp_path / 'one'}"]) == 2
+    err = capsys.readouterr().err  # progress bars, then the error line
+    assert err.endswith(
+        "\nerror: the valid split has no documents (of 1): a text file is one document unless --delimiter splits it:"
+        " give e.g. --delimiter='\\n\\n' (blank lines)\n"
+    )
+    assert "Traceback" not in err
+    assert not list(tmp_path.glob("one*"))
+    assert run.main(["prepare", *flags, f"--output={tmp_path / 'many'}", "--delimiter=\\n\\n"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    splits = read_index(summary["output"])["splits"]
+    assert splits["train"]["documents"] + splits["valid"]["documents"] == 120 and splits["valid"]["documents"]
+    other = write_text(tmp_path / "other.txt", random_documents(seed=1))  # several files: either fix may do
+    one_line_error(ValueError, r"raise --valid_fraction=1e-09, or split the files into documents with --delimiter$",
+                   [str(text), str(other)], tmp_path / "two", valid_fraction=1e-9)  # fmt: skip
+
+
 def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path):
     missing = tmp_path / "absent.txt"
     one_line_error(FileNotFoundError, f"--input={missing}: no such file", [str(missing)], tmp_path / "o")

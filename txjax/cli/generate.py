@@ -17,6 +17,7 @@ def main(argv: list[str]) -> None:
 
     Defaults: the workdir config's `decode` section. Without --method, a sampling option (--temperature, ...) means
     --method=sample and a beam option means --method=beam; an option of another method than --method is an error.
+    --temperature=0 is greedy (as in vLLM and llama.cpp): the same tokens as --method=greedy, top_k/top_p ignored.
     """
     parser = argparse.ArgumentParser(
         prog="run.py generate", description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

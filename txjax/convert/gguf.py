@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from txjax.convert.llama import config_from_hf, params_from_hf
 from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.extras import require
 from txjax.models import ModelConfig
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> Hugging Face model_type
@@ -76,7 +77,7 @@ class GGUFFile:
     """The metadata and tensors of one .gguf file; a missing or truncated file is a one-line ValueError."""
 
     def __init__(self, path):
-        import gguf
+        gguf = require("gguf", "reading a .gguf file")
 
         self.path = Path(path).expanduser()
         if not self.path.is_file():
@@ -100,7 +101,7 @@ class GGUFFile:
 
     def tensors(self) -> dict[str, np.ndarray]:
         """Every tensor as float32 NumPy in its NumPy shape (reversed GGUF shape), renamed to Hugging Face names."""
-        import gguf
+        gguf = require("gguf", "reading a .gguf file")
 
         out = {}
         # a bar in a terminal (disable=None: none when stderr is a file or pipe, so errors stay one line)
@@ -159,8 +160,8 @@ def config_from_gguf(f: GGUFFile, has_head: bool) -> ModelConfig:
 
 def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
     """tokenizer.ggml.* -> a byte-level BPE `tokenizers` pipeline with the model's special tokens and template."""
-    import tokenizers
-    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+    tokenizers = require("tokenizers", "a .gguf file's tokenizer")
+    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers  # installed: require checked
 
     kind, pre = f.require("tokenizer.ggml.model"), f.get("tokenizer.ggml.pre", "default")
     if kind != "gpt2":

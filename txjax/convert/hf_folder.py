@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.extras import require
 from txjax.models import DecoderLM, ModelConfig, stack_layers, unstack_layers
 
 CONFIG_FILE = "config.json"
@@ -158,8 +159,7 @@ def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
     """The fast tokenizer of a save_pretrained folder: tokenizer.json, with BOS/EOS/pad and the chat template from
     tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. The model expects BOS
     first when the pipeline's own post-processor puts it there."""
-    import tokenizers
-
+    tokenizers = require("tokenizers", "a pretrained model's tokenizer.json")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder}: no tokenizer.json (save the model's fast tokenizer with it)")
     pipeline = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from txjax.data.tokenizers import Tokenizer
+from txjax.extras import require
 
 
 class HFTokenizer(Tokenizer):
@@ -63,7 +64,8 @@ class HFTokenizer(Tokenizer):
         """The chat template applied to [{"role": ..., "content": ...}, ...] (jinja2, as transformers does)."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template: drop --chat")
-        import jinja2.sandbox
+        require("jinja2", "a chat template (--chat)")
+        import jinja2.sandbox  # installed: require checked
 
         def raise_exception(message):  # templates call it to refuse a conversation
             raise jinja2.TemplateError(message)
@@ -90,7 +92,6 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def load(cls, directory: Path, config: dict) -> HFTokenizer:
-        import tokenizers
-
+        tokenizers = require("tokenizers", "a pretrained model's tokenizer (kind 'hf')")
         fields = {k: config[k] for k in ("bos_id", "eos_id", "pad_id", "add_bos", "chat_template")}
         return cls(tokenizers.Tokenizer.from_file(str(directory / config["file"])), **fields)

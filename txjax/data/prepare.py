@@ -4,11 +4,13 @@
     documents -> tokens -> DIR/{train,valid}/{stream}-NNNNN.bin  (one shard per chunk and split)
 
 A document goes to the valid split iff blake2b(its text) / 2^64 < valid_fraction: a pure function of the text, so
-the split does not depend on chunking or the number of workers, and copies of a document share a split. An LM
-document is stored as its tokens followed by EOS (when the tokenizer has one): each split is one flat stream, the
-nanoGPT layout, and `{stream}-documents.npy` (int64[D + 1]) holds where each document starts in it. TSV pairs
-(the translation task) are two streams, `src` and `tgt`, without EOS (the reader truncates and appends it).
-Tokens are uint16 when the vocabulary has at most 65,536 ids, else uint32.
+the split does not depend on chunking or the number of workers, and copies of a document share a split. A document
+is never cut: one text file without --delimiter is one document, so an empty split names --delimiter (nanoGPT's
+prepare.py cuts its one file at 90% of the tokens; here `--delimiter='\\n\\n'` makes tinyshakespeare's speeches the
+documents). An LM document is stored as its tokens followed by EOS (when the tokenizer has one): each split is one
+flat stream, the nanoGPT layout, and `{stream}-documents.npy` (int64[D + 1]) holds where each document starts in it.
+TSV pairs (the translation task) are two streams, `src` and `tgt`, without EOS (the reader truncates and appends
+it). Tokens are uint16 when the vocabulary has at most 65,536 ids, else uint32.
 
 Everything is written into DIR.partial-PID, renamed to DIR once index.json is in it: a DIR that exists is complete.
 index.json records the options, the inputs' sizes and SHA-256, the tokenizer's fingerprint and each shard's token
@@ -242,10 +244,7 @@ def _split_index(partial: Path, split: str, streams: list[str], results: list[di
     """One split's shards and document count; writes its {stream}-documents.npy (where each document starts)."""
     documents = sum(len(r[split][streams[0]]) for r in results)
     if not documents:
-        fix = "raise" if split == "valid" else "lower"
-        raise ValueError(
-            f"the {split} split has no documents (of {total}): {fix} --valid_fraction={options['valid_fraction']}"
-        )
+        raise ValueError(f"the {split} split has no documents (of {total}): {_split_fix(split, options, total)}")
     out = {"documents": documents, "streams": {}}
     for s in streams:
         n_D = np.concatenate([r[split][s] for r in results]).astype(np.int64)
@@ -253,6 +252,18 @@ def _split_index(partial: Path, split: str, streams: list[str], results: list[di
         shards = [{"file": r["files"][split][s], "tokens": int(r[split][s].sum())} for r in results]
         out["streams"][s] = {"tokens": int(n_D.sum()), "shards": [x for x in shards if x["tokens"]]}
     return out
+
+
+def _split_fix(split: str, options: dict, total: int) -> str:
+    """How an empty split gets documents. Documents are never cut (the split is a function of each document's text),
+    so one document needs --delimiter (a plain text file is one document without it), not another valid_fraction."""
+    one_per_file = options["format"] == "text" and not options["delimiter"]
+    if total == 1 and one_per_file:
+        return "a text file is one document unless --delimiter splits it: give e.g. --delimiter='\\n\\n' (blank lines)"
+    if total == 1:
+        return "one document cannot be split into train and valid: give more"
+    fix = f"{'raise' if split == 'valid' else 'lower'} --valid_fraction={options['valid_fraction']}"
+    return fix + (", or split the files into documents with --delimiter" if one_per_file else "")
 
 
 def _closing(bar, results):

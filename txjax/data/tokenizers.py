@@ -22,6 +22,7 @@ import numpy as np
 import sentencepiece as spm
 
 from txjax.data.files import PathLike, iter_fields, resolve_path
+from txjax.extras import require
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -267,12 +268,7 @@ class ByteLevelBPETokenizer(Tokenizer):
     EOS_TOKEN = "<|endoftext|>"
 
     def __init__(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]):
-        try:
-            import tokenizers
-        except ImportError:
-            raise ImportError(
-                "the byte_bpe tokenizer needs Hugging Face tokenizers: pip install -e '.[interop]'"
-            ) from None
+        tokenizers = require("tokenizers", "the byte_bpe tokenizer (GPT-2's byte-level BPE)")
         self.vocab, self.merges = dict(vocab), [tuple(m) for m in merges]
         self.tok = tokenizers.Tokenizer(tokenizers.models.BPE(self.vocab, self.merges))
         self.tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)

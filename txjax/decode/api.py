@@ -206,7 +206,8 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
 
     The method is the overrides' `method`, else the one method the overridden options belong to (--beam_size: beam;
     --temperature, --top_k, --top_p, --num_samples: sample), else the config's. Only that method's options are
-    taken from the config; an override of another method's option is the Strategy's one-line ValueError.
+    taken from the config; an override of another method's option is the Strategy's one-line ValueError. The
+    fields are the Strategy's (left None: dropped), so temperature 0 comes back as method greedy.
     """
     given = {k: v for k, v in overrides.items() if v is not None}
     implied = {m for m, options in METHOD_OPTIONS.items() for name in given if name in options}
@@ -214,9 +215,11 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
         raise ValueError(f"options of several methods given ({', '.join(sorted(given))}): choose one with --method")
     method = given.pop("method", None) or (implied.pop() if implied else decode_config.method)
     options = {name: decode_config[name] for name in METHOD_OPTIONS[method]} | given
-    return dict(
-        options, method=method, max_new_tokens=given.get("max_new_tokens", decode_config.max_new_tokens), eos_id=eos_id
-    )
+    max_new_tokens = given.get("max_new_tokens", decode_config.max_new_tokens)
+    strategy = Strategy(**dict(options, method=method, max_new_tokens=max_new_tokens, eos_id=eos_id))
+    return {
+        name: value for name, value in dataclasses.asdict(strategy).items() if value is not None or name == "eos_id"
+    }
 
 
 def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:

@@ -5,6 +5,11 @@ One method per strategy, and each option belongs to one method (METHOD_OPTIONS):
     sample   softmax(filtered logits / temperature): top_k, top_p (nucleus), num_samples continuations per prompt
     beam     beam search with beam_size beams and the GNMT length_penalty (beam_size 1 with alpha 0 is greedy)
 An option of another method is an error, not silently ignored (`Strategy(temperature=0.8)` does not sample).
+
+Temperature 0 is greedy, as in vLLM, llama.cpp and transformers' server (`transformers serve` turns do_sample off):
+`Strategy(method="sample", temperature=0)` becomes `Strategy(method="greedy")` (equal, so the same compiled greedy
+program runs, never a division by zero). Greedy ignores top_k and top_p (as vLLM and `generate(do_sample=False)` do);
+num_samples > 1 would be that many copies of one text, so it is an error.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ class Strategy:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
+        if self.temperature == 0 and self.method in ("greedy", "sample"):
+            self._become_greedy()
         for name in _DEFAULTS:
             if getattr(self, name) is not None and name not in METHOD_OPTIONS[self.method]:
                 owner = next(m for m, options in METHOD_OPTIONS.items() if name in options)
                 raise ValueError(f"{name} applies to method={owner!r}, not method={self.method!r}")
         checks = [
             (self.max_new_tokens >= 1, f"max_new_tokens={self.max_new_tokens} must be >= 1"),
-            (self.option("temperature") > 0, f"temperature={self.temperature} must be > 0 (greedy: method='greedy')"),
+            (self.option("temperature") > 0, f"temperature={self.temperature} must be >= 0 (0 = greedy)"),
             (self.option("top_k") >= 0, f"top_k={self.top_k} must be >= 0 (0 = off)"),
             (0 < self.option("top_p") <= 1, f"top_p={self.top_p} must be in (0, 1]"),
             (self.option("num_samples") >= 1, f"num_samples={self.num_samples} must be >= 1"),
@@ -56,6 +63,17 @@ class Strategy:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def _become_greedy(self) -> None:
+        """temperature 0: method greedy without sampling options (top_k, top_p dropped; num_samples must be 1)."""
+        if self.option("num_samples") != 1:
+            raise ValueError(
+                f"temperature=0 is greedy, one text per prompt: num_samples={self.num_samples} must be 1"
+                " (or sample with a temperature > 0)"
+            )
+        for name in METHOD_OPTIONS["sample"]:
+            object.__setattr__(self, name, None)  # frozen: set once, here, before anything reads it
+        object.__setattr__(self, "method", "greedy")
 
     def option(self, name: str):
         """The option's value, or its method's default when left None."""

@@ -1,0 +1,161 @@
+"""Conventions users bring from other tools: temperature 0 is greedy (vLLM, llama.cpp, `transformers serve`); a
+missing optional package is one line naming the extra that installs it."""
+
+import sys
+
+import pytest
+from test_decode import EOS, LM_PROMPTS, lm, lm_greedy
+
+import run
+from txjax import decode
+from txjax.convert.gguf import GGUFFile, tokenizer_from_gguf
+from txjax.convert.hf_folder import read_tokenizer
+from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.data.tokenizers import ByteLevelBPETokenizer
+from txjax.extras import MissingExtra
+
+# ---------------------------------------------------------------- temperature 0 is greedy
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "sample", "temperature": 0},
+        {"method": "sample", "temperature": 0.0, "top_k": 3, "top_p": 0.5},  # greedy ignores top_k and top_p
+        {"temperature": 0},  # the default method (greedy) takes it too
+    ],
+)
+def test_temperature_zero_generates_what_greedy_does(options):
+    model, params = lm("rope")
+    out = decode.generate(model, params, LM_PROMPTS, max_new_tokens=10, eos_id=EOS, seed=5, **options)
+    assert out.ids == lm_greedy().ids
+    # the same Strategy as method greedy, so the same compiled program (no division by zero in it)
+    assert decode.Strategy(max_new_tokens=10, eos_id=EOS, **options) == decode.Strategy(max_new_tokens=10, eos_id=EOS)
+
+
+def test_temperature_zero_errors():
+    with pytest.raises(ValueError, match=r"^temperature=0 is greedy, one text per prompt: num_samples=3 must be 1"):
+        decode.Strategy(max_new_tokens=4, method="sample", temperature=0, num_samples=3)
+    with pytest.raises(ValueError, match=r"^temperature=-0.5 must be >= 0 \(0 = greedy\)$"):
+        decode.Strategy(max_new_tokens=4, method="sample", temperature=-0.5)
+    with pytest.raises(ValueError, match="temperature applies to method='sample', not method='beam'"):
+        decode.Strategy(max_new_tokens=4, method="beam", temperature=0)
+
+
+def test_a_decode_section_with_temperature_zero_is_greedy():
+    from txjax import config as config_lib
+
+    section = config_lib.base_config().decode
+    section.update(method="sample", temperature=0.0, top_k=40)  # what --config.decode.temperature=0 writes
+    assert decode.strategy_from_config(section, 7) == {"method": "greedy", "max_new_tokens": 64, "eos_id": 7}
+    # --temperature=0 alone picks a method the way --temperature=0.8 alone picks sampling: here, greedy
+    assert decode.strategy_from_config(config_lib.base_config().decode, 7, temperature=0)["method"] == "greedy"
+
+
+def test_run_py_generate_temperature_zero_prints_the_greedy_text(monkeypatch, capsys):
+    import txjax.cli.generate
+    from txjax import config as config_lib
+    from txjax.data import CharTokenizer
+    from txjax.experiment import TrainedRun
+
+    model, params = lm("rope")
+    config = config_lib.base_config()
+    config.decode.update(max_new_tokens=6, top_k=5, num_samples=1)
+    fake_run = TrainedRun(config, model, CharTokenizer("0123456789", specials=True), params, 0)
+    monkeypatch.setattr(txjax.cli.generate, "load_workdir", lambda workdir, average=1: fake_run)
+
+    printed = {}
+    for flags in (["--method=greedy"], ["--temperature=0"], ["--temperature=0", "--seed=9"], ["--temperature=1.5"]):
+        assert run.main(["generate", "--workdir=unused", "--prompt=3141", *flags]) == 0
+        printed[" ".join(flags)] = capsys.readouterr().out
+    assert printed["--temperature=0"] == printed["--temperature=0 --seed=9"] == printed["--method=greedy"]
+    assert printed["--temperature=1.5"] != printed["--method=greedy"]  # a temperature > 0 still samples
+
+    assert run.main(["generate", "--workdir=unused", "--prompt=3141", "--temperature=-1"]) == 2
+    assert capsys.readouterr().err == "error: temperature=-1.0 must be >= 0 (0 = greedy)\n"
+
+
+# ---------------------------------------------------------------- a missing optional package is one line
+
+INSTALL = "(the interop extra): pip install -e '.[interop]'"
+
+
+def test_every_optional_module_names_an_extra_of_pyproject():
+    """txjax.extras.EXTRAS (module -> extra) is pyproject.toml's optional-dependencies, test tools aside."""
+    import re
+    from pathlib import Path
+
+    from txjax.extras import EXTRAS
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    declared = {
+        (re.split(r"[<>=~!\[; ]", spec)[0], extra)
+        for extra, specs in pyproject["project"]["optional-dependencies"].items()
+        for spec in specs
+        if extra != "test"
+    }
+    assert set(EXTRAS.items()) == declared
+
+
+def blocked(monkeypatch, module):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError, as if not installed
+
+
+@pytest.mark.parametrize(
+    "module, call, what",
+    [
+        ("gguf", lambda tmp: GGUFFile(tmp / "model.gguf"), "reading a .gguf file"),
+        ("tokenizers", lambda tmp: tokenizer_from_gguf(None), "a .gguf file's tokenizer"),
+        ("tokenizers", lambda tmp: read_tokenizer(tmp, {}), "a pretrained model's tokenizer.json"),
+        ("tokenizers", lambda tmp: HFTokenizer.load(tmp, {}), "a pretrained model's tokenizer (kind 'hf')"),
+        (
+            "tokenizers",
+            lambda tmp: ByteLevelBPETokenizer({"a": 0}, []),
+            "the byte_bpe tokenizer (GPT-2's byte-level BPE)",
+        ),
+        ("jinja2", lambda tmp: render_chat_without_jinja2(), "a chat template (--chat)"),
+    ],
+)
+def test_a_missing_optional_package_names_its_extra(monkeypatch, tmp_path, module, call, what):
+    blocked(monkeypatch, module)
+    with pytest.raises(MissingExtra) as e:
+        call(tmp_path)
+    assert str(e.value) == f"{what} needs the {module!r} package {INSTALL}"
+    assert isinstance(e.value, ImportError) and e.value.name == module  # `except ImportError` still catches it
+
+
+def render_chat_without_jinja2():
+    tokenizer = HFTokenizer.__new__(HFTokenizer)  # no pipeline needed: the template is rendered before encoding
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    return tokenizer.render_chat([{"role": "user", "content": "hi"}])
+
+
+def tiny_gguf(path):
+    """A .gguf file with a Llama config and a 4-token vocab, no tensors: enough to reach its tokenizer."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in [("context_length", 32), ("embedding_length", 8), ("feed_forward_length", 16)]:
+        getattr(w, f"add_{add}")(value)
+    w.add_block_count(1)
+    w.add_head_count(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b", "c", "d"])
+    w.add_token_merges([])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("module", ["gguf", "tokenizers"])
+def test_run_py_import_of_a_gguf_file_without_its_package_is_one_line(monkeypatch, tmp_path, capsys, module):
+    """The issue's report: `run.py import` of a GGUF file without `tokenizers` was a ModuleNotFoundError traceback."""
+    source = tiny_gguf(tmp_path / "model.gguf")
+    blocked(monkeypatch, module)
+    assert run.main(["import", f"--from={source}", f"--workdir={tmp_path / 'run'}"]) == 2
+    what = {"gguf": "reading a .gguf file", "tokenizers": "a .gguf file's tokenizer"}[module]
+    assert capsys.readouterr().err == f"error: {what} needs the {module!r} package {INSTALL}\n"
+    assert not (tmp_path / "run").exists()
