@@ -79,18 +79,18 @@ def cached_generation_s(model, params, n: int, repeats: int, first_bucket: int =
 
 
 def cached_steps(model, p: int, batch: int = 1):
-    """(steps, fresh): steps(params, cache, token_N) runs decode steps at positions p-32..p-1 for `batch` rows in one
+    """(steps, fresh): steps(params, cache, token_C) runs decode steps at positions p-32..p-1 for `batch` rows in one
     jitted loop (the cache donated); fresh(params) is a cache of p slots prefilled with p-32 tokens per row."""
     first = p - STEPS_TIMED
 
     @functools.partial(jax.jit, donate_argnums=1)
-    def steps(params, cache, token_N):
+    def steps(params, cache, token_C):
         def body(t, carry):
-            cache, token_N = carry
-            logits_NxV, cache = decode.extend(model, params, cache, token_N[:, None], jnp.full((batch, 1), t))
-            return cache, decode.greedy_tokens(logits_NxV)  # as generate's greedy steps
+            cache, token_C = carry
+            logits_CxV, cache = decode.extend(model, params, cache, token_C[:, None], jnp.full((batch, 1), t))
+            return cache, decode.greedy_tokens(logits_CxV)  # as generate's greedy steps
 
-        return jax.lax.fori_loop(first, p, body, (cache, token_N))
+        return jax.lax.fori_loop(first, p, body, (cache, token_C))
 
     prefill = jax.jit(
         lambda params, cache: decode.extend(

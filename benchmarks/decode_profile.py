@@ -80,19 +80,19 @@ def main():
         smollm2(args.dtype, args.batch) if args.shape == "smollm2" else build(args.shape, args.dtype, args.batch)
     )
     steps, fresh = cached_steps(model, args.position, args.batch)
-    token_N = jnp.zeros((args.batch,), jnp.int32)
-    compiled = steps.lower(params, fresh(params), token_N).compile()
-    jax.block_until_ready(steps(params, fresh(params), token_N))  # compile and warm up
+    token_C = jnp.zeros((args.batch,), jnp.int32)
+    compiled = steps.lower(params, fresh(params), token_C).compile()
+    jax.block_until_ready(steps(params, fresh(params), token_C))  # compile and warm up
     wall_s = []  # the same loop untraced: wall time minus op time is what runs between the ops (dispatch)
     for _ in range(5):
         cache = jax.block_until_ready(fresh(params))
         start = time.perf_counter()
-        jax.block_until_ready(steps(params, cache, token_N))
+        jax.block_until_ready(steps(params, cache, token_C))
         wall_s.append(time.perf_counter() - start)
     cache = jax.block_until_ready(fresh(params))
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
-        jax.block_until_ready(steps(params, cache, token_N))
+        jax.block_until_ready(steps(params, cache, token_C))
         jax.profiler.stop_trace()
         ops = profiling.top_ops(trace_dir, n=10_000)
     module = max({r["module"] for r in ops}, key=lambda m: sum(r["ms"] for r in ops if r["module"] == m))

@@ -1,10 +1,11 @@
-"""The README's tables of figures, regenerated from the result files that commands wrote.
+"""The tables of figures in README.md and docs/*.md, regenerated from the result files that commands wrote.
 
-    python benchmarks/readme_tables.py           # rewrite README.md's generated tables in place
+    python benchmarks/readme_tables.py           # rewrite the generated tables of README.md and docs/*.md in place
     python benchmarks/readme_tables.py --check   # exit 1 naming each table that differs (tests/test_readme_tables.py)
 
-A generated table in README.md is a line `<!-- generated: python benchmarks/readme_tables.py (NAME) -->` and the
-table under it (the lines up to the first that does not start with "|"). Its figures come from:
+A generated table, in README.md or any docs/*.md page, is a line
+`<!-- generated: python benchmarks/readme_tables.py (NAME) -->` and the table under it (the lines up to the first
+that does not start with "|"). Its figures come from:
     benchmarks/results/*.json                    the benchmarks (common.save)
     experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep_report.py; results.json)
     experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
@@ -36,7 +37,7 @@ SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, st
 
 
 def n(x, digits: int = 3) -> str:
-    """A figure as the README prints it: 3 significant digits, thousands separated, '' when missing."""
+    """A figure as the pages print it: 3 significant digits, thousands separated, '' when missing."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
     if abs(x) >= 1000:
@@ -353,8 +354,13 @@ TABLES = {
 }
 
 
-def render(readme: str) -> str:
-    """README text with every generated table replaced by what its function makes of today's result files."""
+def pages() -> list[Path]:
+    """The markdown files whose generated tables this script keeps: README.md and every docs/*.md."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def render(readme: str, name: str = "README.md") -> str:
+    """A page's text with every generated table replaced by what its function makes of today's result files."""
     lines, out, i = readme.splitlines(), [], 0
     while i < len(lines):
         out.append(lines[i])
@@ -362,35 +368,46 @@ def render(readme: str) -> str:
         i += 1
         if match:
             if match.group(1) not in TABLES:
-                raise SystemExit(f"README.md: unknown generated table {match.group(1)!r}; one of {sorted(TABLES)}")
+                raise SystemExit(f"{name}: unknown generated table {match.group(1)!r}; one of {sorted(TABLES)}")
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
             out += TABLES[match.group(1)]()
     return "\n".join(out) + "\n"
 
 
-def differing(readme: str) -> list[str]:
-    """The names of the generated tables whose README text differs from the result files."""
-    new = render(readme)
+def differing(readme: str, name: str = "README.md") -> list[str]:
+    """The names of the generated tables whose text in one page differs from the result files."""
+    new = render(readme, name)
     spans = lambda text: dict(re.findall(r"<!-- generated: [^(]*\((\w+)\) -->\n((?:\|.*\n)*)", text))
     old, fresh = spans(readme), spans(new)
     return [name for name in fresh if old.get(name) != fresh[name]]
 
 
+def generated(text: str) -> list[str]:
+    """The names of a page's generated tables, in order."""
+    return [m.group(1) for line in text.splitlines() if (m := MARKER.fullmatch(line.strip()))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the result files")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page's tables differ from the result files")
     args = parser.parse_args()
-    path = REPO / "README.md"
-    readme = path.read_text()
+    bad = []
+    for path in pages():
+        name, text = str(path.relative_to(REPO)), path.read_text()
+        if not generated(text):
+            continue
+        if args.check:
+            bad += [f"{name} ({table})" for table in differing(text, name)]
+        else:
+            new = render(text, name)
+            if new != text:
+                path.write_text(new)
+                print(f"wrote {name}")
     if args.check:
-        bad = differing(readme)
         if bad:
-            sys.exit(f"README.md: tables {', '.join(bad)} differ from their result files; run python {__file__}")
-        print("README.md tables agree with the result files")
-    else:
-        path.write_text(render(readme))
-        print(f"wrote {path}")
+            sys.exit(f"tables {', '.join(bad)} differ from their result files; run python {__file__}")
+        print("the generated tables of README.md and docs/*.md agree with the result files")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ Averaging the last 8 checkpoints, saved every 100 steps over the decay (--config
 BLEU +0.55 but valid chrF -0.56, so not the default.
 Chosen by evidence (experiments/ablations/bible_budget.py, equal steps): no dropout, since 20 minutes are a few
 passes over the data, and peak lr 1e-3 (2e-3 trailed); layers as a Python loop, faster per step than nn.scan at
-this depth (benchmarks/train.py --scan_layers). 20-minute variants (README, bible_variants;
+this depth (benchmarks/train.py --scan_layers). 20-minute variants (docs/experiments.md, bible_variants;
 experiments/results/bible_en_es/variants/): RoPE rather than sinusoidal positions (the positional sweep's best
 on shakespeare_char; here valid loss 2.728 against 2.838, greedy valid BLEU 20.98 against 19.42, test BLEU +0.21,
 chrF -0.22), ReLU^2 rather than GELU (the model_options sweep's best on shakespeare_char; here valid loss 2.838

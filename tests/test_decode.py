@@ -58,7 +58,7 @@ def teacher_forced_steps(model, params, cache, tokens_BxL, first, src_segment_id
     def step(cache, t):
         token_Bx1 = jax.lax.dynamic_slice_in_dim(tokens_BxL, t, 1, axis=1)
         logits_BxV, cache = decode.extend(
-            model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t), src_segment_ids_NxS=src_segment_ids_BxS
+            model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t), src_segment_ids_CxS=src_segment_ids_BxS
         )
         return cache, logits_BxV
 
@@ -123,8 +123,8 @@ def test_seq2seq_cached_steps_equal_full_forward(positional):
             cache,
             tgt_BxT[:, :1],
             jnp.zeros((2, 1), jnp.int32),
-            src_segment_ids_NxS=src_seg_BxS,
-            encoded_NxSxD=encoded,
+            src_segment_ids_CxS=src_seg_BxS,
+            encoded_CxSxD=encoded,
         )
         # the steps reuse the cross-attention keys/values cached by the prefill (encoded=None)
         return full_BxTxV, prefill_BxV, teacher_forced_steps(model, params, cache, tgt_BxT, 1, src_seg_BxS)
@@ -239,15 +239,15 @@ def test_stop_token_ends_rows_and_exits_early():
 
 
 def test_greedy_tokens_are_numpy_argmax_first_index_on_ties():
-    logits_NxV = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32)
-    logits_NxV[1, [3, 40]] = logits_NxV[1].max() + 1  # a tie for first place: the first index wins
-    logits_NxV[2] = NEG_INF  # all equal
-    logits_NxV[3, -1] = 9.0  # the last index
+    logits_CxV = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32)
+    logits_CxV[1, [3, 40]] = logits_CxV[1].max() + 1  # a tie for first place: the first index wins
+    logits_CxV[2] = NEG_INF  # all equal
+    logits_CxV[3, -1] = 9.0  # the last index
     strategy = decode.Strategy(max_new_tokens=1, method="greedy")
-    tokens_N = decode.choose_tokens(strategy, jnp.asarray(logits_NxV), jax.random.key(0))
-    assert tokens_N.dtype == jnp.int32
-    assert np.asarray(tokens_N).tolist() == np.argmax(logits_NxV, axis=-1).tolist()
-    assert np.asarray(tokens_N)[[1, 2, 3]].tolist() == [3, 0, 49]
+    tokens_C = decode.choose_tokens(strategy, jnp.asarray(logits_CxV), jax.random.key(0))
+    assert tokens_C.dtype == jnp.int32
+    assert np.asarray(tokens_C).tolist() == np.argmax(logits_CxV, axis=-1).tolist()
+    assert np.asarray(tokens_C)[[1, 2, 3]].tolist() == [3, 0, 49]
 
 
 def test_top_k_filter_keeps_k_largest():
@@ -266,9 +266,9 @@ def test_top_p_keeps_smallest_set_reaching_p(p, expected):
 
 
 def test_top_p_sampling_stays_in_the_nucleus():
-    logits_NxV = jnp.log(jnp.tile(jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]]), (400, 1)))
+    logits_CxV = jnp.log(jnp.tile(jnp.array([[0.15, 0.05, 0.5, 0.1, 0.2]]), (400, 1)))
     strategy = decode.Strategy(max_new_tokens=1, method="sample", temperature=1.0, top_p=0.6)
-    tokens = decode.choose_tokens(strategy, logits_NxV, jax.random.key(0))
+    tokens = decode.choose_tokens(strategy, logits_CxV, jax.random.key(0))
     assert set(np.asarray(tokens).tolist()) == {2, 4}
 
 
@@ -348,9 +348,9 @@ def test_a_growing_cache_generates_what_a_cache_of_the_whole_capacity_does(famil
     run = lambda first: decode.generate_ids(
         model, params, s, PAD, bos, inputs_BxS, lengths_B, jax.random.key(0), first_bucket=first
     )
-    (grown_NxT, grown_N, _), (whole_NxT, whole_N, _) = run(4), run(1024)
-    np.testing.assert_array_equal(grown_NxT, whole_NxT)
-    np.testing.assert_allclose(grown_N, whole_N, rtol=1e-5)
+    (grown_CxT, grown_C, _), (whole_CxT, whole_C, _) = run(4), run(1024)
+    np.testing.assert_array_equal(grown_CxT, whole_CxT)
+    np.testing.assert_allclose(grown_C, whole_C, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- beam search

@@ -2,7 +2,7 @@
 collectives), train like 1 process x 4 devices on a (2 data, 2 fsdp) mesh (each process holds half of the batch and
 half of every parameter); the checkpoint the 2 processes write together resumes in 1 process x 4 devices and in 1
 process x 1 device, training continuing identically. The processes run `run.py train` exactly as a user would (see
-README, "Scaling out")."""
+docs/scaling.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The README's tables are what the committed result files say (benchmarks/readme_tables.py)."""
+"""The generated tables of README.md and docs/*.md are what the committed result files say
+(benchmarks/readme_tables.py)."""
 
 import importlib.util
 from pathlib import Path
@@ -8,20 +9,23 @@ REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("readme_tables", REPO / "benchmarks" / "readme_tables.py")
 readme_tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(readme_tables)
-README = (REPO / "README.md").read_text()
+PAGES = {str(path.relative_to(REPO)): path.read_text() for path in readme_tables.pages()}
 
 
 def test_every_generated_table_agrees_with_its_result_files():
-    assert README.count("<!-- generated: python benchmarks/readme_tables.py") >= 6
-    assert readme_tables.differing(README) == []
+    names = [table for text in PAGES.values() for table in readme_tables.generated(text)]
+    assert len(names) >= 6
+    assert sorted(names) == sorted(readme_tables.TABLES)  # every table on one page, once
+    assert {name: readme_tables.differing(text, name) for name, text in PAGES.items()} == dict.fromkeys(PAGES, [])
 
 
 def test_a_figure_edited_by_hand_is_named():
-    """One digit of the data table changed in the README (not in its file) makes that table, and only it, differ."""
+    """One digit of the data table changed in its page (not in its file) makes that table, and only it, differ."""
     marker = "<!-- generated: python benchmarks/readme_tables.py (data) -->\n"
-    digit = README.index(" MB/s", README.index(marker)) - 1  # the last digit of prepare's first MB/s
-    assert README[digit].isdigit()
-    edited = README[:digit] + str((int(README[digit]) + 1) % 10) + README[digit + 1 :]
+    page = next(text for text in PAGES.values() if marker in text)
+    digit = page.index(" MB/s", page.index(marker)) - 1  # the last digit of prepare's first MB/s
+    assert page[digit].isdigit()
+    edited = page[:digit] + str((int(page[digit]) + 1) % 10) + page[digit + 1 :]
     assert readme_tables.differing(edited) == ["data"]
 
 

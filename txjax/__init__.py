@@ -5,7 +5,12 @@ Shape letters, used in names (`x_BxLxD`, `q_BxLxHxK`) and comments across the pa
     D  d_model                        F  d_ff (feed-forward width)   V  vocabulary
     H  query heads                    G  KV heads (grouped-query)    K  head dim d_k
     N  layers                         R  stacked runs (a vmapped sweep group)
-    W  beams per row (beam search)    T  steps of a decode loop
+    I  a dense layer's input features O  a dense layer's output features
+    W  beams per row (beam search)    T  steps of a decode loop (new tokens)   P  prompt length
+    C  rows a decode loop runs (decode/, families/): B x W in beam search, B x num_samples in sampling, else B
+    E  entries of a data set (data/): documents, sentence pairs, packed pieces
+Axes are joined by "x". Letters written together multiply (`_BxWV`: W*V candidates per row), a digit before a letter
+multiplies (`_Bx2W`, `_Dx3D`), a digit after one adds (`_BxL1`: L + 1 tokens), a digit alone is that size (`_Ex2`).
 """
 
 from txjax.attention import (

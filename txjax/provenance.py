@@ -3,8 +3,8 @@ benchmarks/results/NAME_PLATFORM.json, a sweep's results.json, a run's eval_<spl
 
 These machines change kind between days (an AMD Zen 5 on one, an Intel Xeon with AMX on another) and timings move
 by 2x between them, so a figure is only comparable with figures of the same CPU model; `benchmarks/readme_tables.py`
-labels every README figure with the machine of the file it came from. The load average says whether other
-processes shared the cores (timings noisy; losses, perplexities and memory are not affected).
+labels every figure in README.md and docs/ with the machine of the file it came from. The load average says whether
+other processes shared the cores (timings noisy; losses, perplexities and memory are not affected).
 """
 
 from __future__ import annotations

@@ -51,18 +51,18 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     return labels
 
 
-def select_panels(weights_NxHxQxS: np.ndarray, layer: int | None, head: int | None):
+def select_panels(weights_NxHxLxS: np.ndarray, layer: int | None, head: int | None):
     """[(title, [Lq, Lk])]: every head of `layer`, one head of it, or per layer `head` or the mean over heads."""
-    num_layers, num_heads = weights_NxHxQxS.shape[:2]
+    num_layers, num_heads = weights_NxHxLxS.shape[:2]
     for name, value, limit in (("layer", layer, num_layers), ("head", head, num_heads)):
         if value is not None and not 0 <= value < limit:
             raise ValueError(f"--{name}={value} is out of range: the model has {limit} {name}s (0..{limit - 1})")
     if layer is not None:
         heads = range(num_heads) if head is None else [head]
-        return [(f"layer {layer} head {h}", weights_NxHxQxS[layer, h]) for h in heads]
+        return [(f"layer {layer} head {h}", weights_NxHxLxS[layer, h]) for h in heads]
     if head is not None:
-        return [(f"layer {i} head {head}", weights_NxHxQxS[i, head]) for i in range(num_layers)]
-    return [(f"layer {i} (mean of {num_heads} heads)", weights_NxHxQxS[i].mean(0)) for i in range(num_layers)]
+        return [(f"layer {i} head {head}", weights_NxHxLxS[i, head]) for i in range(num_layers)]
+    return [(f"layer {i} (mean of {num_heads} heads)", weights_NxHxLxS[i].mean(0)) for i in range(num_layers)]
 
 
 def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str], path, title: str = "") -> Path:
@@ -77,8 +77,8 @@ def plot_attention(panels, query_labels: Sequence[str], key_labels: Sequence[str
     fig, axes = plt.subplots(
         rows, cols, figsize=(cols * (lk * cell + 1.2), rows * (lq * cell + 1.2)), squeeze=False, constrained_layout=True
     )
-    for ax, (name, w_QxS) in zip(axes.flat, panels):
-        im = ax.imshow(w_QxS, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
+    for ax, (name, w_LxS) in zip(axes.flat, panels):
+        im = ax.imshow(w_LxS, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
         ax.set_title(name, fontsize=10)
         ax.set_xticks(range(lk), key_labels, rotation=90, fontsize=fontsize)
         ax.set_yticks(range(lq), query_labels, fontsize=fontsize)

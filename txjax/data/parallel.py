@@ -18,8 +18,8 @@ def encode_truncated(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tu
     of the texts that were cut."""
     (eos,) = require_ids(tokenizer, "eos_id")
     encoded = tokenizer.encode_batch(texts)
-    cut_N = np.array([len(ids) > max_len - 1 for ids in encoded])
-    return [np.append(ids[: max_len - 1], eos).astype(np.int32) for ids in encoded], cut_N
+    cut_E = np.array([len(ids) > max_len - 1 for ids in encoded])
+    return [np.append(ids[: max_len - 1], eos).astype(np.int32) for ids in encoded], cut_E
 
 
 class ParallelDataset:
@@ -52,11 +52,11 @@ class ParallelDataset:
         self.source_texts, self.target_texts = read_tsv(self.path)
         if not self.source_texts:
             raise ValueError(f"{self.path}: no sentence pairs")
-        self.sources, src_cut_N = encode_truncated(src_tokenizer, self.source_texts, max_src_len)
-        self.targets, tgt_cut_N = encode_truncated(self.tgt_tokenizer, self.target_texts, max_tgt_len)
-        self.num_truncated = int((src_cut_N | tgt_cut_N).sum())
-        self.lengths_Nx2 = np.array([[len(s), len(t)] for s, t in zip(self.sources, self.targets)])
-        mean_src, mean_tgt = self.lengths_Nx2.mean(axis=0)
+        self.sources, src_cut_E = encode_truncated(src_tokenizer, self.source_texts, max_src_len)
+        self.targets, tgt_cut_E = encode_truncated(self.tgt_tokenizer, self.target_texts, max_tgt_len)
+        self.num_truncated = int((src_cut_E | tgt_cut_E).sum())
+        self.lengths_Ex2 = np.array([[len(s), len(t)] for s, t in zip(self.sources, self.targets)])
+        mean_src, mean_tgt = self.lengths_Ex2.mean(axis=0)
         self._orders: dict[tuple[int, int], np.ndarray] = {}  # a few epochs' permutations
         self.pairs_per_row = pairs_per_row or max(1.0, 0.9 * min(max_src_len / mean_src, max_tgt_len / mean_tgt))
 
@@ -91,7 +91,7 @@ class ParallelDataset:
             return self._batch_of_rows([[i] for i in self._stream(seed, k * batch_size, batch_size)[rows]])
         count = math.ceil(batch_size * self.pairs_per_row)
         candidates = self._stream(seed, k * count, count)
-        packed = first_fit(self.lengths_Nx2[candidates], (self.max_src_len, self.max_tgt_len), max_rows=batch_size)
+        packed = first_fit(self.lengths_Ex2[candidates], (self.max_src_len, self.max_tgt_len), max_rows=batch_size)
         packed = [[candidates[j] for j in row] for row in packed]
         return self._batch_of_rows((packed + [()] * (batch_size - len(packed)))[rows])
 
@@ -99,7 +99,7 @@ class ParallelDataset:
         """Every pair exactly once in file order (row-major; packed if `packed`, default self.pack); the last batch
         is filled with all-padding rows (weight 0)."""
         if self.pack if packed is None else packed:
-            rows = first_fit(self.lengths_Nx2, (self.max_src_len, self.max_tgt_len))
+            rows = first_fit(self.lengths_Ex2, (self.max_src_len, self.max_tgt_len))
         else:
             rows = [[i] for i in range(len(self))]
         for group in chunk_rows(rows, batch_size):

@@ -27,22 +27,22 @@ class _Truncated:
 
     def __init__(self, stream: TokenStream, max_len: int, eos_id: int):
         self.stream, self.eos = stream, np.array([eos_id], np.int32)
-        self.full_N = np.diff(stream.doc_starts)
-        self.lengths_N = np.minimum(self.full_N, max_len - 1) + 1
+        self.full_E = np.diff(stream.doc_starts)
+        self.lengths_E = np.minimum(self.full_E, max_len - 1) + 1
 
     def __len__(self) -> int:
-        return len(self.lengths_N)
+        return len(self.lengths_E)
 
     def __getitem__(self, i: int) -> np.ndarray:
         start = int(self.stream.doc_starts[i])
-        return np.concatenate([self.stream.read(start, start + int(self.lengths_N[i]) - 1), self.eos])
+        return np.concatenate([self.stream.read(start, start + int(self.lengths_E[i]) - 1), self.eos])
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self[i] for i in range(len(self)))
 
     def untruncated(self, i: int) -> np.ndarray:
         start = int(self.stream.doc_starts[i])
-        return self.stream.read(start, start + int(self.full_N[i]))
+        return self.stream.read(start, start + int(self.full_E[i]))
 
 
 class ShardPairsDataset(ParallelDataset):
@@ -69,9 +69,9 @@ class ShardPairsDataset(ParallelDataset):
         self.pad_id, self.bos_id, eos_id = require_ids(tokenizer, "pad_id", "bos_id", "eos_id")
         self.sources = _Truncated(TokenStream(self.path, index, split, "src"), max_src_len, eos_id)
         self.targets = _Truncated(TokenStream(self.path, index, split, "tgt"), max_tgt_len, eos_id)
-        self.num_truncated = int(((self.sources.full_N >= max_src_len) | (self.targets.full_N >= max_tgt_len)).sum())
-        self.lengths_Nx2 = np.stack([self.sources.lengths_N, self.targets.lengths_N], axis=1)
-        mean_src, mean_tgt = self.lengths_Nx2.mean(axis=0)
+        self.num_truncated = int(((self.sources.full_E >= max_src_len) | (self.targets.full_E >= max_tgt_len)).sum())
+        self.lengths_Ex2 = np.stack([self.sources.lengths_E, self.targets.lengths_E], axis=1)
+        mean_src, mean_tgt = self.lengths_Ex2.mean(axis=0)
         self.pairs_per_row = max(1.0, 0.9 * min(max_src_len / mean_src, max_tgt_len / mean_tgt))
         self._orders: dict[int, grain.MapDataset] = {}
 

@@ -158,9 +158,9 @@ class _PieceSpans:
         self.doc_starts, self.seq_len = doc_starts, seq_len
         self.piece_starts = np.zeros(len(doc_starts), np.int64)  # 8 bytes per document, built a block at a time
         for a in range(0, len(doc_starts) - 1, block):
-            n_D = np.diff(doc_starts[a : a + block + 1])  # a document of n tokens: ceil((n - 1) / L) pieces
-            pieces_D = np.maximum(n_D - 1 + seq_len - 1, 0) // seq_len
-            self.piece_starts[a + 1 : a + 1 + len(n_D)] = self.piece_starts[a] + np.cumsum(pieces_D)
+            n_E = np.diff(doc_starts[a : a + block + 1])  # a document of n tokens: ceil((n - 1) / L) pieces
+            pieces_E = np.maximum(n_E - 1 + seq_len - 1, 0) // seq_len
+            self.piece_starts[a + 1 : a + 1 + len(n_E)] = self.piece_starts[a] + np.cumsum(pieces_E)
 
     def __len__(self) -> int:
         return int(self.piece_starts[-1])
@@ -226,8 +226,8 @@ class ShardLMDataset:
             }
         count = math.ceil(B * self.pieces_per_row)
         spans = [ds[k * count + c] for c in range(count)]
-        lengths_Nx1 = np.array([[stop - start - 1] for start, stop in spans])
-        packed = first_fit(lengths_Nx1, (L,), max_rows=B)
+        lengths_Ex1 = np.array([[stop - start - 1] for start, stop in spans])
+        packed = first_fit(lengths_Ex1, (L,), max_rows=B)
         packed = (packed + [[]] * (B - len(packed)))[rows]
         return self._packed_rows([[self.stream.read(*spans[i]) for i in row] for row in packed])
 

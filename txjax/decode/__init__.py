@@ -18,8 +18,8 @@ them as empty) and positions start at 0 at each row's first real token, so each 
 would alone. The encoder-decoder encodes the source once; its cross-attention keys/values are written into the
 cache by the prefill call and reused at every step (`encoded=None`).
 
-Lengths: a prompt of P tokens generating N tokens feeds positions 0 .. P+N-2 (the last token is never fed back), so
-P + N - 1 <= model max_len is required; anything longer is a one-line ValueError, never a silent truncation.
+Lengths: a prompt of P tokens generating T tokens feeds positions 0 .. P+T-2 (the last token is never fed back), so
+P + T - 1 <= model max_len is required; anything longer is a one-line ValueError, never a silent truncation.
 """
 
 from txjax.decode.api import (

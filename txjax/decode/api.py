@@ -63,14 +63,14 @@ def check_inputs(seqs: Sequence[Sequence[int]], vocab_size: int, max_len: int, w
             )
 
 
-def _results(strategy: Strategy, tokens_NxT, scores_N, steps) -> Generation:
+def _results(strategy: Strategy, tokens_CxT, scores_C, steps) -> Generation:
     """Cut each row at its first EOS."""
     ids, stopped = [], []
-    for row in np.asarray(tokens_NxT).tolist():
+    for row in np.asarray(tokens_CxT).tolist():
         end = row.index(strategy.eos_id) if strategy.eos_id in row else len(row)
         ids.append(row[:end])
         stopped.append(end < len(row))
-    return Generation(ids=ids, scores=np.asarray(scores_N), stopped=stopped, steps=int(steps))
+    return Generation(ids=ids, scores=np.asarray(scores_C), stopped=stopped, steps=int(steps))
 
 
 def generate(

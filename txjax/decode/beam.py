@@ -23,7 +23,7 @@ class BeamState:
     """Per row W alive hypotheses (no EOS yet, raw log-prob) and the W best finished ones (log-prob / lp)."""
 
     step: jax.Array
-    last_N: jax.Array  # N = B*K, the alive beams' last tokens
+    last_C: jax.Array  # C = B*W, the alive beams' last tokens
     done: jax.Array
     alive_BxWxT: jax.Array
     alive_logp_BxW: jax.Array
@@ -37,7 +37,7 @@ def init_beam_state(strategy: Strategy, b: int, pad_id: int) -> BeamState:
     alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (w - 1), jnp.float32), (b, 1))  # all beams start as one
     return BeamState(
         step=jnp.zeros((), jnp.int32),
-        last_N=jnp.zeros((b * w,), jnp.int32),
+        last_C=jnp.zeros((b * w,), jnp.int32),
         done=jnp.zeros((), bool),
         alive_BxWxT=seqs,
         alive_logp_BxW=alive_logp,
@@ -46,12 +46,12 @@ def init_beam_state(strategy: Strategy, b: int, pad_id: int) -> BeamState:
     )
 
 
-def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
+def beam_update(strategy: Strategy, state: BeamState, logits_CxV, cache):
     """One beam step: the 2W best extensions of the alive beams; those ending (EOS, or the length limit) join the
     finished set scored log P / lp(length), the W best without EOS stay alive; the cache follows their parents."""
     b, w, _ = state.alive_BxWxT.shape
-    v = logits_NxV.shape[-1]
-    logp_BxWxV = einops.rearrange(jax.nn.log_softmax(logits_NxV), "(b w) v -> b w v", w=w)
+    v = logits_CxV.shape[-1]
+    logp_BxWxV = einops.rearrange(jax.nn.log_softmax(logits_CxV), "(b w) v -> b w v", w=w)
     candidates_BxWV = (state.alive_logp_BxW[:, :, None] + logp_BxWxV).reshape(b, w * v)
     top_logp_Bx2W, top_index_Bx2W = jax.lax.top_k(candidates_BxWV, 2 * w)
     parent_Bx2W, token_Bx2W = top_index_Bx2W // v, (top_index_Bx2W % v).astype(jnp.int32)
@@ -80,12 +80,12 @@ def beam_update(strategy: Strategy, state: BeamState, logits_NxV, cache):
     best_possible_B = alive_logp_BxW[:, 0] / length_penalty(float(strategy.max_new_tokens), alpha)
     new = state.replace(
         step=state.step + 1,
-        last_N=token_BxW.reshape(-1),
+        last_C=token_BxW.reshape(-1),
         done=(finished_score_BxW[:, 0] >= best_possible_B).all(),
         alive_BxWxT=alive_BxWxT,
         alive_logp_BxW=alive_logp_BxW,
         finished_BxWxT=finished_BxWxT,
         finished_score_BxW=finished_score_BxW,
     )
-    rows_N = (jnp.arange(b)[:, None] * w + parent_BxW).reshape(-1)
-    return new, gather_rows(cache, rows_N, leaves=tuple(LENGTH_AXIS))  # parents stay in their row: no cross K/V
+    rows_C = (jnp.arange(b)[:, None] * w + parent_BxW).reshape(-1)
+    return new, gather_rows(cache, rows_C, leaves=tuple(LENGTH_AXIS))  # parents stay in their row: no cross K/V

@@ -37,48 +37,48 @@ def extend(
     model,
     params,
     cache,
-    tokens_NxL,
-    positions_NxL,
-    segment_ids_NxL=None,
+    tokens_CxL,
+    positions_CxL,
+    segment_ids_CxL=None,
     *,
-    src_segment_ids_NxS=None,
-    encoded_NxSxD=None,
+    src_segment_ids_CxS=None,
+    encoded_CxSxD=None,
 ):
     """Append L tokens to the cache in one call (prefill: the prompt; a decode step: L = 1).
 
-    Returns (next-token logits at the last slot [N, V] float32, cache). Encoder-decoder: `src_segment_ids_NxS` is
-    required; `encoded_NxSxD` is given at prefill (cross K/V get cached) and None afterwards (they are reused).
+    Returns (next-token logits at the last slot [C, V] float32, cache). Encoder-decoder: `src_segment_ids_CxS` is
+    required; `encoded_CxSxD` is given at prefill (cross K/V get cached) and None afterwards (they are reused).
     """
     variables = {"params": params, "cache": cache}
     logits, mutated = family_of(model).extend(
-        model, variables, tokens_NxL, positions_NxL, segment_ids_NxL, src_segment_ids_NxS, encoded_NxSxD
+        model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded_CxSxD
     )
     return logits[:, -1], mutated["cache"]
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def prefill(
-    model, params, cache, tokens_NxL, positions_NxL, segment_ids_NxL=None, src_segment_ids_NxS=None, encoded_NxSxD=None
+    model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, src_segment_ids_CxS=None, encoded_CxSxD=None
 ):
-    """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [N, V], cache)."""
+    """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [C, V], cache)."""
     return extend(
         model,
         params,
         cache,
-        tokens_NxL,
-        positions_NxL,
-        segment_ids_NxL,
-        src_segment_ids_NxS=src_segment_ids_NxS,
-        encoded_NxSxD=encoded_NxSxD,
+        tokens_CxL,
+        positions_CxL,
+        segment_ids_CxL,
+        src_segment_ids_CxS=src_segment_ids_CxS,
+        encoded_CxSxD=encoded_CxSxD,
     )
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def decode_step(model, params, cache, tokens_N, positions_N, src_segment_ids_NxS=None):
-    """One token per row at its absolute position: -> (logits [N, V], cache). Jitted; the cache is donated (updated
+def decode_step(model, params, cache, tokens_C, positions_C, src_segment_ids_CxS=None):
+    """One token per row at its absolute position: -> (logits [C, V], cache). Jitted; the cache is donated (updated
     in place) and its shape never changes, so this compiles once for a given batch and cache size."""
     return extend(
-        model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
+        model, params, cache, tokens_C[:, None], positions_C[:, None], src_segment_ids_CxS=src_segment_ids_CxS
     )
 
 
@@ -133,8 +133,8 @@ def for_decoding(model, params, rows: int = 1):
     return model.clone(cfg=new_cfg), params
 
 
-def gather_rows(cache, rows_M, leaves=ROW_LEAVES):
-    """cache rows (batch axis) -> cache[rows_M] for every per-row leaf named in `leaves`: tiling to B*W rows (all
+def gather_rows(cache, rows_C, leaves=ROW_LEAVES):
+    """cache rows (batch axis) -> cache[rows_C] for every per-row leaf named in `leaves`: tiling to B*W rows (all
     of them) and beam reordering (the self-attention ones: every beam of a row holds its source's cross-attention
     keys/values, which a reorder within the row leaves as they are).
 
@@ -149,9 +149,9 @@ def gather_rows(cache, rows_M, leaves=ROW_LEAVES):
         if name not in leaves:
             return leaf
         if name == "cached_pos":
-            return jnp.take(leaf, rows_M, axis=-2)
+            return jnp.take(leaf, rows_C, axis=-2)
         by_row = einops.rearrange(leaf, "... (b g) x y -> ... b g x y", b=b)  # cache_layout's rows apart
-        return einops.rearrange(jnp.take(by_row, rows_M, axis=-4), "... m g x y -> ... (m g) x y")
+        return einops.rearrange(jnp.take(by_row, rows_C, axis=-4), "... c g x y -> ... (c g) x y")
 
     return jax.tree_util.tree_map_with_path(gather, cache)
 

@@ -1,10 +1,10 @@
 """The compiled generation loop: prefill, then feed-and-choose inside lax.while_loops, one per cache length.
 
-A pure `tokens_to_logits(tokens_N, positions_N, cache) -> (logits_NxV, cache)` closure (Flax wmt/lm1b style) runs
+A pure `tokens_to_logits(tokens_C, positions_C, cache) -> (logits_CxV, cache)` closure (Flax wmt/lm1b style) runs
 for the whole generation (no host round trip per token, one compilation whatever the length). The cache starts at
 the smallest of a few bucketed lengths that holds the prompt and grows to the next when full
 (`cache.bucket_lengths`), so a step's attention reads about the filled slots, not the whole capacity; a strategy's
-`update(state, logits_NxV, cache) -> (state, cache)` picks the next tokens (sampling.sample_update or
+`update(state, logits_CxV, cache) -> (state, cache)` picks the next tokens (sampling.sample_update or
 beam.beam_update). Both stop a row at `eos_id` and leave the loop early once every row has stopped.
 """
 
@@ -22,19 +22,19 @@ from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 
 
-def search(tokens_to_logits, update, state, first_logits_NxV, cache, start_positions_N, max_new_tokens: int, lengths):
+def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_positions_C, max_new_tokens: int, lengths):
     """Choose from the prefill logits, then feed-and-choose until max_new_tokens or `done`: one lax.while_loop per
     cache length in `lengths` (ascending, the first at least the cache's; a cache that never grows: its own length
     alone), the cache grown to each before its loop.
 
     The token chosen at step s (0-based) sits at position start + s; it is fed back only if another is needed.
     """
-    state, cache = update(state, first_logits_NxV, cache)
+    state, cache = update(state, first_logits_CxV, cache)
 
     def body(carry):
         state, cache = carry
-        logits_NxV, cache = tokens_to_logits(state.last_N, start_positions_N + state.step - 1, cache)
-        return update(state, logits_NxV, cache)
+        logits_CxV, cache = tokens_to_logits(state.last_C, start_positions_C + state.step - 1, cache)
+        return update(state, logits_CxV, cache)
 
     for length in lengths:
         cache = grow(cache, length)
@@ -70,16 +70,16 @@ def generate_ids(
         p.tokens_BxL,
         p.positions_BxL,
         p.segment_ids_BxL,
-        src_segment_ids_NxS=p.src_segment_ids_BxS,
-        encoded_NxSxD=p.encoded_BxSxD,
+        src_segment_ids_CxS=p.src_segment_ids_BxS,
+        encoded_CxSxD=p.encoded_BxSxD,
     )
     if w > 1:
         cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
-    src_segment_ids_NxS = None if p.src_segment_ids_BxS is None else tile_rows(p.src_segment_ids_BxS, w)
+    src_segment_ids_CxS = None if p.src_segment_ids_BxS is None else tile_rows(p.src_segment_ids_BxS, w)
 
-    def tokens_to_logits(tokens_N, positions_N, cache):
+    def tokens_to_logits(tokens_C, positions_C, cache):
         return extend(
-            model, params, cache, tokens_N[:, None], positions_N[:, None], src_segment_ids_NxS=src_segment_ids_NxS
+            model, params, cache, tokens_C[:, None], positions_C[:, None], src_segment_ids_CxS=src_segment_ids_CxS
         )
 
     if strategy.method != "beam":
@@ -99,5 +99,5 @@ def generate_ids(
         lengths,
     )
     if strategy.method != "beam":
-        return state.tokens_NxT, state.logp_N, state.step
+        return state.tokens_CxT, state.logp_C, state.step
     return state.finished_BxWxT[:, 0], state.finished_score_BxW[:, 0], state.step

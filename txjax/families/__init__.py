@@ -47,8 +47,8 @@ class Family:
         """`model.init(..., decode=True)` on dummy inputs that size a KV cache of `max_len` (and `src_len`)."""
         raise NotImplementedError
 
-    def extend(self, model, variables, tokens_NxL, positions_NxL, segment_ids_NxL, src_segment_ids_NxS, encoded):
-        """One cached decode call: -> (logits [N, L, V], mutated variables with the new 'cache')."""
+    def extend(self, model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded):
+        """One cached decode call: -> (logits [C, L, V], mutated variables with the new 'cache')."""
         raise NotImplementedError
 
     def prefill(self, model, params, inputs_BxS, lengths_B, max_new_tokens: int, bos_id: int) -> Prefill:

@@ -23,8 +23,8 @@ class DecoderOnly(families.Family):
     def decode_variables(self, model, rng, batch, max_len, src_len):
         return model.init(rng, jnp.zeros((batch, max_len), jnp.int32), decode=True)
 
-    def extend(self, model, variables, tokens_NxL, positions_NxL, segment_ids_NxL, src_segment_ids_NxS, encoded):
-        return model.apply(variables, tokens_NxL, positions_NxL, segment_ids_NxL, decode=True, mutable=["cache"])
+    def extend(self, model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded):
+        return model.apply(variables, tokens_CxL, positions_CxL, segment_ids_CxL, decode=True, mutable=["cache"])
 
     def prefill(self, model, params, prompt_BxP, lengths_B, max_new_tokens, bos_id):
         """Left-padded prompts (real tokens last): positions start at 0 at each row's first real token and pad

@@ -21,16 +21,16 @@ class EncoderDecoderFamily(families.Family):
         return (tokens_1x1, tokens_1x1)
 
     def decode_variables(self, model, rng, batch, max_len, src_len):
-        tokens_BxT = jnp.zeros((batch, max_len), jnp.int32)
+        tokens_BxL = jnp.zeros((batch, max_len), jnp.int32)
         encoded_BxSxD = jnp.zeros((batch, src_len, model.cfg.d_model), model.cfg.compute_dtype)
         src_segment_ids_BxS = jnp.ones((batch, src_len), jnp.int32)
         return model.init(
-            rng, tokens_BxT, encoded_BxSxD, src_segment_ids_BxS, decode=True, method=EncoderDecoder.decode
+            rng, tokens_BxL, encoded_BxSxD, src_segment_ids_BxS, decode=True, method=EncoderDecoder.decode
         )
 
-    def extend(self, model, variables, tokens_NxL, positions_NxL, segment_ids_NxL, src_segment_ids_NxS, encoded):
+    def extend(self, model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded):
         """`encoded` given at prefill (cross-attention K/V get cached), None afterwards (they are reused)."""
-        args = (tokens_NxL, encoded, src_segment_ids_NxS, positions_NxL, segment_ids_NxL)
+        args = (tokens_CxL, encoded, src_segment_ids_CxS, positions_CxL, segment_ids_CxL)
         return model.apply(variables, *args, decode=True, mutable=["cache"], method=EncoderDecoder.decode)
 
     def prefill(self, model, params, src_BxS, lengths_B, max_new_tokens, bos_id):
