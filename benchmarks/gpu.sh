@@ -38,7 +38,7 @@ OUT=$(cd "$OUT" && pwd)
 CACHE=$(mktemp -d)  # the measured peak and jax's compilation cache: fresh, so that the cache stage shows a hit
 trap 'rm -rf "$CACHE"' EXIT
 export TXJAX_CACHE_DIR=$CACHE JAX_COMPILATION_CACHE_DIR=$CACHE/jax XLA_PYTHON_CLIENT_PREALLOCATE=false
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 START=$SECONDS
 : >"$OUT/stages.tsv"
 

@@ -11,7 +11,8 @@ that does not start with "|"). Its figures come from:
     experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
 and every row says on which machine and day they were measured (txjax/provenance.py). Figures of different CPU
 models stay in different rows: these machines change kind between days and timings move by 2x between kinds.
-To change a figure, re-run its command; to change a table's shape, edit its function here.
+To change a figure, re-run its command; to change a table's shape, edit its function here (the experiments' in
+experiment_tables.py).
 """
 
 from __future__ import annotations
@@ -19,53 +20,22 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import re
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when a test loads this file
+import gpu_summary  # noqa: E402
+from experiment_tables import bible_averaging, bible_length_penalty, bible_variants, experiments  # noqa: E402
+from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, target_tokens_per_s  # noqa: E402
+
 SWEEPS = REPO / "experiments" / "ablations" / "results"
-RUNS = REPO / "experiments" / "results"
 MARKER = re.compile(r"<!-- generated: python benchmarks/readme_tables.py \((\w+)\) -->")
 ABLATIONS = ["attention_scaling", "positional", "norm_placement", "tied_head", "activation", "num_heads"]
 ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers", "schedules", "model_options"]
 SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, status, ...
-
-
-def n(x, digits: int = 3) -> str:
-    """A figure as the pages print it: 3 significant digits, thousands separated, '' when missing."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return ""
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
-
-
-def machine_label(machine: dict) -> str:
-    """'AMD EPYC 9B45, 2 cores, 2026-12-01' (+ the load when other work shared the cores: timings noisy)."""
-    cpu = machine.get("cpu_model") or "CPU model not recorded"
-    label = f"{cpu}, {machine.get('cpu_cores', '?')} cores, {machine.get('date', '?')[:10]}"
-    load = machine.get("load_average_1min") or 0.0
-    return label + (f", load {load:.1f}" if load > 1.5 * machine.get("cpu_cores", 1) else "")
-
-
-def bench(name: str) -> dict | None:
-    path = BENCH / f"{name}_cpu.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def target_tokens_per_s(row: dict) -> float:
-    """A train benchmark row's target tokens/s (files written before issue 16 named it tokens_per_s)."""
-    return row["target_tokens_per_s"] if "target_tokens_per_s" in row else row["tokens_per_s"]
-
-
-def table(header: list[str], rows: list[list]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
 # ---- the tables ----------------------------------------------------------------------------------------------------
@@ -260,95 +230,32 @@ def peers() -> list[str]:
     return table(["task", "txjax", "transformers", "commands", "measured (txjax / transformers)"], rows)
 
 
-def experiments() -> list[str]:
-    """The experiments' final evals, copied from their workdirs into experiments/results/NAME/."""
-    rows = []
-    for name, command in (
-        ("reverse", "python run.py train"),
-        ("add_seq2seq", "python run.py train --config=experiments/add_seq2seq.py"),
-        ("shakespeare_char", "python run.py train --config=experiments/shakespeare_char.py"),
-        ("bible_en_es", "python run.py train --config=experiments/bible_en_es.py"),
-    ):
-        for split in ("valid", "test"):
-            path = RUNS / name / f"eval_{split}.json"
-            if not path.is_file():
-                continue
-            e = json.loads(path.read_text())
-            shown = [f"{k} {e[k]:.3f}" for k in ("exact_match", "token_accuracy") if k in e]
-            shown += [f"{k} {n(e[k], 4)}" for k in ("loss", "bleu", "chrf") if k in e]
-            minutes = n(e["train_minutes"]) if "train_minutes" in e else ""  # written by run.py train's final eval
-            rows.append([name, f"`{command}`", split, e.get("step", ""), ", ".join(shown),
-                         minutes, machine_label(e["machine"])])  # fmt: skip
-    header = ["experiment", "command", "split", "step", "result (whole split)", "training minutes", "measured"]
+def gpu() -> list[str]:
+    """The last `bash benchmarks/gpu.sh` run on a CUDA machine (benchmarks/results/gpu/, read by gpu_summary.py)."""
+    folder = BENCH / "gpu"
+    header = ["workload", "txjax", "against", "first step (compile) s", "XLA_FLAGS", "measured"]
+    if not (folder / "stages.tsv").is_file():
+        return table(header, [["no GPU run yet: `bash benchmarks/gpu.sh` on a CUDA machine", "", "", "", "", ""]])
+    s = gpu_summary.summary(folder)
+    m = s.get("machine", {})
+    label = f"{m.get('device_kind')}, {m.get('driver', '')}, jax {m.get('jax')}, {m.get('date', '?')[:10]}"
+    rows = [[f"train {r['shape']}, batch {r['batch']}, {r['dtype']}, attention {r['attention']}, {r['layers']}"
+             f" ({r['file']})", f"{n(r['ms_per_step'])} ms/step, {n(r['tokens_per_s'])} tokens/s",
+             f"MFU {n(r['mfu'], 2)}", n(r["first_step_s"]), f"`{r['xla_flags']}`" if r["xla_flags"] else "",
+             label] for r in s["train"]]  # fmt: skip
+    for r in s["decode"]:
+        peers = [f"eager {n(r['transformers_tokens_per_s'])} ({n(r['ratio'], 2)}x)"]
+        if "transformers_static_tokens_per_s" in r:
+            peers.append(f"static cache {n(r['transformers_static_tokens_per_s'])} ({n(r['ratio_static'], 2)}x)")
+        rows.append([f"greedy {r['model']}, batch {r['batch']}", f"{n(r['txjax_tokens_per_s'])} tokens/s",
+                     "transformers " + ", ".join(peers), "", "", label])  # fmt: skip
     return table(header, rows)
-
-
-def flat_config(folder: Path) -> dict:
-    """A run's config.json as {"section.field": value}."""
-    flat = {}
-    for section, fields in json.loads((folder / "config.json").read_text()).items():
-        flat.update({f"{section}.{k}": v for k, v in fields.items()} if isinstance(fields, dict) else {section: fields})
-    return flat
-
-
-def bible_variants() -> list[str]:
-    """bible_en_es's 20-minute runs: the experiment as committed (experiments/results/bible_en_es/) and each variant
-    (experiments/results/bible_en_es/variants/NAME/, copied from its workdir), labelled by the config fields in
-    which it differs from the committed run (model.vocab_size follows data.vocab_size: left out)."""
-    committed, rows = flat_config(RUNS / "bible_en_es"), []
-    for folder in [RUNS / "bible_en_es", *sorted((RUNS / "bible_en_es" / "variants").glob("*/"))]:
-        valid, test = (folder / "eval_valid.json", folder / "eval_test.json")
-        if not (valid.is_file() and test.is_file()):
-            continue
-        v, t, config = json.loads(valid.read_text()), json.loads(test.read_text()), flat_config(folder)
-        # a field only the committed run records was added after the variant ran (at its default: the old behaviour)
-        changed = sorted(k for k in {*config} - {"model.vocab_size"} if config[k] != committed.get(k, config[k]))
-        flags = [f"`{k}={config.get(k)}`" for k in changed]
-        rows.append([", ".join(flags) or "(the experiment as committed)", v["step"], n(train_minutes(folder)),
-                     n(v["loss"], 4), n(v["bleu"], 4), f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})",
-                     machine_label(v["machine"])])  # fmt: skip
-    header = ["config fields changed from the committed run", "steps", "training minutes", "valid loss",
-              "valid BLEU (greedy)", "test BLEU, beam 4 (chrF)", "measured"]  # fmt: skip
-    return table(header, rows)
-
-
-def train_minutes(folder: Path) -> float | None:
-    """The training minutes of a run's last logged evaluation (metrics.jsonl)."""
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return next((r["train_minutes"] for r in reversed(records) if "train_minutes" in r), None)
-
-
-def bible_averaging() -> list[str]:
-    """The checkpoints100 run's last checkpoints averaged (`run.py eval --average=N`), valid and test split, copied
-    into experiments/results/bible_en_es/variants/checkpoints100/average/eval_{valid,test}_N.json."""
-    folder, rows = RUNS / "bible_en_es" / "variants" / "checkpoints100" / "average", []
-    for valid in sorted(folder.glob("eval_valid_*.json"), key=lambda p: int(p.stem.split("_")[-1])):
-        v, test = json.loads(valid.read_text()), folder / valid.name.replace("valid", "test")
-        t = json.loads(test.read_text()) if test.is_file() else None
-        steps = v.get("averaged_steps", [v["step"]])
-        rows.append([len(steps), f"{min(steps)}-{max(steps)}", n(v["loss"], 4), n(v["bleu"], 4), n(v["chrf"], 4),
-                     f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})" if t else "", f"`{v['machine']['command']}`",
-                     machine_label(v["machine"])])  # fmt: skip
-    header = ["checkpoints averaged", "steps", "valid loss", "valid BLEU, beam 4", "valid chrF", "test BLEU (chrF)",
-              "command (valid)", "measured"]  # fmt: skip
-    return table(header, rows)
-
-
-def bible_length_penalty() -> list[str]:
-    """The 16-row bible_en_es run's valid split decoded with beam 4 at several length penalties (`run.py eval
-    --config.decode.length_penalty=A`, copied into experiments/results/bible_en_es/variants/batch16/length_penalty/)."""
-    folder = RUNS / "bible_en_es" / "variants" / "batch16" / "length_penalty"
-    evals = [json.loads(p.read_text()) for p in folder.glob("eval_valid_*.json")]
-    rows = [[e["decode"]["length_penalty"], e["decode"]["beam_size"], e["step"], n(e["bleu"], 4), n(e["chrf"], 4),
-             f"`{e['machine']['command']}`", machine_label(e["machine"])]
-            for e in sorted(evals, key=lambda e: e["decode"]["length_penalty"])]  # fmt: skip
-    return table(["length penalty", "beam", "step", "valid BLEU", "valid chrF", "command", "measured"], rows)
 
 
 TABLES = {
     f.__name__: f
     for f in (
-        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers),
+        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers, gpu),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,3 +162,30 @@ def test_second_run_compiles_from_the_persistent_cache(tmp_path):
         hits.append(re.findall(r"Persistent compilation cache hit for '(\w+)'", done.stderr))
     assert (tmp_path / "cache" / "jax").is_dir()
     assert "jit_train_step" not in hits[0] and "jit_train_step" in hits[1], hits
+
+
+def test_decode_steps_on_cuda_read_the_cache_with_the_reference(monkeypatch):
+    """auto's cuDNN kernel is for whole sequences: a cached decode step (one query against the cache) lowers for CUDA
+    without it, while the same model's training pass uses it."""
+    import jax._src.cudnn.fused_attention_stablehlo as cudnn_attention
+
+    monkeypatch.setattr(cudnn_attention, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(attention, "cuda_available", lambda: True)
+    model = DecoderLM(ModelConfig(**CFG, dtype="bfloat16", attention_impl="auto"))
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((2, 8), jnp.int32), decode=True))
+    step = jax.jit(lambda v, t: model.apply(v, t, decode=True, mutable=["cache"]))
+    text = export.export(step, platforms=["cuda"])(variables, jax.ShapeDtypeStruct((2, 1), jnp.int32)).mlir_module()
+    assert "cudnn" not in text
+
+
+def test_one_row_kernels_out_major_only_on_a_cpu(monkeypatch):
+    """for_decoding's [out, in] kernels are an XLA:CPU matrix-vector layout: on another backend one row keeps
+    training's [in, out] (fused projections and unrolled layers stay)."""
+    from txjax.decode import for_decoding
+
+    model = DecoderLM(ModelConfig(**CFG))
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    assert for_decoding(model, params, 1)[0].cfg.out_major_kernels
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    decoding = for_decoding(model, params, 1)[0].cfg
+    assert decoding.decoding_layout and not decoding.scan_layers and not decoding.out_major_kernels

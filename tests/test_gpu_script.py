@@ -3,8 +3,11 @@ the summary reads them, so that the script works when a GPU session finally runs
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ def test_dry_run_runs_every_stage_and_summarizes(tmp_path):
     done = subprocess.run(
         ["bash", "benchmarks/gpu.sh", "--dry-run", f"--out={out}", "--budget=400"],
         cwd=REPO,
+        env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=600,
@@ -36,6 +40,14 @@ def test_dry_run_runs_every_stage_and_summarizes(tmp_path):
     assert flags["train_flags_0"] == "--xla_backend_optimization_level=1"
     assert [r["batch"] for r in summary["decode"]] == [1, 2] and all(r["ratio"] > 0 for r in summary["decode"])
     assert json.loads(done.stdout.strip().splitlines()[-1])["stages"] == stages
+    # and the docs' generated GPU table reads such a folder (benchmarks/results/gpu/ once a GPU ran the script)
+    spec = importlib.util.spec_from_file_location("readme_tables", REPO / "benchmarks" / "readme_tables.py")
+    readme_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme_tables)
+    readme_tables.BENCH = tmp_path
+    rows = readme_tables.gpu()[2:]
+    assert any(r.startswith("| train shakespeare_char, batch") for r in rows)
+    assert any(r.startswith("| greedy gpt2_tiny, batch 2 |") and "transformers eager" in r for r in rows)
 
 
 def test_unknown_argument_is_one_line():

@@ -277,7 +277,9 @@ class MultiHeadAttention(nn.Module):
             bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
         use_dropout = self.dropout > 0 and not deterministic
-        fused = self.impl in ("fused", "cudnn") and not (self.sow_weights or use_dropout)
+        # cuDNN's kernel serves training and whole-sequence passes; a decode step's few queries read the cache
+        # with the reference einsums (no L x S score matrix to avoid there)
+        fused = (self.impl == "fused" or self.impl == "cudnn" and not decode) and not (self.sow_weights or use_dropout)
         if causal and not fused:  # the reference applies the causal order as part of the mask
             mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
         out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, scale, use_dropout, fused)

@@ -121,13 +121,13 @@ def for_decoding(model, params, rows: int = 1):
     """The same model in decoding's layout for `rows` rows decoded at once: its layers unrolled (scan_layers=False,
     params via unstack_layers: under nn.scan each decode step copies every layer's cache slice out of and back into
     the stacked cache), each layer's input projections side by side (one matrix product for W^Q, W^K, W^V and one
-    for SwiGLU's W1, W3) and, for one row, every kernel stored output axes first (decoding_layout and out_major,
-    params via layers.decoding_params; attention.out_major_product says why one row only). Idempotent: a decoding
-    model comes back as it is, whatever `rows`."""
+    for SwiGLU's W1, W3) and, for one row on a CPU, every kernel stored output axes first (decoding_layout and
+    out_major, params via layers.decoding_params; attention.out_major_product says why one row only). Idempotent: a
+    decoding model comes back as it is, whatever `rows`."""
     cfg = model.cfg
     if cfg.decoding_layout:
         return model, params
-    out_major = rows == 1
+    out_major = rows == 1 and jax.default_backend() == "cpu"  # an XLA:CPU matrix-vector trick, unmeasured elsewhere
     params = decoding_params(unstack_layers(params) if cfg.scan_layers else params, out_major)
     new_cfg = dataclasses.replace(cfg, scan_layers=False, decoding_layout=True, out_major=out_major)
     return model.clone(cfg=new_cfg), params

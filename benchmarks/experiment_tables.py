@@ -1,0 +1,94 @@
+"""The generated tables of the experiments' results (docs/experiments.md): their final evals and bible_en_es's
+variants, checkpoint averaging and length penalties, from the files copied into experiments/results/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from table_format import RUNS, machine_label, n, table
+
+
+def experiments() -> list[str]:
+    """The experiments' final evals, copied from their workdirs into experiments/results/NAME/."""
+    rows = []
+    for name, command in (
+        ("reverse", "python run.py train"),
+        ("add_seq2seq", "python run.py train --config=experiments/add_seq2seq.py"),
+        ("shakespeare_char", "python run.py train --config=experiments/shakespeare_char.py"),
+        ("bible_en_es", "python run.py train --config=experiments/bible_en_es.py"),
+    ):
+        for split in ("valid", "test"):
+            path = RUNS / name / f"eval_{split}.json"
+            if not path.is_file():
+                continue
+            e = json.loads(path.read_text())
+            shown = [f"{k} {e[k]:.3f}" for k in ("exact_match", "token_accuracy") if k in e]
+            shown += [f"{k} {n(e[k], 4)}" for k in ("loss", "bleu", "chrf") if k in e]
+            minutes = n(e["train_minutes"]) if "train_minutes" in e else ""  # written by run.py train's final eval
+            rows.append([name, f"`{command}`", split, e.get("step", ""), ", ".join(shown),
+                         minutes, machine_label(e["machine"])])  # fmt: skip
+    header = ["experiment", "command", "split", "step", "result (whole split)", "training minutes", "measured"]
+    return table(header, rows)
+
+
+def flat_config(folder: Path) -> dict:
+    """A run's config.json as {"section.field": value}."""
+    flat = {}
+    for section, fields in json.loads((folder / "config.json").read_text()).items():
+        flat.update({f"{section}.{k}": v for k, v in fields.items()} if isinstance(fields, dict) else {section: fields})
+    return flat
+
+
+def bible_variants() -> list[str]:
+    """bible_en_es's 20-minute runs: the experiment as committed (experiments/results/bible_en_es/) and each variant
+    (experiments/results/bible_en_es/variants/NAME/, copied from its workdir), labelled by the config fields in
+    which it differs from the committed run (model.vocab_size follows data.vocab_size: left out)."""
+    committed, rows = flat_config(RUNS / "bible_en_es"), []
+    for folder in [RUNS / "bible_en_es", *sorted((RUNS / "bible_en_es" / "variants").glob("*/"))]:
+        valid, test = (folder / "eval_valid.json", folder / "eval_test.json")
+        if not (valid.is_file() and test.is_file()):
+            continue
+        v, t, config = json.loads(valid.read_text()), json.loads(test.read_text()), flat_config(folder)
+        # a field only the committed run records was added after the variant ran (at its default: the old behaviour)
+        changed = sorted(k for k in {*config} - {"model.vocab_size"} if config[k] != committed.get(k, config[k]))
+        flags = [f"`{k}={config.get(k)}`" for k in changed]
+        rows.append([", ".join(flags) or "(the experiment as committed)", v["step"], n(train_minutes(folder)),
+                     n(v["loss"], 4), n(v["bleu"], 4), f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})",
+                     machine_label(v["machine"])])  # fmt: skip
+    header = ["config fields changed from the committed run", "steps", "training minutes", "valid loss",
+              "valid BLEU (greedy)", "test BLEU, beam 4 (chrF)", "measured"]  # fmt: skip
+    return table(header, rows)
+
+
+def train_minutes(folder: Path) -> float | None:
+    """The training minutes of a run's last logged evaluation (metrics.jsonl)."""
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return next((r["train_minutes"] for r in reversed(records) if "train_minutes" in r), None)
+
+
+def bible_averaging() -> list[str]:
+    """The checkpoints100 run's last checkpoints averaged (`run.py eval --average=N`), valid and test split, copied
+    into experiments/results/bible_en_es/variants/checkpoints100/average/eval_{valid,test}_N.json."""
+    folder, rows = RUNS / "bible_en_es" / "variants" / "checkpoints100" / "average", []
+    for valid in sorted(folder.glob("eval_valid_*.json"), key=lambda p: int(p.stem.split("_")[-1])):
+        v, test = json.loads(valid.read_text()), folder / valid.name.replace("valid", "test")
+        t = json.loads(test.read_text()) if test.is_file() else None
+        steps = v.get("averaged_steps", [v["step"]])
+        rows.append([len(steps), f"{min(steps)}-{max(steps)}", n(v["loss"], 4), n(v["bleu"], 4), n(v["chrf"], 4),
+                     f"{n(t['bleu'], 4)} ({n(t['chrf'], 4)})" if t else "", f"`{v['machine']['command']}`",
+                     machine_label(v["machine"])])  # fmt: skip
+    header = ["checkpoints averaged", "steps", "valid loss", "valid BLEU, beam 4", "valid chrF", "test BLEU (chrF)",
+              "command (valid)", "measured"]  # fmt: skip
+    return table(header, rows)
+
+
+def bible_length_penalty() -> list[str]:
+    """The 16-row bible_en_es run's valid split decoded with beam 4 at several length penalties (`run.py eval
+    --config.decode.length_penalty=A`, copied into experiments/results/bible_en_es/variants/batch16/length_penalty/)."""
+    folder = RUNS / "bible_en_es" / "variants" / "batch16" / "length_penalty"
+    evals = [json.loads(p.read_text()) for p in folder.glob("eval_valid_*.json")]
+    rows = [[e["decode"]["length_penalty"], e["decode"]["beam_size"], e["step"], n(e["bleu"], 4), n(e["chrf"], 4),
+             f"`{e['machine']['command']}`", machine_label(e["machine"])]
+            for e in sorted(evals, key=lambda e: e["decode"]["length_penalty"])]  # fmt: skip
+    return table(["length penalty", "beam", "step", "valid BLEU", "valid chrF", "command", "measured"], rows)
