@@ -13,7 +13,9 @@ share the device) and the peak measured once per device kind (txjax.peak.peak_gf
 train.decay_start="budget" sizes the WSD decay by the time budget and ends the run where it ends (txjax.budget).
 A run whose loss or parameters become non-finite stops (Diverged); in a stacked group the others go on. A run holds
 its workdir's writer lock (txjax.workdir_lock); SIGTERM or SIGINT stop it after the current step with a checkpoint
-of that step (txjax.preemption).
+of that step (txjax.preemption). Settings changed on resume are refused or applied from the resume step and
+recorded (txjax.resume); a file of the workdir that cannot be written (no space, read-only, quota) ends the run in
+one StorageError line, a checkpoint save at the step it was for (txjax.storage).
 """
 
 from __future__ import annotations
@@ -75,14 +77,14 @@ def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Pa
         for workdir in workdirs:
             held.enter_context(workdir_lock.hold(workdir))
         held.enter_context(preemption.watch())
+        held.enter_context(storage.writing("the workdir", "free space or make it writable, then rerun to resume"))
         prepared = [prepare(c, w) for c, w in zip(configs, workdirs)]  # each folder gets its tokenizer
         tokenizer, train_data, valid_data = prepared[0]  # stacked runs share their data
         ckpts = [Checkpointer(w / CHECKPOINT_DIR, c.train.keep_checkpoints) for c, w in zip(configs, workdirs)]
         try:
             start = common_step(ckpts)
             changes = [save_config(c, w, ckpt, start) for c, w, ckpt in zip(configs, workdirs, ckpts)]
-            with storage.writing("the workdir", "free space or make it writable, then rerun to resume"):
-                return _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts, start, changes)
+            return _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts, start, changes)
         finally:
             for ckpt in ckpts:
                 ckpt.close()
