@@ -21,11 +21,11 @@ broadcasts it, so every process changes the plan at the same step. Stacked runs 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
 from txjax.optim import BUDGET_PLAN
+from txjax.train_state import with_hyperparams
 
 
 class BudgetPlan:
@@ -72,17 +72,6 @@ def read(state) -> dict:
 
 
 def record(state, plan: BudgetPlan, trained_s: float):
-    """The state with the plan and the clock written into its hyperparameters (every stacked run's), each new array
-    laid out as the one it replaces (so the train step sees the state it was compiled for)."""
+    """The state with the plan and the clock written into its hyperparameters (every stacked run's)."""
     values = (plan.decay_from, plan.decay_steps, plan.spent_s(trained_s))
-    h = state.opt_state.hyperparams | {
-        k: _filled(state.opt_state.hyperparams[k], v) for k, v in zip(BUDGET_PLAN, values)
-    }
-    return state.replace(opt_state=state.opt_state._replace(hyperparams=h))
-
-
-def _filled(x: jax.Array, value: float) -> jax.Array:
-    full = np.full(x.shape, value, x.dtype)
-    if not x.committed:  # stacked runs' states live uncommitted on the default device
-        return jnp.asarray(full)
-    return jax.make_array_from_callback(x.shape, x.sharding, lambda index: full[index])
+    return with_hyperparams(state, dict(zip(BUDGET_PLAN, values)))

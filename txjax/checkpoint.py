@@ -1,8 +1,10 @@
 """Checkpoints with orbax: save a pytree every N steps and at the end, keep the last K, restore the newest whole one.
 
-Saves are asynchronous: `save` returns once the arrays are copied to host memory (so the caller may donate them
-to the next step) and the files are written in the background; `close` waits for them. A process killed during a
-save leaves a `STEP.orbax-checkpoint-tmp` folder that orbax ignores on restore and removes on the next save.
+`save` returns once the step is on disk (orbax writes it from background threads; the training loop must know
+before it takes another step): a save that fails for want of space, a read-only filesystem or a quota is one
+StorageError line naming the folder and the last good checkpoint (txjax.storage), nothing trained after it. A process
+killed during a save leaves a `STEP.orbax-checkpoint-tmp` folder that orbax ignores on restore and removes on the
+next save.
 
 Damage: orbax 0.12.8 stores no checksum of the array data (a byte flipped in
 `STEP/default/ocdbt.process_0/d/*` restores silently as a different value), so every save also writes
@@ -18,6 +20,7 @@ that name), so the bytes are kept for a look.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 import time
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import orbax.checkpoint as ocp
 
+from txjax import storage
 from txjax.config import ConfigError
 from txjax.distributed import barrier, is_lead
 
@@ -42,6 +46,7 @@ class Checkpointer:
     def __init__(self, directory: str | Path, keep: int):
         self.directory = Path(directory).absolute()
         self._saving = None  # the step whose save is in flight (orbax runs one at a time)
+        self._failed = False  # a save failed (and said so): closing does not raise it again
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -56,15 +61,25 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state) -> None:
-        self.manager.wait_until_finished()  # the hook below names the one step in flight
-        if step in self.manager.all_steps():  # a damaged step the run fell back from: set it aside
-            if is_lead():
-                damaged = self.directory / f"{step}.damaged"
-                (self.directory / str(step)).rename(damaged if not damaged.exists() else f"{damaged}.{time.time()}")
-            barrier(f"set aside step {step}")
-            self.manager.reload()
-        self._saving = step
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        """Saves `state` as `step` and waits until it is on disk; StorageError when it cannot be written."""
+        last = self.latest_step()
+        kept = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was saved before"
+        advice = f"training stopped at step {step} and {kept}: free space or make it writable, then rerun to resume"
+        with storage.quiet_orbax(), storage.writing(f"checkpoint step {step} in {self.directory}", advice):
+            try:
+                if step in self.manager.all_steps():  # a damaged step the run fell back from: set it aside
+                    if is_lead():
+                        damaged = self.directory / f"{step}.damaged"
+                        folder = damaged if not damaged.exists() else f"{damaged}.{time.time()}"
+                        (self.directory / str(step)).rename(folder)
+                    barrier(f"set aside step {step}")
+                    self.manager.reload()
+                self._saving = step  # the hook below names the one step in flight
+                self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+                self.manager.wait_until_finished()
+            except Exception:
+                self._failed = True
+                raise
 
     def restore(self, abstract_state, step: int | None = None):
         """The state saved at `step` (default: the latest that restores), with the structure, shapes and dtypes of
@@ -121,9 +136,9 @@ class Checkpointer:
             return False
 
     def close(self) -> None:
-        """Waits for the pending saves to be on disk."""
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Lets orbax's threads go (after a failed save, without raising its error again)."""
+        with storage.quiet_orbax(), contextlib.suppress(Exception) if self._failed else contextlib.nullcontext():
+            self.manager.close()
 
     def _write_checksums(self) -> None:
         (folder,) = self.directory.glob(f"{self._saving}{_TMP_SUFFIX}*")

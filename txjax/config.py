@@ -26,6 +26,7 @@ DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
+HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.resume)
 
 
 class ConfigError(ValueError):
@@ -282,35 +283,21 @@ RESUME_FIXED = {
         "max_tgt_len",
         "pack",
     ),
-    "train": ("seed", "batch_size", "grad_accum", "optimizer", "decay_start"),
-}
+    "train": ("seed", "batch_size", "grad_accum", "optimizer", "decay_start", "init_from"),
+}  # every other field applies from the resume step (txjax.resume)
 
 
-def check_resumable(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> None:
-    """A workdir's checkpoints fit the run that wrote them: another family, model field (but those in
-    RESUMABLE_CHANGES) or batch stream (RESUME_FIXED) is one error line, raised before config.json is
-    overwritten. The schedule's length (train.steps) and the evaluation settings may change."""
-    changes = [f"family {saved.family!r} -> {config.family!r}"] if saved.family != config.family else []
-    changes += [
-        f"model.{name} {saved.model.get(name)!r} -> {value!r}"
-        for name, value in config.model.items()
-        if name not in RESUMABLE_CHANGES and saved.model.get(name) != value
-    ]
-    changes += [
-        f"{section}.{name} {saved[section].get(name)!r} -> {config[section][name]!r}"
-        for section, names in RESUME_FIXED.items()
-        for name in names
-        if saved[section].get(name) != config[section][name]
-    ]
-    if changes:
-        raise ConfigError(
-            f"{workdir} holds checkpoints of another run ({'; '.join(changes)}): pass a new --workdir, or the "
-            f"settings it was trained with (no --config resumes with {Path(workdir) / CONFIG_FILE})"
-        )
+def save(config: ml_collections.ConfigDict, workdir: Path, history: list | None = None) -> None:
+    """Writes config.json: the config and, under "history", the settings a resumed run changed (txjax.resume)."""
+    saved = json.loads(config.to_json()) | ({HISTORY: history} if history else {})
+    (Path(workdir) / CONFIG_FILE).write_text(json.dumps(saved, indent=1) + "\n")
 
 
-def save(config: ml_collections.ConfigDict, workdir: Path) -> None:
-    (Path(workdir) / CONFIG_FILE).write_text(config.to_json(indent=1) + "\n")
+def history(workdir: Path) -> list:
+    """config.json's "history": [{"step": s, "changes": {field: [old, new]}}, ...], one entry per resume that
+    changed a setting."""
+    path = Path(workdir) / CONFIG_FILE
+    return json.loads(path.read_text()).get(HISTORY, []) if path.is_file() else []
 
 
 def load(workdir: Path) -> ml_collections.ConfigDict:
@@ -326,5 +313,6 @@ def load(workdir: Path) -> ml_collections.ConfigDict:
         }
 
     saved = json.loads(path.read_text())
+    saved.pop(HISTORY, None)
     saved.get("model", {}).pop("fused_projections", None)  # retired: always False when saved (now decoding_layout)
     return ml_collections.ConfigDict(merged(base_config().to_dict(), saved))

@@ -127,10 +127,20 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     return {}
 
 
+def metrics_file(workdir: str | Path, split: str) -> Path:
+    return Path(workdir) / f"eval_{split}.json"
+
+
+def read_recorded(workdir: str | Path, split: str) -> dict:
+    """What DIR/eval_<split>.json records ({} when there is none)."""
+    path = metrics_file(workdir, split)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def write_metrics(workdir: str | Path, split: str, metrics: dict) -> Path:
     """Writes DIR/eval_<split>.json: the metrics and, under "machine", where, when and by what command
     (txjax.provenance)."""
-    path = Path(workdir) / f"eval_{split}.json"
+    path = metrics_file(workdir, split)
     machine = provenance.machine(shlex.join(["python", *sys.argv]))
     path.write_text(json.dumps({**metrics, "machine": machine}, indent=1) + "\n")
     return path

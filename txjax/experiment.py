@@ -6,6 +6,7 @@ curves.png and eval_<split>.json.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,6 +24,7 @@ from txjax.optim import eval_params, make_optimizer
 from txjax.train_state import init_state, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
+BUILT_WITH = "built_with.json"  # in TOKENIZER_DIR: the data fields the tokenizer was built from
 CHECKPOINT_DIR = "checkpoints"
 SPLITS = ("train", "valid", "test")
 _EVAL_SEEDS = {"train": 2**31 - 3, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
@@ -50,6 +52,7 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.To
     """The workdir's tokenizer/ when there is one (resume, eval), else built from the training data and saved."""
     directory = Path(workdir) / TOKENIZER_DIR
     if (directory / data.TOKENIZER_FILE).is_file():
+        check_tokenizer(config, directory)
         return data.load_tokenizer(directory)
     kind = config.data.tokenizer
     if config.data.kind == "shards":  # the tokenizer the shards were prepared with
@@ -69,8 +72,32 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.To
         )
     else:  # one SentencePiece model shared by both sides of a parallel file (every tab-separated field)
         tokenizer = data.SentencePieceTokenizer.train_from_files([data_file(config, "train")], config.data.vocab_size)
+    directory.mkdir(parents=True, exist_ok=True)  # the record first: a tokenizer is never without one
+    (directory / BUILT_WITH).write_text(json.dumps(tokenizer_inputs(config)) + "\n")
     tokenizer.save(directory)
     return tokenizer
+
+
+def tokenizer_inputs(config: ml_collections.ConfigDict) -> dict:
+    """The data fields a workdir's tokenizer is built from (recorded beside it in BUILT_WITH)."""
+    d = config.data
+    read = {"shards": ("path",), "char": ("path",), "sentencepiece": ("path", "vocab_size")}
+    names = ("kind", "tokenizer", *read.get("shards" if d.kind == "shards" else d.tokenizer, ()))
+    return {f"data.{name}": d[name] for name in names}
+
+
+def check_tokenizer(config: ml_collections.ConfigDict, directory: Path) -> None:
+    """A tokenizer a run built (before its first checkpoint, maybe) fits the config as checkpoints must: a data
+    field it was built from with another value is a ConfigError. One without the record (imported) is not checked."""
+    record = directory / BUILT_WITH
+    built = json.loads(record.read_text()) if record.is_file() else {}
+    now = tokenizer_inputs(config)
+    changed = [f"{k} {v!r} -> {now.get(k)!r}" for k, v in built.items() if now.get(k) != v]
+    if changed:
+        raise config_lib.ConfigError(
+            f"{directory} was built for other data ({'; '.join(changed)}): pass the settings it was built with, "
+            "or delete that folder to build it again from these"
+        )
 
 
 def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, split: str):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.experiment import TOKENIZER_DIR, load_workdir
+from txjax.experiment import BUILT_WITH, TOKENIZER_DIR, load_workdir
 from txjax.train_state import TrainState
 
 
@@ -33,7 +33,8 @@ def source(config: ml_collections.ConfigDict) -> Path:
 
 def adopt_model(config: ml_collections.ConfigDict, workdir: Path, lead: bool = True) -> None:
     """config.model and data.tokenizer become the source's (but the RESUMABLE_CHANGES fields); the lead process
-    copies the source's tokenizer/ into `workdir` unless the run already has one."""
+    copies the source's tokenizer/ into `workdir` unless the run already has one (not what the source built it from:
+    this run's data differ)."""
     src = source(config)
     saved = config_lib.load(src)
     keep = {name: config.model[name] for name in config_lib.RESUMABLE_CHANGES}
@@ -41,7 +42,7 @@ def adopt_model(config: ml_collections.ConfigDict, workdir: Path, lead: bool = T
     config.family, config.data.tokenizer = saved.family, saved.data.tokenizer
     config_lib.model_config(config.model.to_dict())
     if lead and not (workdir / TOKENIZER_DIR).exists():
-        shutil.copytree(src / TOKENIZER_DIR, workdir / TOKENIZER_DIR)
+        shutil.copytree(src / TOKENIZER_DIR, workdir / TOKENIZER_DIR, ignore=shutil.ignore_patterns(BUILT_WITH))
 
 
 def source_params(path, mesh=None):

@@ -25,7 +25,7 @@ from txjax.checkpoint import Checkpointer
 from txjax.config import ConfigError
 from txjax.optim import HYPERPARAMS, make_optimizer
 from txjax.sharding import global_batch, process_rows
-from txjax.train_state import init_state, run_keys, state_shardings
+from txjax.train_state import init_state, run_keys, state_shardings, with_hyperparams
 from txjax.train_step import make_train_step, train_step_function
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
@@ -74,8 +74,10 @@ class OneRun:
 
     def start(self, ckpts: list[Checkpointer], step: int):
         """The state at `step`: at 0 drawn afresh (or train.init_from's), else restored (onto this mesh, whatever
-        mesh wrote it)."""
-        return self.first() if step == 0 else ckpts[0].restore(jax.eval_shape(self.init), step)
+        mesh wrote it) with the optimizer's hyperparameters of this config (applied from the resume step)."""
+        if step == 0:
+            return self.first()
+        return with_hyperparams(ckpts[0].restore(jax.eval_shape(self.init), step), configured(self.train_config))
 
     def batch(self, data, k: int):
         return global_batch(data.batch(self.seed, k, self.train_config.batch_size, self.rows), self.mesh)
@@ -107,7 +109,8 @@ class StackedRuns:
         t = self.train_config
         if step:
             abstract = jax.eval_shape(lambda: init_state(self.model, make_optimizer(t, self.model.cfg), t.seed))
-            return stack([ckpt.restore(abstract, step) for ckpt in ckpts])
+            restored = [ckpt.restore(abstract, step) for ckpt in ckpts]
+            return stack([with_hyperparams(s, configured(c.train)) for s, c in zip(restored, self.configs)])
         hyperparams = {name: jnp.asarray([c.train[name] for c in self.configs]) for name in HYPERPARAMS}
         if t.get("init_from"):  # every run from the same imported parameters, each with its own fresh moments
             params = init_from.source_params(t.init_from)
@@ -127,6 +130,12 @@ class StackedRuns:
 
     def compiles(self) -> int:
         return self._step._cache_size()
+
+
+def configured(t) -> dict:
+    """The optimizer's injected settings (optim.HYPERPARAMS) of t = config.train: a resumed run takes these, not the
+    checkpoint's, so a changed learning rate or schedule applies from the resume step (txjax.resume)."""
+    return {name: t[name] for name in HYPERPARAMS}
 
 
 @jax.jit

@@ -13,7 +13,9 @@ share the device) and the peak measured once per device kind (txjax.peak.peak_gf
 train.decay_start="budget" sizes the WSD decay by the time budget and ends the run where it ends (txjax.budget).
 A run whose loss or parameters become non-finite stops (Diverged); in a stacked group the others go on. A run holds
 its workdir's writer lock (txjax.workdir_lock); SIGTERM or SIGINT stop it after the current step with a checkpoint
-of that step (txjax.preemption).
+of that step (txjax.preemption). Settings changed on resume are refused or applied from the resume step and
+recorded (txjax.resume); a file of the workdir that cannot be written (no space, read-only, quota) ends the run in
+one StorageError line, a checkpoint save at the step it was for (txjax.storage).
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ from time import monotonic
 
 import ml_collections
 
-from txjax import budget, families, init_from, preemption, workdir_lock
+from txjax import budget, families, init_from, preemption, resume, storage, workdir_lock
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, agree, barrier, is_lead, run_mesh
-from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
+from txjax.evaluate import (
+    eval_batches,
+    evaluate,
+    generation_metrics,
+    make_eval_step,
+    read_recorded,
+    write_metrics,
+)
 from txjax.experiment import (
     CHECKPOINT_DIR,
     TrainedRun,
@@ -68,13 +77,14 @@ def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Pa
         for workdir in workdirs:
             held.enter_context(workdir_lock.hold(workdir))
         held.enter_context(preemption.watch())
+        held.enter_context(storage.writing("the workdir", "free space or make it writable, then rerun to resume"))
         prepared = [prepare(c, w) for c, w in zip(configs, workdirs)]  # each folder gets its tokenizer
         tokenizer, train_data, valid_data = prepared[0]  # stacked runs share their data
         ckpts = [Checkpointer(w / CHECKPOINT_DIR, c.train.keep_checkpoints) for c, w in zip(configs, workdirs)]
         try:
-            for config, workdir, ckpt in zip(configs, workdirs, ckpts):
-                save_config(config, workdir, ckpt)
-            return _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts)
+            start = common_step(ckpts)
+            changes = [save_config(c, w, ckpt, start) for c, w, ckpt in zip(configs, workdirs, ckpts)]
+            return _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts, start, changes)
         finally:
             for ckpt in ckpts:
                 ckpt.close()
@@ -96,12 +106,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path):
     return tokenizer, train_data, valid_data
 
 
-def save_config(config: ml_collections.ConfigDict, workdir: Path, ckpt: Checkpointer) -> None:
-    """Writes the resolved config into `workdir`, after checking that a run resuming from `ckpt` keeps its config."""
+def save_config(config: ml_collections.ConfigDict, workdir: Path, ckpt: Checkpointer, start: int) -> dict:
+    """Writes the resolved config into `workdir`, after checking that a run resuming from `ckpt` at `start` changes
+    no setting it may not (txjax.resume); the changes it applies from there, recorded in config.json's history."""
+    changes = {}
     if ckpt.latest_step() is not None:
-        config_lib.check_resumable(config_lib.load(workdir), config, workdir)
+        changes = resume.check(config_lib.load(workdir), config, workdir)
     if is_lead():
-        config_lib.save(config, workdir)
+        resume.save(config, workdir, start, changes)
+    return changes
 
 
 def peak_flops_per_s(dtype: str, devices: int) -> float | None:
@@ -118,11 +131,10 @@ def peak_flops_per_s(dtype: str, devices: int) -> float | None:
         return None
 
 
-def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[dict | Exception]:
+def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts, start, changes) -> list[dict | Exception]:
     config, t = configs[0], configs[0].train
     model, mesh = build_model(config), run_mesh(config.mesh)
     runs = layout(model, configs, mesh)
-    start = common_step(ckpts)
     state = runs.start(ckpts, start)
     if start:
         print(f"resuming {', '.join(map(str, workdirs))} from step {start}", flush=True)
@@ -132,6 +144,10 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
     b, s, l = families.get(config.family).batch_lengths(first)
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
     logs = [MetricsLog(w, t.steps, start, is_lead(), flops, peak, slots_per_step=b * (s + l)) for w in workdirs]
+    for log, workdir, changed in zip(logs, workdirs, changes):
+        if changed:
+            log.changed(start, changed)
+            print(f"{workdir}: from step {start}: {resume.describe(changed)}", file=sys.stderr, flush=True)
     batches = prefetch(runs.batch(train_data, k) for k in range(start, t.steps))
     plan = budget.BudgetPlan(t, budget.read(state), start) if t.decay_start == "budget" else None  # ends the run
     budget_s = 60.0 * t.max_minutes if t.max_minutes > 0 and plan is None else math.inf
@@ -216,11 +232,13 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
         profiler.close()
     results = dict(failed)
     for r in live():
-        final = valid_metrics(r, 0)
-        logs[r].write(step, "valid", final)
+        final = recorded_eval(workdirs[r], step) if step == start else None  # a finished run's rerun: as recorded
+        if final is None:
+            final = valid_metrics(r, 0)
+            logs[r].write(step, "valid", final)
+            if is_lead():
+                write_metrics(workdirs[r], "valid", {"split": "valid", "step": step, **final})
         logs[r].close()
-        if is_lead():
-            write_metrics(workdirs[r], "valid", {"split": "valid", "step": step, **final})
         results[r] = {
             "step": step,
             **({"train_loss": records[r]["loss"]} if r in records else {}),
@@ -233,6 +251,15 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts) -> list[d
             "eval_step_compiles": eval_step._cache_size(),
         }
     return [results[r] for r in range(runs.size)]
+
+
+def recorded_eval(workdir: Path, step: int) -> dict | None:
+    """The final eval eval_valid.json records for `step` (its metrics only), if it records that step: a rerun that
+    trains no step returns it, and never rewrites it (nor appends to metrics.jsonl) with a figure of no training."""
+    recorded = read_recorded(workdir, "valid")
+    if recorded.get("step") != step:
+        return None
+    return {k: v for k, v in recorded.items() if k not in ("split", "step", "machine")}
 
 
 def _diverged(step: int, record: dict, saved: int | None, ckpt: Checkpointer) -> Diverged:

@@ -9,6 +9,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -40,3 +41,19 @@ def state_shardings(model, tx: optax.GradientTransformation, seed: int, mesh: Me
     """Where each array of the state lives on `mesh`: parameters and their AdamW moments by their logical axes
     (sharding.LOGICAL_RULES), the step and counters replicated. Computed from shapes only (jax.eval_shape)."""
     return shardings_for(jax.eval_shape(functools.partial(init_state, model, tx, seed, boxed=True)), mesh)
+
+
+def with_hyperparams(state: TrainState, values: dict) -> TrainState:
+    """The state with the optimizer's injected hyperparameters `values` ({name: number}, every stacked run's), each
+    new array laid out as the one it replaces (so the train step sees the state it was compiled for)."""
+    h = state.opt_state.hyperparams
+    return state.replace(
+        opt_state=state.opt_state._replace(hyperparams=h | {k: _filled(h[k], v) for k, v in values.items()})
+    )
+
+
+def _filled(x: jax.Array, value: float) -> jax.Array:
+    full = np.full(x.shape, value, x.dtype)
+    if not x.committed:  # stacked runs' states live uncommitted on the default device
+        return jnp.asarray(full)
+    return jax.make_array_from_callback(x.shape, x.sharding, lambda index: full[index])

@@ -23,8 +23,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from txjax import storage
 from txjax.config import ConfigError
 from txjax.distributed import is_lead
+from txjax.storage import StorageError
 
 LOCK_FILE = "writer.lock"
 
@@ -57,8 +59,23 @@ def hold(workdir: str | Path):
 
 
 def _acquire(workdir: Path) -> int:
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / LOCK_FILE
+    """The lock's file descriptor; a workdir that cannot be written (a file, read-only, full) is a StorageError
+    here, before anything is read or compiled."""
+    if workdir.exists() and not workdir.is_dir():
+        raise StorageError(f"--workdir {workdir.resolve()} is a file, not a folder: choose another --workdir")
+    with storage.writing(f"the workdir {workdir.resolve()}", "choose another --workdir, or free space there"):
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd = _lock(workdir / LOCK_FILE)
+        try:
+            os.write(fd, (json.dumps(_holder()) + "\n").encode())
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _lock(path: Path) -> int:
+    workdir = path.parent
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -74,14 +91,16 @@ def _acquire(workdir: Path) -> int:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:  # else the holder unlinked it on its way out: retry
                 break
         os.close(fd)
-    holder = {
+    return fd
+
+
+def _holder() -> dict:
+    return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(sys.argv),
     }
-    os.write(fd, (json.dumps(holder) + "\n").encode())
-    return fd
 
 
 def _describe(text: str) -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from txjax import config as config_lib
-from txjax import distributed
+from txjax import distributed, storage
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import ConfigError, user_errors
 from txjax.data import read_text, resolve_path
@@ -17,12 +18,12 @@ from txjax.score_text import score_text
 
 def main(argv: list[str]) -> None:
     """run.py eval --workdir=DIR [--split=valid|test | --text=FILE [--max_tokens=N] [--context=N]] [--average=N]
-    [--config.mesh.FIELD=N ...] [--config.decode.FIELD=V ...]: writes DIR/eval_<split>.json (--text:
-    eval_text.json), prints it as the last line. --average=N evaluates the mean of the parameters of the last N
-    checkpoints (their steps recorded as averaged_steps). The parameters are laid out on the run's mesh (on one
-    device when this machine has fewer devices than it needs) unless --config.mesh.* flags choose another; a
-    translation is decoded with the run's decode section, --config.decode.* flags changing its fields (e.g.
-    length_penalty)."""
+    [--config.mesh.FIELD=N ...] [--config.decode.FIELD=V ...]: prints the metrics as the last line on stdout and
+    writes them to DIR/eval_<split>.json (--text: eval_text.json; a workdir that cannot be written: a warning line).
+    --average=N evaluates the mean of the parameters of the last N checkpoints (their steps recorded as
+    averaged_steps). The parameters are laid out on the run's mesh (on one device when this machine has fewer
+    devices than it needs) unless --config.mesh.* flags choose another; a translation is decoded with the run's
+    decode section, --config.decode.* flags changing its fields (e.g. length_penalty)."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
@@ -63,5 +64,10 @@ def main(argv: list[str]) -> None:
     if run.averaged_steps:
         metrics["averaged_steps"] = list(run.averaged_steps)
     if distributed.is_lead():
-        write_metrics(args.workdir, "text" if args.text else args.split, metrics)
-        print(json.dumps(metrics))
+        print(json.dumps(metrics))  # first: a workdir that cannot be written still shows the result
+        try:
+            write_metrics(args.workdir, "text" if args.text else args.split, metrics)
+        except OSError as e:
+            if storage.cause(e) is None:
+                raise
+            print(f"warning: the result above is not saved ({e.filename}: {storage.reason(e)})", file=sys.stderr)

@@ -1,0 +1,121 @@
+"""Storage faults are one `error:` line (txjax.storage): a checkpoint save that fails stops the run at that step,
+naming the folder and the last good checkpoint; a workdir that is a file, read-only or full is refused before
+anything compiles; `run.py eval` prints its result when it cannot write it. A full or read-only disk is a small
+tmpfs where this process may mount one (root on a plain machine), else a patched writer raising the same OSError."""
+
+import contextlib
+import errno
+import subprocess
+
+import pytest
+from test_train import TINY_FLAGS
+
+import run
+import txjax.cli.eval
+from txjax.checkpoint import Checkpointer
+from txjax.metrics_log import read_metrics
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
+
+
+@contextlib.contextmanager
+def mounted(path, options: str):
+    """A tmpfs at `path` (yields True), or nothing mounted (yields False) where mounting is not allowed."""
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    try:
+        yield done.returncode == 0
+    finally:
+        if done.returncode == 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(folder, slack: int = 0) -> None:
+    """Fills the filesystem of `folder` but for about `slack` bytes."""
+    with open(folder / "ballast", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        free = subprocess.run(["df", "-B1", "--output=avail", str(folder)], capture_output=True, text=True)
+        f.write(b"\0" * max(0, int(free.stdout.split()[-1]) - slack))
+        while True:  # what df rounded away
+            f.write(b"\0" * 4096)
+
+
+def one_error(capsys) -> str:
+    """The run's one `error:` line (there is no other, and no traceback)."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("disk", ["tmpfs", "patched"])
+def test_a_failed_save_stops_the_run_at_that_step_naming_the_last_good_checkpoint(disk, tmp_path, monkeypatch, capsys):
+    """The disk fills after the checkpoint of step 2: the save of step 4 fails (in orbax's background threads) and
+    the run stops there, no step after it trained, with one line; the checkpoint of step 2 is whole."""
+    with mounted(tmp_path / "disk", "size=8m") as is_tmpfs:
+        if disk == "tmpfs" and not is_tmpfs:
+            pytest.skip("mounting a tmpfs is not allowed here")
+        workdir = tmp_path / "disk" / "run"
+        save = Checkpointer.save
+
+        def save_then_fill(self, step, state):
+            save(self, step, state)
+            if step == 2 and disk == "tmpfs":
+                fill(workdir, slack=16 * 1024)  # room for the metrics lines, not for a checkpoint
+
+        def no_space(self):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.directory / "4"))
+
+        monkeypatch.setattr(Checkpointer, "save", save_then_fill)
+        if disk == "patched":
+            monkeypatch.setattr(Checkpointer, "_write_checksums", lambda self: self._saving == 4 and no_space(self))
+        flags = [*TINY_FLAGS, "--config.train.steps=8", "--config.train.log_every=1"]
+        assert run.main(["train", f"--workdir={workdir}", *flags]) == 2
+        line = one_error(capsys)
+        assert line.startswith(f"error: cannot write checkpoint step 4 in {workdir / 'checkpoints'} (")
+        assert "No space left on device" in line and "training stopped at step 4" in line
+        assert "the last good checkpoint is step 2" in line
+        assert max(r["step"] for r in read_metrics(workdir) if r["split"] == "train") == 4
+        assert Checkpointer(workdir / "checkpoints", 3).latest_step() == 2
+
+
+def test_a_workdir_that_cannot_be_written_is_one_line_before_anything_compiles(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    assert run.main(["train", f"--workdir={tmp_path / 'file'}", *TINY_FLAGS]) == 2
+    assert (
+        one_error(capsys) == f"error: --workdir {tmp_path / 'file'} is a file, not a folder: choose another --workdir"
+    )
+    for name, options in [("read_only", "ro,size=1m"), ("full", "size=64k")]:
+        with mounted(tmp_path / name, options) as is_tmpfs:
+            if not is_tmpfs:
+                continue  # mounting is not allowed here: the file case above stands for them
+            if name == "full":
+                fill(tmp_path / name)
+            assert run.main(["train", f"--workdir={tmp_path / name / 'run'}", *TINY_FLAGS]) == 2
+            reason = "Read-only file system" if name == "read_only" else "No space left on device"
+            line = one_error(capsys)
+            assert line.startswith(f"error: cannot write the workdir {tmp_path / name / 'run'} (") and reason in line
+
+
+def test_eval_prints_its_result_when_it_cannot_write_it(tmp_path, monkeypatch, capsys):
+    """A read-only workdir (remounted so after training, or a patched writer): the metrics are printed, then one
+    warning line."""
+    with mounted(tmp_path / "disk", "size=8m") as is_tmpfs:
+        workdir = tmp_path / "disk" / "run"
+        assert run.main(["train", f"--workdir={workdir}", *TINY_FLAGS]) == 0
+        recorded = (workdir / "eval_valid.json").read_text()
+        if is_tmpfs:
+            subprocess.run(["mount", "-o", "remount,ro", str(tmp_path / "disk")], check=True)
+        else:
+
+            def read_only(workdir, split, metrics):
+                raise OSError(errno.EROFS, "Read-only file system", str(workdir / f"eval_{split}.json"))
+
+            monkeypatch.setattr(txjax.cli.eval, "write_metrics", read_only)
+        capsys.readouterr()
+        assert run.main(["eval", f"--workdir={workdir}"]) == 0
+        out, err = capsys.readouterr()
+        assert '"split": "valid", "step": 6' in out.splitlines()[-1]
+        assert err.strip().splitlines() == [
+            f"warning: the result above is not saved ({workdir / 'eval_valid.json'}: Read-only file system)"
+        ]
+        assert (workdir / "eval_valid.json").read_text() == recorded

@@ -1,0 +1,71 @@
+"""What a resumed run may change: every field of the config that differs from the saved run's is either refused or
+applied, never silently ignored.
+
+    refused   the family and every model field but config.RESUMABLE_CHANGES (the state's shapes), and
+              config.RESUME_FIXED (what batch k is, what the optimizer state holds, the tokenizer's data): one
+              ConfigError line naming each, raised before config.json is overwritten
+    applied   every other field, from the resume step: the optimizer's injected hyperparameters (optim.HYPERPARAMS)
+              are written into the restored state (txjax.runs.configured), the schedule's static fields (steps,
+              schedule, decay_fraction, grad_clip) and the objective's compile into the new train step, the
+              evaluation, logging and mesh settings are read by the loop. Each resume that changes any is recorded
+              as {"step": s, "changes": {field: [old, new]}} in config.json's "history" and as a line
+              {"step": s, "split": "config", "changes": ...} in metrics.jsonl.
+
+A workdir's tokenizer, built before the first checkpoint, is checked against the config as checkpoints are
+(txjax.experiment.build_tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_collections
+
+from txjax import config as config_lib
+
+
+def differences(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> dict[str, list]:
+    """{"section.field": [saved value, new value]} for every field whose value differs."""
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+        return out
+
+    old, new = (flat(json.loads(c.to_json())) for c in (saved, config))  # in the config's order, model first
+    return {name: [old.get(name), value] for name, value in new.items() if old.get(name) != value}
+
+
+def refused(name: str) -> bool:
+    """Whether a resumed run may not change the field `name` ("section.field")."""
+    section, _, field = name.partition(".")
+    if section == "family":
+        return True
+    if section == "model":
+        return field not in config_lib.RESUMABLE_CHANGES
+    return field in config_lib.RESUME_FIXED.get(section, ())
+
+
+def check(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, list]:
+    """The changes a run resuming from `workdir`'s checkpoints applies ({field: [old, new]}); a ConfigError naming
+    the refused ones when there are any."""
+    changes = differences(saved, config)
+    bad = [f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items() if refused(name)]
+    if bad:
+        raise config_lib.ConfigError(
+            f"{workdir} holds checkpoints of another run ({'; '.join(bad)}): pass a new --workdir, or the "
+            f"settings it was trained with (no --config resumes with {Path(workdir) / config_lib.CONFIG_FILE})"
+        )
+    return changes
+
+
+def save(config: ml_collections.ConfigDict, workdir: Path, start: int, changes: dict[str, list]) -> None:
+    """Writes config.json, its history extended by the changes applied from step `start` (when there are any)."""
+    entry = [{"step": start, "changes": changes}] if changes else []
+    config_lib.save(config, workdir, config_lib.history(workdir) + entry)
+
+
+def describe(changes: dict[str, list]) -> str:
+    return "; ".join(f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items())

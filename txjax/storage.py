@@ -1,0 +1,63 @@
+"""Storage faults as one line: a full disk, a read-only filesystem, a quota, a permission, a workdir that is a file.
+
+    writing(what, advice)   turns an OSError of those kinds raised inside into a StorageError naming the path
+    quiet_orbax()           holds back orbax's logged tracebacks of a failed save (the StorageError says it once)
+A StorageError is a ConfigError: run.py prints it as `error: ...` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+
+from txjax.config import ConfigError
+
+ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR, errno.EIO)
+
+
+class StorageError(ConfigError):
+    """A file could not be written (no space, read-only, quota, permission, a file where a folder should be)."""
+
+
+def cause(e: BaseException) -> OSError | None:
+    """The storage OSError behind `e` (itself, or in its chain of causes), if there is one."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in ERRNOS:
+            return e
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return None
+
+
+def reason(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+@contextlib.contextmanager
+def writing(what: str, advice: str):
+    """A storage OSError inside becomes `StorageError("cannot write WHAT (PATH: REASON); ADVICE")`."""
+    try:
+        yield
+    except Exception as e:
+        found = cause(e)
+        if found is None:
+            raise
+        path = f"{found.filename}: " if found.filename else ""
+        raise StorageError(f"cannot write {what} ({path}{reason(found)}); {advice}") from None
+
+
+class _OrbaxRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "orbax" not in record.pathname
+
+
+@contextlib.contextmanager
+def quiet_orbax():
+    """Orbax's own log records (absl's logger), which on a failed save are tracebacks from each of its threads, are
+    dropped inside: the caller reports the failure."""
+    logger, dropped = logging.getLogger("absl"), _OrbaxRecords()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
