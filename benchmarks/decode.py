@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from txjax import decode
 from txjax.convert.gpt2 import GPT2_SMALL
 from txjax.decode import init_cache
-from txjax.models import DecoderLM, ModelConfig
+from txjax.model_config import ModelConfig
+from txjax.models import DecoderLM
 
 SHAPES = {
     # nanoGPT's shakespeare_char model, with a context long enough for 1024 new tokens

@@ -18,7 +18,8 @@ from conftest import _accepted
 from jax import export
 
 from txjax import attention
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
+from txjax.model_config import ModelConfig
+from txjax.models import DecoderLM, EncoderDecoder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = dict(vocab_size=50, d_model=64, num_heads=4, num_kv_heads=2, d_ff=96, num_layers=2, max_len=32)

@@ -12,7 +12,8 @@ import pytest
 from txjax import decode
 from txjax.attention import NEG_INF
 from txjax.decode import init_cache
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
+from txjax.model_config import ModelConfig
+from txjax.models import DecoderLM, EncoderDecoder
 from txjax.positional import KINDS
 
 VOCAB, EOS, BOS, PAD = 13, 1, 2, 0

@@ -10,7 +10,7 @@ from test_attention import np_mha, random_params
 
 from txjax.attention import causal_mask, segment_mask
 from txjax.layers import Block, FeedForward, make_norm
-from txjax.models import ModelConfig
+from txjax.model_config import ModelConfig
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 

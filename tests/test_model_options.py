@@ -10,7 +10,8 @@ import numpy as np
 
 from txjax.attention import MultiHeadAttention
 from txjax.layers import FeedForward
-from txjax.models import DecoderLM, ModelConfig
+from txjax.model_config import ModelConfig
+from txjax.models import DecoderLM
 from txjax.objective import token_sums
 
 RNG = np.random.default_rng(0)

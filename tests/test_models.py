@@ -11,7 +11,8 @@ import pytest
 from test_attention import random_params
 
 from txjax.decode import init_cache
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig, stack_layers, unstack_layers
+from txjax.model_config import ModelConfig
+from txjax.models import DecoderLM, EncoderDecoder, stack_layers, unstack_layers
 
 POSITIONALS = ("none", "sinusoidal", "learned", "rope", "alibi")
 V, D, H, KV, F, NL, MAXLEN = 13, 16, 4, 2, 24, 2, 16

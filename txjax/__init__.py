@@ -22,7 +22,8 @@ from txjax.attention import (
     segment_mask,
 )
 from txjax.decode.cache import init_cache
-from txjax.models import DecoderLM, EncoderDecoder, ModelConfig
+from txjax.model_config import ModelConfig
+from txjax.models import DecoderLM, EncoderDecoder
 
 __all__ = [
     "DecoderLM",

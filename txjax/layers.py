@@ -13,26 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from txjax import precision
+from txjax.activations import ACTIVATIONS
 from txjax.attention import MultiHeadAttention, out_major_product, resolve_impl
-
-if TYPE_CHECKING:  # the config type only; models.py imports this file
-    from txjax.models import ModelConfig
-
-ACTIVATIONS = {
-    "relu": nn.relu,
-    "gelu": lambda x: nn.gelu(x, approximate=False),
-    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # GPT-2's
-    "swiglu": nn.silu,  # gated: silu(x W1) * (x W3)
-    "relu2": lambda x: jnp.square(nn.relu(x)),  # ReLU^2 (So et al. 2021, Primer; modded-nanogpt)
-}
-NORMS = ("layernorm", "rmsnorm")
+from txjax.model_config import ModelConfig
 
 
 class Dense(nn.Module):

@@ -1,4 +1,4 @@
-"""The two model families: a decoder-only LM and an encoder-decoder, with their frozen config.
+"""The two model families: a decoder-only LM and an encoder-decoder (their frozen config: txjax/model_config.py).
 
 DecoderLM:       logits = Head(LN(Blocks(Embed(tokens) + PE(positions))))            (GPT-2 / nanoGPT)
 EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(DecoderBlocks(Embed(tgt) + PE, enc)))
@@ -17,8 +17,6 @@ Layers are stacked with nn.scan (one compiled body, compile time flat in depth) 
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
 from collections.abc import Mapping
 
@@ -27,141 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from txjax import positional, precision
-from txjax.attention import ATTENTION_IMPLS, segment_mask
-from txjax.layers import ACTIVATIONS, NORMS, Block, Dense, make_norm
-
-_CHOICES = {
-    "positional": positional.KINDS,
-    "norm": NORMS,
-    "norm_placement": ("pre", "post"),
-    "activation": tuple(ACTIVATIONS),
-    "dtype": ("float32", "bfloat16"),
-    "attention_impl": ATTENTION_IMPLS,
-    "matmul_precision": precision.PRECISIONS,
-    "attention_scale": ("sqrt", "none", "linear"),
-    "parametrization": ("standard", "mup"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
-
-    vocab_size: int
-    d_model: int = 128
-    num_heads: int = 4
-    num_kv_heads: int | None = None  # None: = num_heads; fewer gives grouped-query attention (smaller KV cache)
-    d_head: int | None = None  # None: d_model // num_heads; set when a checkpoint fixes it apart (Qwen2, Mistral)
-    d_ff: int = 512
-    num_layers: int = 4  # decoder layers (and encoder layers unless num_encoder_layers is set)
-    num_encoder_layers: int | None = None
-    max_len: int = 256  # context length; the size of the learned position table
-    positional: str = "learned"
-    norm: str = "layernorm"
-    norm_placement: str = "pre"
-    activation: str = "gelu"
-    tie_embeddings: bool = True
-    share_embeddings: bool = True  # encoder-decoder: one table for source and target tokens
-    use_bias: bool = False
-    qkv_bias: bool = False  # biases on the query/key/value projections only (Qwen2), whatever use_bias says
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
-    attention_impl: str = "auto"  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
-    matmul_precision: str = "highest"  # of float32 matmuls (txjax.precision): 'high'/'default' allow TF32 on GPUs
-    attention_scale: str = "sqrt"
-    scan_layers: bool = True
-    decoding_layout: bool = False  # txjax.decode.for_decoding's: [W^Q|W^K|W^V], SwiGLU's [W1|W3], layers unrolled
-    out_major: bool = True  # in the decoding layout: kernels [out, in] (decoding one row) or [in, out] (a batch)
-    remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
-    # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
-    embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, sec. 3.4)
-    qk_norm: bool = False  # RMSNorm of q and k per head before the scores
-    logit_softcap: float = 0.0  # > 0: logits = c tanh(logits / c) (Gemma 2; modded-nanogpt); 0 = off
-    init_std: float = 0.02
-    parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
-    base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
-
-    def __post_init__(self):
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "base_width"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
-        for name in ("num_kv_heads", "num_encoder_layers", "d_head"):  # optional: None or a positive integer
-            if getattr(self, name) is not None and (
-                not isinstance(getattr(self, name), int) or getattr(self, name) <= 0
-            ):
-                raise ValueError(f"model.{name}={getattr(self, name)!r} must be None or a positive integer")
-        if self.d_head is None and self.d_model % self.num_heads:
-            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
-        if self.num_heads % self.kv_heads:
-            raise ValueError(
-                f"model.num_heads={self.num_heads} must be a multiple of model.num_kv_heads={self.kv_heads}"
-            )
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ValueError(f"model.positional='rope' needs an even head dim, got {self.head_dim}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
-        if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
-            raise ValueError(
-                "model.attention_impl='cudnn' needs model.dtype=bfloat16 (cuDNN's fused attention is 16-bit)"
-            )
-        if self.logit_softcap < 0:
-            raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
-        if self.parametrization == "mup" and self.attention_scale != "linear":
-            raise ValueError("model.parametrization='mup' scales the scores by 1/d_k: set model.attention_scale=linear")
-
-    @classmethod
-    def from_dict(cls, d) -> ModelConfig:
-        """Build from a mapping; an unknown key is an error that names the close matches."""
-        fields = [f.name for f in dataclasses.fields(cls)]
-        for key in d:
-            if key not in fields:
-                close = difflib.get_close_matches(key, fields, n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(fields)}"
-                raise ValueError(f"unknown field model.{key}{hint}")
-        return cls(**d)
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads if self.d_head is None else self.d_head
-
-    @property
-    def encoder_layers(self) -> int:
-        return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    @property
-    def out_major_kernels(self) -> bool:
-        """Kernels stored [out, in] (attention.out_major_product): the decoding layout's for one row at a time."""
-        return self.decoding_layout and self.out_major
-
-    @property
-    def width_multiplier(self) -> float:
-        """muP's m = d_model / base_width; 1 under the standard parametrization."""
-        return self.d_model / self.base_width if self.parametrization == "mup" else 1.0
-
-    @property
-    def hidden_init_std(self) -> float:
-        """The hidden (matrix-like) weights' std: init_std, its variance times 1/m under muP (1/fan_in, Table 8)."""
-        return self.init_std / self.width_multiplier**0.5
-
-    @property
-    def out_init_std(self) -> float:
-        """GPT-2: residual-branch output projections scaled by 1/sqrt(2 * layers) (hidden weights: muP's 1/m too)."""
-        return self.hidden_init_std / (2 * self.num_layers) ** 0.5
+from txjax.attention import segment_mask
+from txjax.layers import Block, Dense, make_norm
+from txjax.model_config import ModelConfig
 
 
 class Embedder(nn.Module):

@@ -28,14 +28,8 @@ from txjax.data.shard_pairs import ShardPairsDataset
 from txjax.data.shards import ShardLMDataset, load_shards_tokenizer
 from txjax.data.synthetic import TASKS, SyntheticTask, task_tokenizer
 from txjax.data.text import TextLMDataset
-from txjax.data.tokenizers import (
-    TOKENIZER_FILE,
-    ByteTokenizer,
-    CharTokenizer,
-    SentencePieceTokenizer,
-    Tokenizer,
-    load_tokenizer,
-)
+from txjax.data.tokenizer_base import TOKENIZER_FILE, Tokenizer
+from txjax.data.tokenizers import ByteTokenizer, CharTokenizer, SentencePieceTokenizer, load_tokenizer
 
 __all__ = [
     "Batch",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from txjax.data.tokenizers import Tokenizer
+from txjax.data.tokenizer_base import Tokenizer
 from txjax.extras import require
 
 

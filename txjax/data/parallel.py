@@ -10,7 +10,7 @@ import numpy as np
 from txjax.data.batching import Batch, chunk_rows, require_ids, seq2seq_batch
 from txjax.data.files import PathLike, read_tsv, resolve_path
 from txjax.data.packing import first_fit
-from txjax.data.tokenizers import Tokenizer
+from txjax.data.tokenizer_base import Tokenizer
 
 
 def encode_truncated(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[list[np.ndarray], np.ndarray]:

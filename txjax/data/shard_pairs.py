@@ -19,7 +19,7 @@ import numpy as np
 from txjax.data.batching import require_ids
 from txjax.data.parallel import ParallelDataset
 from txjax.data.shards import TokenStream, check_tokenizer, read_index
-from txjax.data.tokenizers import Tokenizer
+from txjax.data.tokenizer_base import Tokenizer
 
 
 class _Truncated:

@@ -38,7 +38,8 @@ import numpy as np
 
 from txjax.data.batching import Batch
 from txjax.data.packing import first_fit
-from txjax.data.tokenizers import Tokenizer, load_tokenizer
+from txjax.data.tokenizer_base import Tokenizer
+from txjax.data.tokenizers import load_tokenizer
 
 INDEX_FILE = "index.json"
 TOKENIZER_DIR = "tokenizer"

@@ -9,7 +9,7 @@ import numpy as np
 
 from txjax.data.batching import Batch, batch_rng
 from txjax.data.files import PathLike, read_text, resolve_path
-from txjax.data.tokenizers import Tokenizer
+from txjax.data.tokenizer_base import Tokenizer
 
 
 class TextLMDataset:

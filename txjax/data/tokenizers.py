@@ -22,59 +22,8 @@ import numpy as np
 import sentencepiece as spm
 
 from txjax.data.files import PathLike, iter_fields, resolve_path
+from txjax.data.tokenizer_base import TOKENIZER_FILE, Tokenizer
 from txjax.extras import require
-
-TOKENIZER_FILE = "tokenizer.json"
-
-
-class Tokenizer:
-    """Base class: subclasses define vocab_size, pad/bos/eos ids, encode_array, decode and _config."""
-
-    kind: str
-    vocab_size: int
-    pad_id: int | None = None
-    bos_id: int | None = None
-    eos_id: int | None = None
-
-    def encode_array(self, text: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_array(text).tolist()
-
-    def prefix(self) -> list[int]:
-        """Ids the model expects before any text (a pretrained model's BOS); none for txjax's own tokenizers."""
-        return []
-
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """A conversation in the model's chat template (pretrained models' tokenizers have one)."""
-        raise ValueError(f"a {self.kind} tokenizer has no chat template: drop --chat")
-
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return [self.encode_array(t) for t in texts]
-
-    def _config(self, directory: Path) -> dict:
-        """Writes the kind's own files into `directory`; returns the rest of tokenizer.json."""
-        raise NotImplementedError
-
-    def save(self, directory: PathLike) -> Path:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        config = {"kind": self.kind, **self._config(d)}
-        (d / TOKENIZER_FILE).write_text(json.dumps(config, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        return d
-
-    def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
-        bad = (a < 0) | (a >= self.vocab_size)
-        if bad.any():
-            raise ValueError(
-                f"token id {int(a[bad][0])} is outside this {self.kind} tokenizer's vocab [0, {self.vocab_size})"
-            )
-        return a
 
 
 def _split(ids: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
