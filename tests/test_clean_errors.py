@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import pytest
 from conftest import xla_flags
-from test_train import TINY_FLAGS
+from test_train import TINY_FLAGS, TINY_MODEL
 
 from txjax import config as config_lib
 from txjax.data import prefetch
@@ -72,7 +72,7 @@ def test_leaving_a_prefetch_early_stops_its_thread():
 
 def _text_config(path, *flags):
     return config_lib.from_command_line(
-        None, [*TINY, "--config.data.kind=text", f"--config.data.path={path}", "--config.data.seq_len=8", *flags]
+        None, [*TINY_MODEL, "--config.data.kind=text", f"--config.data.path={path}", "--config.data.seq_len=8", *flags]
     )
 
 

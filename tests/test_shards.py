@@ -156,7 +156,6 @@ def test_eval_counts_every_target_once_whatever_the_batch_size(shards, pack):
 
 
 KILLED_RUN_FLAGS = [  # 60 steps of a toy model, a checkpoint every 20
-    "--config.data.max_digits=4",
     "--config.model.num_layers=1",
     "--config.model.d_model=32",
     "--config.model.d_ff=64",
@@ -166,7 +165,6 @@ KILLED_RUN_FLAGS = [  # 60 steps of a toy model, a checkpoint every 20
     "--config.train.checkpoint_every=20",
     "--config.train.log_every=20",
     "--config.train.eval_every=0",
-    "--config.data.eval_size=20",
 ]
 
 

@@ -155,4 +155,5 @@ def test_every_ablation_states_its_baseline_and_expands(path, tmp_path):
     sweep = load_sweep(path)
     if sweep["experiment"].endswith("shakespeare_char.py"):
         assert set(baseline.SHAKESPEARE_CHAR) <= set(sweep["fixed"]) and "train.steps" in sweep["fixed"]
-    assert expand(sweep, [], tmp_path)
+    runs = expand(sweep, [], tmp_path)
+    assert runs and [run.error for run in runs if run.error] == []

@@ -28,9 +28,8 @@ REPO = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 
-TINY_FLAGS = [  # the default experiment (reverse) at toy size: 1 layer, d_model 32, 1-4 digits, 6 steps
-    "--config.data.max_digits=4",
-    "--config.data.eval_size=20",
+TINY_TASK = ["--config.data.max_digits=4", "--config.data.eval_size=20"]  # synthetic: 1-4 digits
+TINY_MODEL = [  # 1 layer, d_model 32, 6 steps: any data kind
     "--config.model.num_layers=1",
     "--config.model.num_heads=2",
     "--config.model.d_model=32",
@@ -42,6 +41,7 @@ TINY_FLAGS = [  # the default experiment (reverse) at toy size: 1 layer, d_model
     "--config.train.eval_every=0",
     "--config.train.checkpoint_every=2",
 ]
+TINY_FLAGS = [*TINY_TASK, *TINY_MODEL]  # the default experiment (reverse) at toy size
 
 
 def tiny_config(*flags):
@@ -362,7 +362,8 @@ def test_a_translation_run_logs_greedy_bleu_and_chrf_at_its_evals(tmp_path, pair
     numbers in metrics.jsonl and TensorBoard (whose scalars take nothing else), and the run ends."""
     data = [f"--config.data.{k}={pairs_tsv}" for k in ("path", "valid_path")]
     flags = ["--config.family=encoder_decoder", "--config.data.kind=parallel", "--config.data.tokenizer=char", *data]
-    config = tiny_config(*flags, "--config.train.eval_every=3", "--config.train.eval_generation=true")
+    generation = ["--config.train.eval_every=3", "--config.train.eval_generation=true"]
+    config = config_lib.from_command_line(None, [*TINY_MODEL, *flags, *generation])  # no synthetic TINY_TASK
     result = train(config, tmp_path / "run")
     valid = [r for r in read_metrics(tmp_path / "run") if r["split"] == "valid"]
     assert result["step"] == 6 and [r["step"] for r in valid] == [3, 6]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ml_collections
 
-from txjax import families, optim, profiling
+from txjax import families, optim, profiling, unread
 from txjax.decode.strategy import METHODS
 from txjax.model_config import ModelConfig
 
@@ -184,8 +184,10 @@ def model_config(model: dict) -> ModelConfig:
         raise ConfigError(str(e)) from None
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Checks every value that can be checked before data is read (model fields included)."""
+def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict | None = None) -> None:
+    """Checks every value that can be checked before data is read (model fields included). A field the config's
+    settings leave unread (txjax.unread) is refused when its value differs from `defaults`' (what the user did not
+    set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it)."""
     choices = {
         "family": (config.family, tuple(families.FAMILIES)),
         "data.kind": (config.data.kind, DATA_KINDS),
@@ -236,6 +238,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if config.data.kind not in families.get(config.family).data_kinds:
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
+    refused = unread.refusal(config, defaults or base_config())
+    if refused:
+        raise ConfigError(refused)
 
 
 def resolve_data_path(path: str) -> Path:
@@ -254,7 +259,7 @@ def from_command_line(
     config = load(workdir) if from_workdir else load_config(experiment)
     for flag in overrides:
         apply_override(config, flag)
-    validate(config)
+    validate(config, load(workdir) if from_workdir else None)
     return config
 
 

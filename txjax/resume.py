@@ -3,7 +3,8 @@ applied, never silently ignored.
 
     refused   the family and every model field but config.RESUMABLE_CHANGES (the state's shapes), and
               config.RESUME_FIXED (what batch k is, what the optimizer state holds, the tokenizer's data): one
-              ConfigError line naming each, raised before config.json is overwritten
+              ConfigError line naming each, raised before config.json is overwritten. A field the saved run did
+              not read (txjax.unread; a config saved before those were refused may hold one) is applied instead
     applied   every other field, from the resume step: the optimizer's injected hyperparameters (optim.HYPERPARAMS)
               are written into the restored state (txjax.runs.configured), the schedule's static fields (steps,
               schedule, decay_fraction, grad_clip) and the objective's compile into the new train step, the
@@ -23,6 +24,7 @@ from pathlib import Path
 import ml_collections
 
 from txjax import config as config_lib
+from txjax import unread
 
 
 def differences(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> dict[str, list]:
@@ -51,8 +53,10 @@ def refused(name: str) -> bool:
 def check(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, list]:
     """The changes a run resuming from `workdir`'s checkpoints applies ({field: [old, new]}); a ConfigError naming
     the refused ones when there are any."""
-    changes = differences(saved, config)
-    bad = [f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items() if refused(name)]
+    changes, ignored = differences(saved, config), unread.unread_fields(saved)  # changing one changes nothing
+    bad = [
+        f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items() if refused(name) and name not in ignored
+    ]
     if bad:
         raise config_lib.ConfigError(
             f"{workdir} holds checkpoints of another run ({'; '.join(bad)}): pass a new --workdir, or the "

@@ -34,10 +34,10 @@ def main(argv: list[str]) -> None:
     add_distributed_flags(parser)
     args, overrides = parse_with_overrides(parser, argv, prefix=("--config.mesh.", "--config.decode."))
     initialize_distributed(args)
-    config = config_lib.load(args.workdir)
+    saved, config = config_lib.load(args.workdir), config_lib.load(args.workdir)
     for flag in overrides:
         config_lib.apply_override(config, flag)
-    config_lib.validate(config)  # a bad decode field is one line here, not a traceback from the decoder
+    config_lib.validate(config, saved)  # a bad decode field is one line here, not a traceback from the decoder
     mesh_given = any(flag.startswith("--config.mesh.") for flag in overrides)
     mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
     decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]

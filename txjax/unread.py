@@ -1,0 +1,63 @@
+"""The fields a run's settings leave unread (issue 48: every setting is either applied or refused, never ignored).
+
+A data kind reads some of config.data's fields (txjax.experiment's build_tokenizer and build_dataset), and the
+optimizer and schedule read some of config.train's (txjax.optim). txjax.config.validate refuses a field none of
+them reads when it is set: when its value differs from what the user did not set (base_config() under an
+experiment file; a workdir's saved config when a run resumes from it, so a config saved before this rule loads as
+it was).
+
+vocab_size is read only with data.tokenizer='sentencepiece'. Shards bring their own tokenizer, yet data.tokenizer
+is not refused there: experiments/shakespeare_shards.py inherits shakespeare_char's 'char', and a workdir's
+tokenizer/built_with.json records it. A synthetic task's vocabulary is its own: data.tokenizer stays 'task'.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from txjax import families
+
+DATA_READS = {
+    "synthetic": ("task", "min_digits", "max_digits", "eval_size"),
+    "text": ("path", "tokenizer", "vocab_size", "seq_len", "val_fraction"),
+    "parallel": ("path", "valid_path", "test_path", "tokenizer", "vocab_size", "max_src_len", "max_tgt_len", "pack"),
+    "shards": ("path", "seq_len", "pack"),  # a decoder_lm's documents
+    "shards of pairs": ("path", "max_src_len", "max_tgt_len", "pack"),  # an encoder_decoder's TSV pairs
+}
+NOT_REFUSED = {"shards": ("tokenizer",), "shards of pairs": ("tokenizer",)}  # see the module docstring
+SCHEDULE_FREE = "schedule_free_adamw"
+
+
+def unread_fields(config: ml_collections.ConfigDict) -> dict[str, tuple[str, str]]:
+    """{"section.field": (the setting that leaves it unread, why)} for a validated config."""
+    d, t = config.data, config.train
+    pairs = d.kind == "shards" and families.get(config.family).task_form == "seq2seq"
+    key = "shards of pairs" if pairs else d.kind
+    sentencepiece = d.tokenizer == "sentencepiece"
+    reads = [name for name in DATA_READS[key] if name != "vocab_size" or sentencepiece]
+    kind = f"data.kind={d.kind!r}" + (f" with family={config.family!r}" if d.kind == "shards" else "")
+    skip = ("kind", *reads, *NOT_REFUSED.get(key, ()))
+    out = {f"data.{name}": (kind, f"it reads data.{', '.join(reads)}") for name in d if name not in skip}
+    if "vocab_size" in DATA_READS[key] and not sentencepiece:
+        out["data.vocab_size"] = (
+            f"data.tokenizer={d.tokenizer!r}",
+            "only sentencepiece is trained to a vocabulary size",
+        )
+    if t.optimizer == SCHEDULE_FREE:
+        why = (f"train.optimizer={SCHEDULE_FREE!r}", "it keeps the learning rate constant after the warmup")
+        out |= dict.fromkeys(("train.schedule", "train.decay_fraction", "train.min_lr_ratio"), why)
+    elif t.schedule != "wsd":
+        out["train.decay_fraction"] = (f"train.schedule={t.schedule!r}", "only wsd decays over a fraction of the steps")
+        if t.schedule == "constant":
+            out["train.min_lr_ratio"] = ("train.schedule='constant'", "it stays at train.learning_rate")
+    return out
+
+
+def refusal(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict) -> str | None:
+    """One line naming the first unread field `config` sets to another value than `defaults`', or None."""
+    for name, (setting, why) in unread_fields(config).items():
+        section, field = name.split(".")
+        value = config[section][field]
+        if value != defaults[section][field]:
+            return f"config.{name}={value!r} is not read by {setting} ({why}): remove it"
+    return None
