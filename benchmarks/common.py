@@ -73,9 +73,9 @@ def warn_if_loaded(limit: float = 1.5) -> None:
 
 def peak_gflops() -> dict:
     """The measured matmul ceiling {'float32': GFLOP/s, 'bfloat16': GFLOP/s (bf16 inputs, f32 accumulation)}:
-    results/peak_PLATFORM.json when it was measured on this device kind, else txjax.peak's (the training loop's:
-    a quick measurement, cached per device kind)."""
-    path = RESULTS / f"peak_{platform_name()}.json"
+    $TXJAX_PEAK_RESULT (benchmarks/gpu.sh's own peak.json) or else results/peak_PLATFORM.json when it was measured
+    on this device kind, else txjax.peak's (the training loop's: a quick measurement, cached per device kind)."""
+    path = Path(os.environ.get("TXJAX_PEAK_RESULT") or RESULTS / f"peak_{platform_name()}.json")
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved["machine"]["device_kind"] == jax.devices()[0].device_kind:

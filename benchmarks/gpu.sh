@@ -38,6 +38,7 @@ OUT=$(cd "$OUT" && pwd)
 CACHE=$(mktemp -d)  # the measured peak and jax's compilation cache: fresh, so that the cache stage shows a hit
 trap 'rm -rf "$CACHE"' EXIT
 export TXJAX_CACHE_DIR=$CACHE JAX_COMPILATION_CACHE_DIR=$CACHE/jax XLA_PYTHON_CLIENT_PREALLOCATE=false
+export TXJAX_PEAK_RESULT=$OUT/peak.json  # the MFU denominator: the peak stage's full measurement (8192^3 and up)
 PY=${PYTHON:-python3}
 START=$SECONDS
 : >"$OUT/stages.tsv"
