@@ -5,6 +5,8 @@ value, missing data file, diverged loss, a workdir another run is writing, an op
 one line on stderr and exit status 2, without a traceback. SIGTERM or Ctrl-C during `train` or `sweep` saves a
 checkpoint of the current step and ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same
 command to resume" and exit status 75 (txjax.preemption.EXIT_STATUS, EX_TEMPFAIL); a second signal stops at once.
+Every other command stopped by SIGTERM or Ctrl-C ends with one line saying what was kept ("stopped by SIGINT;
+nothing written", txjax.preemption.KEPT) and exit status 128 + the signal (130 for SIGINT, 143 for SIGTERM).
 """
 
 import importlib
@@ -32,19 +34,23 @@ def main(argv: list[str]) -> int:
     from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
     from txjax.extras import MissingExtra
-    from txjax.preemption import EXIT_STATUS, Preempted
+    from txjax.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
     from txjax.train import Diverged
 
     if argv[0] in COMPILING_COMMANDS:
         enable_compilation_cache()
     try:
-        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+        with stop_on_signals():
+            importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     except (ConfigError, Diverged, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Preempted as e:
         print(e, file=sys.stderr)
         return EXIT_STATUS
+    except Stopped as e:
+        print(e.line(argv[0]), file=sys.stderr)
+        return e.status
     return 0
 
 

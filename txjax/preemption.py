@@ -30,6 +30,12 @@ from txjax.metrics_log import read_metrics
 
 EXIT_STATUS = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+KEPT = {  # what a command stopped by a signal outside `watch` leaves on disk (run.py's line)
+    "train": "the workdir keeps its last saved checkpoint; run the same command to resume",
+    "sweep": "each run's workdir keeps its last saved checkpoint; run the same command to resume",
+    "prepare": "nothing written (the DIR.partial-PID folder is removed); run the same command to start again",
+    "generate": "nothing written (what was generated is printed above)",
+}
 
 _state = {"received": None, "stopped": False, "step": None, "depth": 0, "previous": {}}
 
@@ -43,6 +49,52 @@ class Preempted(BaseException):
         self.step = _state["step"]
         where = f"at step {self.step}; checkpoint saved" if self.step is not None else "between runs"
         super().__init__(f"stopped by {self.signal_name} {where}; run the same command to resume")
+
+
+class Stopped(BaseException):
+    """A signal outside `watch`: raised where the main thread is, so `finally` blocks clean up (a partial folder is
+    removed, worker processes are stopped) before run.py prints `line` and exits with `status` (128 + signal)."""
+
+    def __init__(self, signum: int):
+        self.status = 128 + signum
+        super().__init__(signal.Signals(signum).name)
+
+    def line(self, command: str) -> str:
+        return f"stopped by {self}; {KEPT.get(command, 'nothing written')}"
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGTERM and SIGINT raise Stopped while inside (run.py: around every command; train's `watch` takes over
+    inside it and gives the second signal back to it)."""
+    previous = {s: signal.signal(s, _raise_stopped) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Inside stop_on_signals: a signal waits for the end of this block (e.g. starting worker processes, which a
+    Stopped raised half-way would leave without an owner to stop them), then raises Stopped."""
+    if signal.getsignal(signal.SIGTERM) is not _raise_stopped:
+        yield
+        return
+    received = []
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise Stopped(received[0])
 
 
 @contextlib.contextmanager

@@ -19,25 +19,28 @@ count; a rerun with the same inputs and options finds it and does nothing.
 
 from __future__ import annotations
 
-import concurrent.futures
+import ctypes
 import hashlib
 import json
 import math
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from txjax import preemption
 from txjax.data import documents as docs_lib
 from txjax.data import tokenizers as tok_lib
 from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
 
 TOKENIZERS = ("char", "byte", "sentencepiece")  # or the path of a workdir / tokenizer folder
 SPLITS = ("train", "valid")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _worker_tokenizers: dict[str, tok_lib.Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
 
 
@@ -186,8 +189,9 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
     streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
     pool = None  # one worker: tokenize in this process
     if workers > 1:  # spawned, not forked: the parent has imported jax, which is multithreaded
-        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    run = pool.map if pool else map
+        with preemption.deferred():  # a Stopped raised half-way would leave workers and their semaphores behind
+            pool = multiprocessing.get_context("spawn").Pool(workers, _die_with_parent, (os.getpid(),))
+    run = pool.imap if pool else map
     bar = lambda desc: tqdm(total=sum(f["bytes"] for f in files), unit="B", unit_scale=True, desc=desc,
                             disable=not progress)  # fmt: skip
     try:
@@ -216,8 +220,9 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
             progress_bar.update(result["bytes"])
             progress_bar.set_postfix(documents=documents, tokens=tokens, refresh=False)
     finally:
-        if pool:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool:  # a stop or an error: no worker goes on writing into the partial folder that is then removed
+            pool.terminate()
+            pool.join()
     if not documents:
         raise ValueError(f"no documents in {', '.join(map(str, paths))}: the inputs are empty (or blank)")
     index = {
@@ -320,6 +325,21 @@ def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> tok_
 def _is_valid(text: str, fraction: float) -> bool:
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker's initializer: the kernel SIGKILLs it when the parent dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing), and it ignores SIGINT: a Ctrl-C reaches every process of the terminal's
+    group, and the parent alone reports it and stops the workers. The multiprocessing resource tracker then ends
+    too, once the last process holding its pipe (parent and workers) is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # the parent died before prctl: the signal will never come
+        os._exit(1)
 
 
 def _tokenize_chunk(task) -> dict:
