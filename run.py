@@ -2,7 +2,8 @@
 
 Each subcommand is one entry of COMMANDS: a module of txjax/cli with its `main(argv)`. A user error (bad config key or
 value, missing data file, diverged loss, a workdir another run is writing, an optional package not installed) ends with
-one line on stderr and exit status 2, without a traceback. SIGTERM or Ctrl-C during `train` or `sweep` saves a
+one line on stderr and exit status 2, without a traceback; so does XLA's out of memory (txjax.memory, which also
+refuses a train step that cannot fit before compiling it). SIGTERM or Ctrl-C during `train` or `sweep` saves a
 checkpoint of the current step and ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same
 command to resume" and exit status 75 (txjax.preemption.EXIT_STATUS, EX_TEMPFAIL); a second signal stops at once.
 Every other command stopped by SIGTERM or Ctrl-C ends with one line saying what was kept ("stopped by SIGINT;
@@ -31,9 +32,12 @@ def main(argv: list[str]) -> int:
             f"usage: python run.py {{{','.join(COMMANDS)}}} [flags]   (python run.py COMMAND --help)", file=sys.stderr
         )
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    from jax.errors import JaxRuntimeError
+
     from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
     from txjax.extras import MissingExtra
+    from txjax.memory import out_of_memory_line
     from txjax.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
     from txjax.train import Diverged
 
@@ -44,6 +48,11 @@ def main(argv: list[str]) -> int:
             importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     except (ConfigError, Diverged, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except JaxRuntimeError as e:  # XLA's out of memory (at compile or run time) is one line; anything else is a bug
+        if (line := out_of_memory_line(e)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except Preempted as e:
         print(e, file=sys.stderr)

@@ -28,7 +28,7 @@ from time import monotonic
 
 import ml_collections
 
-from txjax import budget, families, init_from, preemption, resume, storage, workdir_lock
+from txjax import budget, families, init_from, memory, preemption, resume, storage, workdir_lock
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
@@ -142,6 +142,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts, start, ch
     first = train_data.batch(t.seed, start, t.batch_size)
     flops = runs.size * train_flops_per_batch(model.cfg, config.family, first)
     b, s, l = families.get(config.family).batch_lengths(first)
+    memory.check_train_step(model.cfg, config.family, b // t.grad_accum, s, l, mesh.devices.size)  # before compiling
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
     logs = [MetricsLog(w, t.steps, start, is_lead(), flops, peak, slots_per_step=b * (s + l)) for w in workdirs]
     for log, workdir, changed in zip(logs, workdirs, changes):

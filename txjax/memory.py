@@ -1,0 +1,93 @@
+"""Memory bounds: a train step that cannot fit the device is refused before it compiles, and XLA's out-of-memory
+errors are one line.
+
+`train_step_bytes` is a lower bound of what one training step holds at its peak, in closed form: parameters,
+gradients and optimizer state (txjax.summary), the activations the backward pass reads (per layer about
+B·T·(4·d_model + 2·d_ff) values of the compute dtype; with model.remat only each layer's input) and, for the
+reference attention, the B·H·T² float32 probabilities per attention layer, and the float32 logits B·T·V. A lower
+bound, so that a refusal is never wrong: `check_train_step` refuses when it exceeds what the device has
+(a GPU's bytes_limit; on CPU the machine's MemAvailable) and names the longest length at this batch and the largest
+batch at this length that would fit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from txjax import families
+from txjax.attention import resolve_impl
+from txjax.config import ConfigError
+from txjax.models import ModelConfig
+from txjax.summary import summarize
+
+GB = 1e9
+
+
+def state_bytes(cfg: ModelConfig, family: str) -> int:
+    """Parameters, their gradients and the optimizer state."""
+    summary = summarize(cfg, family)
+    return summary.param_bytes * 2 + summary.optimizer_bytes
+
+
+def train_step_bytes(cfg: ModelConfig, family: str, b: int, s: int, t: int, state: int | None = None) -> int:
+    """A lower bound of a train step's peak bytes for a micro-batch of b rows, source length s (0 without an
+    encoder) and target length t, on one device (`state`: state_bytes, when known)."""
+    state = state_bytes(cfg, family) if state is None else state
+    width = cfg.d_model if cfg.remat else 4 * cfg.d_model + 2 * cfg.d_ff
+    encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
+    dtype_bytes = jnp.dtype(cfg.dtype).itemsize
+    activations = b * width * dtype_bytes * (encoder_layers * s + self_layers * t)
+    if resolve_impl(cfg.attention_impl, cfg.dtype, cfg.head_dim) == "reference":
+        pairs = encoder_layers * s * s + self_layers * t * t + cross_layers * t * s
+        activations += 4 * b * cfg.num_heads * (pairs if not cfg.remat else max(s * s, t * t, t * s))
+    return state + activations + 4 * b * t * cfg.vocab_size
+
+
+def device_bytes() -> int:
+    """What one device can hold: a GPU's (or TPU's) bytes_limit, else the machine's available memory."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def _largest(fits, high: int) -> int:
+    """The largest n in [0, high] with fits(n) (fits is monotonic), by bisection."""
+    low = 0
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def check_train_step(cfg: ModelConfig, family: str, b: int, s: int, t: int, devices: int = 1) -> None:
+    """ConfigError when a step of b rows (split over `devices` data-parallel devices) cannot fit one device."""
+    rows, state, have = -(-b // devices), state_bytes(cfg, family), device_bytes()
+    fits = lambda b, s, t: train_step_bytes(cfg, family, b, s, t, state) <= have
+    if fits(rows, s, t):
+        return
+    need = train_step_bytes(cfg, family, rows, s, t, state)
+    longest = _largest(lambda n: fits(rows, n * s // t, n), t)  # a source scaled with the target
+    batch = _largest(lambda n: fits(n, s, t), rows) * devices
+    where = f"{jax.devices()[0].platform} device" + ("" if jax.devices()[0].platform != "cpu" else " (MemAvailable)")
+    at_length = f"the largest batch is {batch}" if batch else "not even one row fits"
+    raise ConfigError(
+        f"a train step of batch {b} x length {t} needs at least {need / GB:.1f} GB, more than the {have / GB:.1f} GB "
+        f"of this {where}: at batch {b} the longest length that fits is {longest}, at length {t} {at_length}; "
+        "lower config.data.seq_len (or the synthetic task's lengths) or config.train.batch_size"
+        + ("" if cfg.remat else ", or set config.model.remat=True")
+    )
+
+
+def out_of_memory_line(error: BaseException) -> str | None:
+    """One line for XLA's out-of-memory error (RESOURCE_EXHAUSTED at compile or run time), else None."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
+        return None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return (
+        f"out of memory on the {jax.devices()[0].platform} device ({first[:200]}): lower config.train.batch_size or "
+        "config.data.seq_len (or generate's --max_new_tokens / --num_samples)"
+    )
