@@ -4,14 +4,21 @@ is one line, and generation streams its tokens as they are produced (txjax.decod
 from __future__ import annotations
 
 import re
+import threading
 import types
 
 import pytest
 from jax.errors import JaxRuntimeError
+from test_decode import EOS, LM_PROMPTS, lm
 
 import run
-from txjax import memory
+import txjax.cli.generate
+from txjax import config as config_lib
+from txjax import decode, memory
 from txjax.config import ConfigError
+from txjax.data import CharTokenizer
+from txjax.decode.stream import generate_stream, stream_steps
+from txjax.experiment import TrainedRun
 from txjax.models import ModelConfig
 
 CFG = ModelConfig(vocab_size=65, max_len=100_000, d_model=64, num_heads=4, d_ff=256, num_layers=2)
@@ -63,3 +70,49 @@ def test_xla_out_of_memory_is_one_line(monkeypatch, capsys, message, one_line):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: out of memory on the cpu device (RESOURCE_EXHAUSTED: Out of memory while trying")
     assert "lower config.train.batch_size" in line
+
+
+# ---------------------------------------------------------------- streaming generation
+
+
+@pytest.mark.parametrize("strategy", [{"method": "greedy"}, {"method": "sample", "temperature": 1.5, "top_k": 5}])
+def test_the_stream_is_what_generate_returns_past_the_context_too(strategy):
+    model, params = lm("rope")  # max_len 24: 40 new tokens slide (generate_windowed)
+    prompt, run = list(LM_PROMPTS[1]), dict(max_new_tokens=40, eos_id=EOS, seed=3, **strategy)
+    (expected,) = decode.generate_windowed(model, params, prompt, **run)
+    assert len(expected) > 19  # past the first window
+    assert list(generate_stream(model, params, prompt, **run)) == expected
+
+
+def test_tokens_come_while_the_generation_runs_and_closing_stops_it():
+    model, params = lm("rope")
+    release = threading.Event()
+
+    def run_two():  # the second generate starts only once the first one's tokens were read
+        decode.generate(model, params, [LM_PROMPTS[0]], max_new_tokens=5)
+        assert release.wait(20), "the stream held the tokens back until the generation ended"
+        decode.generate(model, params, [LM_PROMPTS[0]], max_new_tokens=5)
+
+    steps = stream_steps(run_two)
+    first = [next(steps) for _ in range(5)]
+    release.set()
+    assert [t for (t,) in first] == decode.generate(model, params, [LM_PROMPTS[0]], max_new_tokens=5).ids[0]
+    next(steps)
+    steps.close()  # the second loop ends at its next step; the listener is free for the next stream
+    assert list(generate_stream(model, params, LM_PROMPTS[0], max_new_tokens=5)) == [t for (t,) in first]
+
+
+def test_run_py_generate_prints_as_it_goes_and_says_when_it_passes_the_context(monkeypatch, capsys):
+    model, params = lm("rope")
+    config = config_lib.base_config()
+    config.decode.update(max_new_tokens=40)
+    fake_run = TrainedRun(config, model, CharTokenizer("0123456789", specials=True), params, 0)
+    monkeypatch.setattr(txjax.cli.generate, "load_workdir", lambda workdir, average=1: fake_run)
+    printed = []
+    monkeypatch.setattr(txjax.cli.generate, "stream_from_workdir", lambda *a, **k: printed.extend(
+        decode.stream.stream_from_workdir(*a, **k)) or printed)  # fmt: skip
+    assert run.main(["generate", "--workdir=unused", "--prompt=3141"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "".join(printed) + "\n"  # the text is what generate_windowed gives (test above)
+    assert printed[0] == "3141" and len(printed) == 41 and all(len(piece) == 1 for piece in printed[1:])
+    assert err.startswith("note: --max_new_tokens=40 runs past the context (max_len=24): up to 4 windows")

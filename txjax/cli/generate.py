@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 
 from txjax.config import user_errors
-from txjax.decode import generate_from_workdir
+from txjax.decode import generate_from_workdir, strategy_from_config
 from txjax.decode.strategy import METHODS
+from txjax.decode.stream import stream_from_workdir, streams
 from txjax.experiment import load_workdir
 
 
@@ -18,6 +21,8 @@ def main(argv: list[str]) -> None:
     Defaults: the workdir config's `decode` section. Without --method, a sampling option (--temperature, ...) means
     --method=sample and a beam option means --method=beam; an option of another method than --method is an error.
     --temperature=0 is greedy (as in vLLM and llama.cpp): the same tokens as --method=greedy, top_k/top_p ignored.
+    An LM's one output (greedy, or one sample) prints as it is generated, sliding past the context when
+    --max_new_tokens needs it (a note says so first).
     """
     parser = argparse.ArgumentParser(
         prog="run.py generate", description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -41,5 +46,24 @@ def main(argv: list[str]) -> None:
     args = vars(parser.parse_args(argv))
     with user_errors():
         run = load_workdir(args.pop("workdir"), average=args.pop("average"))
-        texts = generate_from_workdir(run, args.pop("prompt"), **args)
-    print("\n---------------\n".join(texts))
+        prompt, seed, chat = args.pop("prompt"), args.pop("seed"), args.pop("chat")
+        strategy = strategy_from_config(run.config.decode, run.tokenizer.eos_id, **args)
+        if not streams(run, strategy):
+            print("\n---------------\n".join(generate_from_workdir(run, prompt, seed=seed, chat=chat, **args)))
+            return
+        if strategy["max_new_tokens"] >= run.model.cfg.max_len:
+            print(past_context(run.model.cfg.max_len, strategy["max_new_tokens"]), file=sys.stderr, flush=True)
+        for piece in stream_from_workdir(run, prompt, seed=seed, chat=chat, **args):
+            print(piece, end="", flush=True)
+    print()
+
+
+def past_context(max_len: int, max_new_tokens: int) -> str:
+    """The note a generation longer than the context starts with."""
+    keep = max_len // 2
+    windows = 1 + math.ceil((max_new_tokens - 1) / (max_len - keep + 1))  # the first one: at least a token
+    return (
+        f"note: --max_new_tokens={max_new_tokens} runs past the context (max_len={max_len}): up to {windows} windows,"
+        f" each token seeing at least the last {keep} tokens (txjax.decode.generate_windowed); the text prints as it"
+        " comes, Ctrl-C stops"
+    )

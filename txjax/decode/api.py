@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from txjax.decode.cache import for_decoding
-from txjax.decode.search import generate_ids
+from txjax.decode.search import generate_ids, streaming
 from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.families import family_of
 from txjax.models import DecoderLM, EncoderDecoder
@@ -95,7 +95,8 @@ def generate(
     pad_id = 0 if pad_id is None else pad_id
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
     model, params = for_decoding(model, params, len(prompts) * strategy.rows_per_prompt)
-    out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, jax.random.key(seed))
+    rng = jax.random.key(seed)
+    out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, rng, stream=streaming())
     return _results(strategy, *out)
 
 
@@ -186,7 +187,7 @@ def generate_windowed(
         )
         for i, ids in enumerate(out.ids):
             if not stopped[i]:  # a stopped row's continuation is computed (fixed shapes) and dropped
-                seqs[i] += ids
+                seqs[i] = (seqs[i] + ids)[-keep:]
                 generated[i] += ids
                 stopped[i] = out.stopped[i]
     return generated
@@ -222,19 +223,25 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
     }
 
 
+def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[list[int], str, dict]:
+    """(prompt ids, the text the LM's outputs start with, Strategy fields) of generate_from_workdir."""
+    tokenizer, continues = run.tokenizer, family_of(run.model).continues_input  # an LM continues a prompt
+    shown = "" if chat or not continues else text
+    if chat:
+        text = tokenizer.render_chat([{"role": "user", "content": text}])
+    ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and continues, eos=not continues)
+    ids = tokenizer.prefix() + ids if continues else ids  # a pretrained model's BOS
+    return ids, shown, strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
+
+
 def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
     """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
     include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
     chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
     at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
-    tokenizer, continues = run.tokenizer, family_of(run.model).continues_input  # an LM continues a prompt
-    shown = "" if chat else text
-    if chat:
-        text = tokenizer.render_chat([{"role": "user", "content": text}])
-    ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and continues, eos=not continues)
-    ids = tokenizer.prefix() + ids if continues else ids  # a pretrained model's BOS
-    strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
-    if not continues:
+    tokenizer = run.tokenizer
+    ids, shown, strategy = workdir_prompt(run, text, chat=chat, **overrides)
+    if not family_of(run.model).continues_input:
         out = translate(
             run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
         )

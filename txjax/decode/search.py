@@ -10,16 +10,42 @@ beam.beam_update). Both stop a row at `eos_id` and leave the loop early once eve
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
 
 from txjax.decode.beam import beam_update, init_beam_state
 from txjax.decode.cache import bucket_lengths, extend, filled, gather_rows, grow, init_cache, tile_rows
 from txjax.decode.sampling import init_sample_state, sample_update
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
+
+_listeners = []  # while `listening`: the one function each step's tokens go to (txjax.decode.stream)
+
+
+@contextlib.contextmanager
+def listening(listener):
+    """Loops compiled inside (generate_ids(stream=True)) call listener(tokens_C) with every step's tokens, one per
+    row, as they are produced (an ordered host callback); one listener at a time."""
+    if _listeners:
+        raise RuntimeError("another generation is streaming")
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.clear()
+
+
+def streaming() -> bool:
+    return bool(_listeners)
+
+
+def _emit(tokens_C) -> None:
+    _listeners[0](np.asarray(tokens_C))
 
 
 def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_positions_C, max_new_tokens: int, lengths):
@@ -48,9 +74,24 @@ def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_posit
     return state
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4), static_argnames="first_bucket")
+def _emitting(update, state, logits_CxV, cache):
+    state, cache = update(state, logits_CxV, cache)
+    io_callback(_emit, None, state.last_C, ordered=True)
+    return state, cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4), static_argnames=("first_bucket", "stream"))
 def generate_ids(
-    model, params, strategy: Strategy, pad_id: int, bos_id: int | None, inputs_BxS, lengths_B, rng, first_bucket=64
+    model,
+    params,
+    strategy: Strategy,
+    pad_id: int,
+    bos_id: int | None,
+    inputs_BxS,
+    lengths_B,
+    rng,
+    first_bucket=64,
+    stream=False,
 ):
     """Prompts (DecoderLM: left-padded, real tokens last) or sources (EncoderDecoder: right-padded) [B, S] ->
     (tokens [B*W', T], scores [B*W'], steps) in one compiled call, W' = num_samples for sampling and 1 (the best
@@ -58,6 +99,7 @@ def generate_ids(
 
     The family's prefill fills the cache in one call; the cache is tiled to W rows per input (beams or samples);
     then `search` runs with the one `tokens_to_logits` closure, growing the cache from `first_bucket` slots.
+    stream (sampling and greedy): each step's tokens also go to the `listening` listener as they are chosen.
     """
     b, w = inputs_BxS.shape[0], strategy.rows_per_prompt
     p = family_of(model).prefill(model, params, inputs_BxS, lengths_B, strategy.max_new_tokens, bos_id)
@@ -85,6 +127,8 @@ def generate_ids(
     if strategy.method != "beam":
         update = functools.partial(sample_update, strategy, pad_id)
         state = init_sample_state(strategy, b * w, pad_id, rng)
+        if stream:
+            update = functools.partial(_emitting, update)
     else:
         update = functools.partial(beam_update, strategy)
         state = init_beam_state(strategy, b, pad_id)
