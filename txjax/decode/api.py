@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from txjax.decode.cache import for_decoding
-from txjax.decode.search import generate_ids, streaming
+from txjax.decode.search import generate_ids, listener_key
 from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.families import family_of
 from txjax.models import DecoderLM, EncoderDecoder
@@ -95,8 +95,9 @@ def generate(
     pad_id = 0 if pad_id is None else pad_id
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
     model, params = for_decoding(model, params, len(prompts) * strategy.rows_per_prompt)
-    rng = jax.random.key(seed)
-    out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, rng, stream=streaming())
+    rng, key = jax.random.key(seed), listener_key()  # key: the stream (txjax.decode.stream) this thread feeds
+    stream = {} if key is None else {"stream": True, "listener": np.int32(key)}
+    out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, rng, **stream)
     return _results(strategy, *out)
 
 

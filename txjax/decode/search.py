@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -24,28 +25,30 @@ from txjax.decode.sampling import init_sample_state, sample_update
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 
-_listeners = []  # while `listening`: the one function each step's tokens go to (txjax.decode.stream)
+_listeners: dict[int, object] = {}  # key -> the function a streamed loop's steps go to (txjax.decode.stream)
+_thread = threading.local()  # .key: the listener of the generations this thread runs
 
 
 @contextlib.contextmanager
 def listening(listener):
-    """Loops compiled inside (generate_ids(stream=True)) call listener(tokens_C) with every step's tokens, one per
-    row, as they are produced (an ordered host callback); one listener at a time."""
-    if _listeners:
-        raise RuntimeError("another generation is streaming")
-    _listeners.append(listener)
+    """The loops this thread runs inside (generate_ids(stream=True)) call listener(tokens_C) with every step's
+    tokens, one per row, as they are produced (an ordered host callback, told the key of its listener)."""
+    key = max(_listeners, default=0) + 1
+    _listeners[key], _thread.key = listener, key
     try:
         yield
     finally:
-        _listeners.clear()
+        del _listeners[key]
+        _thread.key = None
 
 
-def streaming() -> bool:
-    return bool(_listeners)
+def listener_key() -> int | None:
+    """The key of this thread's listener (None: not streaming)."""
+    return getattr(_thread, "key", None)
 
 
-def _emit(tokens_C) -> None:
-    _listeners[0](np.asarray(tokens_C))
+def _emit(key, tokens_C) -> None:
+    _listeners[int(key)](np.asarray(tokens_C))
 
 
 def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_positions_C, max_new_tokens: int, lengths):
@@ -74,9 +77,9 @@ def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_posit
     return state
 
 
-def _emitting(update, state, logits_CxV, cache):
+def _emitting(update, listener, state, logits_CxV, cache):
     state, cache = update(state, logits_CxV, cache)
-    io_callback(_emit, None, state.last_C, ordered=True)
+    io_callback(_emit, None, listener, state.last_C, ordered=True)
     return state, cache
 
 
@@ -92,6 +95,7 @@ def generate_ids(
     rng,
     first_bucket=64,
     stream=False,
+    listener=0,
 ):
     """Prompts (DecoderLM: left-padded, real tokens last) or sources (EncoderDecoder: right-padded) [B, S] ->
     (tokens [B*W', T], scores [B*W'], steps) in one compiled call, W' = num_samples for sampling and 1 (the best
@@ -99,7 +103,8 @@ def generate_ids(
 
     The family's prefill fills the cache in one call; the cache is tiled to W rows per input (beams or samples);
     then `search` runs with the one `tokens_to_logits` closure, growing the cache from `first_bucket` slots.
-    stream (sampling and greedy): each step's tokens also go to the `listening` listener as they are chosen.
+    stream (sampling and greedy): each step's tokens also go to the `listening` listener of key `listener` (traced:
+    one compilation for every stream) as they are chosen.
     """
     b, w = inputs_BxS.shape[0], strategy.rows_per_prompt
     p = family_of(model).prefill(model, params, inputs_BxS, lengths_B, strategy.max_new_tokens, bos_id)
@@ -128,7 +133,7 @@ def generate_ids(
         update = functools.partial(sample_update, strategy, pad_id)
         state = init_sample_state(strategy, b * w, pad_id, rng)
         if stream:
-            update = functools.partial(_emitting, update)
+            update = functools.partial(_emitting, update, listener)
     else:
         update = functools.partial(beam_update, strategy)
         state = init_beam_state(strategy, b, pad_id)

@@ -9,6 +9,8 @@ iterator (a break, Ctrl-C) stops the loop at its next step.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -18,36 +20,48 @@ from txjax.decode.search import listening
 from txjax.families import family_of
 
 _END = object()
+CALLBACK_LOGGER = "jax._src.callback"  # where jax reports a host callback's error
+STEPS_AHEAD = 1024  # the most steps a loop runs ahead of the reader (then it waits)
 WINDOW = 256  # stream_from_workdir: at most this many tokens are decoded together
 
 
 def stream_steps(run: Callable[[], object]) -> Iterator[list[int]]:
     """Runs `run()` (generate / generate_windowed calls) in a thread; yields each step's tokens, one per row, as the
-    compiled loops produce them. `run`'s error is raised here, after the tokens it produced."""
-    steps, closed, outcome = queue.Queue(), threading.Event(), {}
+    compiled loops produce them (they wait for a reader STEPS_AHEAD behind). `run`'s error is raised here, after
+    the tokens it produced."""
+    steps, closed, outcome = queue.Queue(STEPS_AHEAD), threading.Event(), {}
+
+    def put(item) -> bool:  # waits while the reader is STEPS_AHEAD steps behind; False once it closed the stream
+        while not closed.is_set():
+            with contextlib.suppress(queue.Full):
+                steps.put(item, timeout=0.05)
+                return True
+        return False
 
     def listener(tokens_C):
-        if closed.is_set():  # raised inside the compiled loop: it ends at this step
+        if not put(tokens_C.tolist()):  # raised inside the compiled loop: it ends at this step
             raise RuntimeError("the stream was closed")
-        steps.put(tokens_C.tolist())
 
     def target():
         try:
-            run()
+            with listening(listener):
+                run()
         except Exception as e:
             outcome["error"] = e
         finally:
-            steps.put(_END)
+            put(_END)
 
-    with listening(listener):
-        thread = threading.Thread(target=target, name="generate", daemon=True)
-        thread.start()
-        try:
-            while (tokens := steps.get()) is not _END:
-                yield tokens
-        finally:
-            closed.set()
-            thread.join()
+    thread = threading.Thread(target=target, name="generate", daemon=True)
+    thread.start()
+    try:
+        while (tokens := steps.get()) is not _END:
+            yield tokens
+    finally:
+        quiet = lambda record: not closed.is_set()  # jax logs the listener's error with a traceback: not ours
+        logging.getLogger(CALLBACK_LOGGER).addFilter(quiet)
+        closed.set()
+        thread.join()
+        logging.getLogger(CALLBACK_LOGGER).removeFilter(quiet)
     if "error" in outcome:
         raise outcome["error"]
 
