@@ -11,7 +11,8 @@ The Flax wmt/lm1b split, one job per file:
   through bucketed lengths);
 - search.py: `generate_ids`, the family's prefill then one `lax.while_loop` per cache length around the one
   `tokens_to_logits` closure (no host round trip per token, one compilation whatever the length);
-- api.py: the host side (`generate`, `translate`, `decode_all`, `generate_windowed`, from a workdir).
+- api.py: the host side (`generate`, `translate`, `decode_all`, `generate_windowed`, from a workdir);
+- stream.py: the same loops' tokens as they are produced (`generate_stream`, `stream_steps`; `run.py generate`).
 
 Prompts of different lengths are left-padded: pad slots get segment id 0 (no query attends to them, the cache stores
 them as empty) and positions start at 0 at each row's first real token, so each row generates exactly what it
@@ -57,6 +58,7 @@ from txjax.decode.sampling import (
 )
 from txjax.decode.search import generate_ids, search
 from txjax.decode.strategy import Strategy
+from txjax.decode.stream import generate_stream, stream_steps
 
 __all__ = [
     "BeamState",
@@ -76,6 +78,7 @@ __all__ = [
     "generate",
     "generate_from_workdir",
     "generate_ids",
+    "generate_stream",
     "generate_windowed",
     "greedy_tokens",
     "grow",
@@ -87,6 +90,7 @@ __all__ = [
     "prefill",
     "sample_update",
     "search",
+    "stream_steps",
     "strategy_from_config",
     "tile_rows",
     "top_k_filter",
