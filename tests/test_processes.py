@@ -109,10 +109,12 @@ def test_sigterm_ends_any_other_command_with_one_line(monkeypatch, capsys, comma
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_signal_while_workers_start_waits_for_them(monkeypatch):
-    with pytest.raises(preemption.Stopped, match="SIGINT"), preemption.stop_on_signals():
-        with preemption.deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)  # not raised in here
+def test_processes_started_ignore_ctrl_c_and_sigterm_waits_for_them():
+    with pytest.raises(preemption.Stopped, match="SIGTERM"), preemption.stop_on_signals():
+        with preemption.starting_processes():
+            child = subprocess.run([sys.executable, "-c", "import signal; print(int(signal.getsignal(signal.SIGINT)))"],
+                                   capture_output=True, text=True)  # fmt: skip
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # not raised in here
             started = True
-    assert started
+    assert started and child.stdout.strip() == str(int(signal.SIG_IGN))

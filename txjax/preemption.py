@@ -80,21 +80,21 @@ def stop_on_signals():
 
 
 @contextlib.contextmanager
-def deferred():
-    """Inside stop_on_signals: a signal waits for the end of this block (e.g. starting worker processes, which a
-    Stopped raised half-way would leave without an owner to stop them), then raises Stopped."""
-    if signal.getsignal(signal.SIGTERM) is not _raise_stopped:
-        yield
-        return
+def starting_processes():
+    """Around starting worker processes: SIGTERM waits until the end of the block, then acts (e.g. raises
+    Stopped, where the caller can stop the workers); SIGINT is ignored during it, so processes started inside ignore
+    it from their first instruction (a Ctrl-C reaches the terminal's whole process group: the parent alone reports
+    it, not each worker with a traceback from its imports). Keep it short: a Ctrl-C inside is lost."""
     received = []
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in SIGNALS}
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signal.signal(signal.SIGINT, previous_int)
+        signal.signal(signal.SIGTERM, previous_term)
     if received:
-        raise Stopped(received[0])
+        signal.raise_signal(signal.SIGTERM)  # to the handler restored
 
 
 @contextlib.contextmanager

@@ -187,14 +187,14 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
     chunks = docs_lib.plan_chunks(paths, docs_lib.separator(fmt, delimiter), max(int(options["shard_mb"] * 2**20), 1))
     workers = max(1, min(workers or os.cpu_count() or 1, len(chunks) or 1))
     streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
-    pool = None  # one worker: tokenize in this process
-    if workers > 1:  # spawned, not forked: the parent has imported jax, which is multithreaded
-        with preemption.deferred():  # a Stopped raised half-way would leave workers and their semaphores behind
-            pool = multiprocessing.get_context("spawn").Pool(workers, _die_with_parent, (os.getpid(),))
-    run = pool.imap if pool else map
     bar = lambda desc: tqdm(total=sum(f["bytes"] for f in files), unit="B", unit_scale=True, desc=desc,
                             disable=not progress)  # fmt: skip
+    pool = None  # one worker: tokenize in this process
     try:
+        if workers > 1:  # spawned, not forked: the parent has imported jax, which is multithreaded
+            with preemption.starting_processes():  # a Stopped half-way would leave workers and semaphores behind
+                pool = multiprocessing.get_context("spawn").Pool(workers, _die_with_parent, (os.getpid(),))
+        run = pool.imap if pool else map
         if tokenizer_dir:
             tok = tok_lib.load_tokenizer(tokenizer_dir)
         elif tokenizer == "char":
@@ -329,10 +329,10 @@ def _is_valid(text: str, fraction: float) -> bool:
 
 def _die_with_parent(parent: int) -> None:
     """A worker's initializer: the kernel SIGKILLs it when the parent dies, even by SIGKILL (Linux's
-    PR_SET_PDEATHSIG; elsewhere nothing), and it ignores SIGINT: a Ctrl-C reaches every process of the terminal's
-    group, and the parent alone reports it and stops the workers. The multiprocessing resource tracker then ends
-    too, once the last process holding its pipe (parent and workers) is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    PR_SET_PDEATHSIG; elsewhere nothing). It ignores SIGINT from its start (preemption.starting_processes): a
+    Ctrl-C reaches every process of the terminal's group, and the parent alone reports it and stops the workers.
+    The multiprocessing resource tracker ends too, once the last process holding its pipe (parent and workers) is
+    gone."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
