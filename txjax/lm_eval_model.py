@@ -18,8 +18,10 @@ weight-0 rows), so a task compiles one program per bucket it uses. The continuat
     logprob = sum_t (z_t[y_t] - logsumexp(z_t)),   is_greedy = all_t z_t[y_t] = max_v z_t[v]
 
 loglikelihood_rolling (perplexity tasks): the windows of `run.py eval --text` (txjax.score_text): the text after the
-tokenizer's prefix, non-overlapping windows of max_length tokens, every token but the first predicted once, each
-window scored as a request above (its first token the context). The `hf` model's last window sees more context.
+tokenizer's prefix in non-overlapping windows of max_length tokens, every token after the prefix predicted once,
+each window scored as a request above (its first token the context). A tokenizer without a prefix (no BOS) gets the
+harness's prefix token instead, so that the text's first token is scored as by the `hf` model, whose windows
+differ only in the last one of a text longer than the context (it sees a full context).
 
 generate_until: txjax.decode.decode_all over the requests of one set of generation kwargs (greedy, or sampling at
 the request's temperature), max_gen_toks new tokens, stopped at EOS, the text cut at the first stop string.
@@ -174,7 +176,8 @@ class TxjaxLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         owners, windows = [], []
         for k, (string,) in enumerate(req.args for req in requests):
-            for context, continuation in token_windows(self.tok_encode(string), self.max_length):
+            ids = self.tokenizer.prefix() or [self.prefix_token_id]  # the harness's: the first token predicted
+            for context, continuation in token_windows(ids + self.tokenizer.encode(string), self.max_length):
                 owners.append(k)
                 windows.append((None, context, continuation))
         totals = [0.0] * len(requests)

@@ -22,6 +22,18 @@ def harness_command(args) -> str:
     return shlex.join(["python", "-m", "txjax.lm_eval_model", *flags])
 
 
+def task_manager(names: list[str], include_path: str | None):
+    """The harness's TaskManager: only the --include_path folder's tasks when it has all of `names` (indexing the
+    harness's thousands of task YAMLs takes seconds), else those and the harness's."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path:
+        local = TaskManager(include_path=include_path, include_defaults=False)
+        if all(name in local.all_tasks for name in names):
+            return local
+    return TaskManager(include_path=include_path)
+
+
 def load_tasks(task_manager, names: list[str]) -> None:
     """Each task built once (its dataset read) so that an unknown task or unreadable dataset is one line naming it."""
     for name in names:
@@ -57,7 +69,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--output", default=None, help="write the harness's results JSON here")
     args = parser.parse_args(argv)
     lm_eval = require("lm_eval", "run.py lm-eval")
-    from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table
 
     from txjax.lm_eval_model import TxjaxLM
@@ -67,13 +78,13 @@ def main(argv: list[str]) -> None:
     if args.batch_size != "auto" and not args.batch_size.isdigit():
         raise ConfigError(f"--batch_size={args.batch_size}: give a number of rows or auto")
     names = [name for name in args.tasks.split(",") if name]
-    task_manager = TaskManager(include_path=args.include_path)
-    load_tasks(task_manager, names)
+    manager = task_manager(names, args.include_path)
+    load_tasks(manager, names)
     with user_errors():
         lm = TxjaxLM(workdir=args.workdir, batch_size=args.batch_size, max_length=args.max_length)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=task_manager, log_samples=False
+        model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=manager, log_samples=False
     )
     print(make_table(results))
     if results.get("groups"):
