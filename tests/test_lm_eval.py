@@ -24,7 +24,7 @@ import run  # noqa: E402
 from txjax.cli.lm_eval import load_tasks  # noqa: E402
 from txjax.config import ConfigError  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
-from txjax.lm_eval_model import TxjaxLM, bucket_length, token_windows  # noqa: E402
+from txjax.lm_eval_model import TxjaxLM, bucket_length, pack, token_windows  # noqa: E402
 from txjax.score_text import score_tokens  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,8 +96,15 @@ def monkeypatch_module():
         yield mp
 
 
-def test_bucket_lengths_and_text_windows():
+def test_bucket_lengths_packing_and_text_windows():
     assert [bucket_length(n, 96) for n in (1, 16, 17, 40, 64, 65, 96)] == [16, 16, 32, 64, 64, 96, 96]
+    lengths = [5, 300, 200, 90, 90, 90, 1, 600, 60]
+    rows = pack(lengths, 1024)
+    assert sorted(i for _, members in rows for i, _ in members) == list(range(len(lengths)))
+    for length, members in rows:  # each request inside its row, none overlapping
+        spans = sorted((offset, offset + lengths[i]) for i, offset in members)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] <= length
+    assert [length for length, _ in rows] == [1024, 256, 256, 256]  # (600 300), (200), (90 90), (90 60 5 1)
     ids = list(range(10))
     windows = token_windows(ids, 4)
     assert [len(c) for c, _ in windows] == [1, 1, 1] and sum(map(len, (w for _, w in windows))) == 9

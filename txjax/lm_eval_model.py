@@ -11,9 +11,11 @@ boundary of the encoded whole, an empty context replaced by the prefix token (BO
 tokenizer's prefix (BOS when the model expects one, as `run.py eval --text` and `generate`) first.
 
 loglikelihood: each request is the `hf` model's window, the last max_length + 1 tokens of context + continuation
-without the last, right-padded to the shortest bucket length (powers of two from 16, capped at max_length) that
-holds it; requests sorted by length, `rows` per batch (a fixed shape per bucket, the last batch filled with
-weight-0 rows), so a task compiles one program per bucket it uses. The continuation's tokens give
+without the last. Requests sorted by length are packed into rows of PACK tokens, one segment each (its own
+positions from 0, attending only within itself: no padding between them); a longer request starts a row of the
+shortest bucket length (powers of two from 16, capped at max_length) that holds it, shorter ones filling it up.
+Rows of one length go in batches of a fixed number of rows (a smaller power of two for the last), so a task
+compiles a handful of programs, not one per length. The continuation's tokens give
 
     logprob = sum_t (z_t[y_t] - logsumexp(z_t)),   is_greedy = all_t z_t[y_t] = max_v z_t[v]
 
@@ -49,7 +51,8 @@ from txjax.decode import decode_all  # noqa: E402
 from txjax.families import family_of  # noqa: E402
 from txjax.objective import hits  # noqa: E402
 
-AUTO_TOKENS = 2048  # batch_size=auto: rows * bucket length about this many tokens
+AUTO_TOKENS = 2048  # batch_size=auto: rows * row length about this many tokens
+PACK = 256  # tokens per row that short requests share (one segment each)
 MAX_GEN_TOKS = 256  # as the hf model's default
 
 
@@ -61,16 +64,30 @@ def bucket_length(n: int, max_length: int, first: int = 16) -> int:
     return min(length, max_length)
 
 
-def make_score(model):
-    """jit(params, tokens [B, L], targets [B, L], weights [B, L]) -> (sum of weighted target log-probs [B],
-    every weighted target the argmax [B])."""
+def pack(lengths: list[int], max_length: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Rows (row length, [(request, offset), ...]) holding every request once, longest first: a request goes into
+    the last row if it fits there (next fit), else starts a row of PACK tokens, or of its bucket length if longer."""
+    rows, used = [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        if rows and rows[-1][0] - used >= n:
+            rows[-1][1].append((i, used))
+            used += n
+        else:
+            rows.append((bucket_length(max(n, min(PACK, max_length)), max_length), [(i, 0)]))
+            used = n
+    return rows
 
-    def score(params, tokens_BxL, targets_BxL, weights_BxL):
-        logits_BxLxV = model.apply({"params": params}, tokens_BxL).astype(jnp.float32)
+
+def make_score(model):
+    """jit(params, tokens, positions, segment ids, targets, weights, all [B, L]) -> (log-prob of each weighted
+    target, 0 elsewhere [B, L]; whether each target is the argmax [B, L]). Segments attend within themselves."""
+
+    def score(params, tokens_BxL, positions_BxL, segments_BxL, targets_BxL, weights_BxL):
+        logits_BxLxV = model.apply({"params": params}, tokens_BxL, positions_BxL, segments_BxL).astype(jnp.float32)
         target_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
         logprob_BxL = target_BxL - jax.nn.logsumexp(logits_BxLxV, axis=-1)
-        greedy_B = (hits(logits_BxLxV, targets_BxL) | (weights_BxL == 0)).all(-1)
-        return (logprob_BxL * weights_BxL).sum(-1), greedy_B
+        return jnp.where(weights_BxL > 0, logprob_BxL, 0.0), hits(logits_BxLxV, targets_BxL)
 
     return jax.jit(score)
 
@@ -85,8 +102,9 @@ def token_windows(ids: list[int], length: int) -> list[tuple[list[int], list[int
 class TxjaxLM(TemplateLM):
     """A txjax language model (a workdir of `run.py train` or `run.py import`) for the harness.
 
-    model_args: workdir=DIR, or run= a loaded txjax.experiment.TrainedRun; batch_size=N rows per batch or
-    "auto" (about AUTO_TOKENS tokens per batch); max_length: the context (default the model's max_len)."""
+    model_args: workdir=DIR, or run= a loaded txjax.experiment.TrainedRun; batch_size=N rows (of PACK tokens of
+    packed requests, or one longer request) per batch, or "auto" (about AUTO_TOKENS tokens per batch); max_length:
+    the context (default the model's max_len)."""
 
     def __init__(self, workdir=None, run=None, batch_size=1, max_length=None, max_batch_size=None, device=None):
         super().__init__()
@@ -130,48 +148,59 @@ class TxjaxLM(TemplateLM):
     def rows_for(self, length: int) -> int:
         return self.rows or max(1, min(self.max_rows, AUTO_TOKENS // length))
 
+    def batches(self, rows: list) -> list[tuple[int, list]]:
+        """Packed rows (of non-increasing length) in batches (rows in the batch, row length, its rows): rows_for
+        rows of one length, the last batch of a length the least power of two that holds what is left."""
+        out, start = [], 0
+        while start < len(rows):
+            length = rows[start][0]
+            same = sum(1 for row in rows[start:] if row[0] == length)
+            take = min(self.rows_for(length), same)
+            shape_rows = min(self.rows_for(length), 1 << (take - 1).bit_length())
+            out.append((shape_rows, length, rows[start : start + take]))
+            start += take
+        return out
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """requests: ((context, continuation), context ids, continuation ids) -> (log-prob, is_greedy) each."""
         windows = []
         for _, context, continuation in requests:
             whole = (context + continuation)[-(self.max_length + 1) :]
             windows.append((whole[:-1], whole[1:], min(len(continuation), len(whole) - 1)))
-        order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
-        batches, start = [], 0
-        while start < len(order):
-            length = bucket_length(len(windows[order[start]][0]), self.max_length)
-            rows = self.rows_for(length)
-            batches.append((length, order[start : start + rows]))
-            start += rows
+        batches = self.batches(pack([len(w[0]) for w in windows], self.max_length))
         out = [None] * len(windows)
-        began, shapes = time.perf_counter(), set()
+        began = time.perf_counter()
         with tqdm(total=len(windows), desc="txjax loglikelihood", disable=disable_tqdm) as bar:
-            pending = [(b, self._dispatch(windows, b)) for b in batches]
-            for (length, rows), (logprob_B, greedy_B) in pending:
-                shapes.add((length, len(logprob_B)))
-                logprob_B, greedy_B = np.asarray(logprob_B), np.asarray(greedy_B)
-                for j, i in enumerate(rows):
-                    out[i] = (float(logprob_B[j]), bool(greedy_B[j]))
-                bar.update(len(rows))
+            pending = [(batch[2], self._dispatch(windows, *batch)) for batch in batches]  # all dispatched
+            for rows, arrays in pending:
+                logprob_BxL, hit_BxL = np.asarray(arrays[0], np.float64), np.asarray(arrays[1])
+                for r, (_, members) in enumerate(rows):
+                    for i, offset in members:
+                        end = offset + len(windows[i][0])
+                        scored = slice(end - windows[i][2], end)
+                        out[i] = (float(logprob_BxL[r, scored].sum()), bool(hit_BxL[r, scored].all()))
+                    bar.update(len(members))
         self.stats["requests"] += len(windows)
         self.stats["tokens"] += sum(len(w[0]) for w in windows)
         self.stats["seconds"] += time.perf_counter() - began
-        self.stats["programs"] = max(self.stats["programs"], len(shapes))
+        self.stats["programs"] = max(self.stats["programs"], len({batch[:2] for batch in batches}))
         for (pair, _, _), result in zip(requests, out):
             if pair is not None:
                 self.cache_hook.add_partial("loglikelihood", pair, result)
         return out
 
-    def _dispatch(self, windows, batch):
-        """Start the scoring of one batch (bucket length, request indices): a fixed [rows, length] shape."""
-        length, rows = batch
-        shape = (self.rows_for(length), length)
-        tokens, targets, weights = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.zeros(shape, np.float32)
-        for j, i in enumerate(rows):
-            inputs, outputs, scored = windows[i]
-            tokens[j, : len(inputs)], targets[j, : len(outputs)] = inputs, outputs
-            weights[j, len(inputs) - scored : len(inputs)] = 1.0
-        return self._score(self.params, tokens, targets, weights)
+    def _dispatch(self, windows, shape_rows: int, length: int, rows: list):
+        """Start the scoring of one batch: its packed rows laid out in [shape_rows, length] arrays."""
+        tokens, positions, segments, targets = (np.zeros((shape_rows, length), np.int32) for _ in range(4))
+        weights = np.zeros((shape_rows, length), np.float32)
+        for r, (_, members) in enumerate(rows):
+            for k, (i, offset) in enumerate(members):
+                inputs, outputs, scored = windows[i]
+                span = slice(offset, offset + len(inputs))
+                tokens[r, span], targets[r, span], segments[r, span] = inputs, outputs, k + 1
+                positions[r, span] = np.arange(len(inputs))
+                weights[r, span.stop - scored : span.stop] = 1.0
+        return self._score(self.params, tokens, positions, segments, targets, weights)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         owners, windows = [], []
