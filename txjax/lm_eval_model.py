@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,14 +81,23 @@ def pack(lengths: list[int], max_length: int) -> list[tuple[int, list[tuple[int,
 
 
 def make_score(model):
-    """jit(params, tokens, positions, segment ids, targets, weights, all [B, L]) -> (log-prob of each weighted
-    target, 0 elsewhere [B, L]; whether each target is the argmax [B, L]). Segments attend within themselves."""
+    """jit(params, tokens, positions, segment ids [B, L], scored positions, targets, weights [B, C]) -> (the
+    log-prob of each weighted target, 0 elsewhere [B, C]; whether each target is the argmax [B, C]). Segments attend
+    within themselves; the LM head runs on the C scored positions only (flax's intercept_methods on the model's
+    `logits`), not on every position."""
 
-    def score(params, tokens_BxL, positions_BxL, segments_BxL, targets_BxL, weights_BxL):
-        logits_BxLxV = model.apply({"params": params}, tokens_BxL, positions_BxL, segments_BxL).astype(jnp.float32)
-        target_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-        logprob_BxL = target_BxL - jax.nn.logsumexp(logits_BxLxV, axis=-1)
-        return jnp.where(weights_BxL > 0, logprob_BxL, 0.0), hits(logits_BxLxV, targets_BxL)
+    def score(params, tokens_BxL, positions_BxL, segments_BxL, scored_BxC, targets_BxC, weights_BxC):
+        def scored_only(next_fun, args, kwargs, context):
+            if context.method_name == "logits":
+                args = (jnp.take_along_axis(args[0], scored_BxC[..., None], axis=1),)
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(scored_only):
+            logits_BxCxV = model.apply({"params": params}, tokens_BxL, positions_BxL, segments_BxL)
+        logits_BxCxV = logits_BxCxV.astype(jnp.float32)
+        target_BxC = jnp.take_along_axis(logits_BxCxV, targets_BxC[..., None], axis=-1)[..., 0]
+        logprob_BxC = target_BxC - jax.nn.logsumexp(logits_BxCxV, axis=-1)
+        return jnp.where(weights_BxC > 0, logprob_BxC, 0.0), hits(logits_BxCxV, targets_BxC)
 
     return jax.jit(score)
 
@@ -167,40 +177,57 @@ class TxjaxLM(TemplateLM):
         for _, context, continuation in requests:
             whole = (context + continuation)[-(self.max_length + 1) :]
             windows.append((whole[:-1], whole[1:], min(len(continuation), len(whole) - 1)))
-        batches = self.batches(pack([len(w[0]) for w in windows], self.max_length))
-        out = [None] * len(windows)
+        shared = {}  # requests with the same inputs (choices of one token, say) share one segment, as in hf
+        for i, (inputs, _, _) in enumerate(windows):
+            shared.setdefault(tuple(inputs), []).append(i)
+        sequences = list(shared.values())
+        batches = self.batches(pack([len(windows[group[0]][0]) for group in sequences], self.max_length))
+        out, shapes = [None] * len(windows), set()
         began = time.perf_counter()
         with tqdm(total=len(windows), desc="txjax loglikelihood", disable=disable_tqdm) as bar:
-            pending = [(batch[2], self._dispatch(windows, *batch)) for batch in batches]  # all dispatched
-            for rows, arrays in pending:
-                logprob_BxL, hit_BxL = np.asarray(arrays[0], np.float64), np.asarray(arrays[1])
-                for r, (_, members) in enumerate(rows):
-                    for i, offset in members:
-                        end = offset + len(windows[i][0])
-                        scored = slice(end - windows[i][2], end)
-                        out[i] = (float(logprob_BxL[r, scored].sum()), bool(hit_BxL[r, scored].all()))
-                    bar.update(len(members))
+            pending = [self._dispatch(windows, sequences, *batch) for batch in batches]  # all dispatched, then read
+            for where, shape, arrays in pending:
+                logprob_BxC, hit_BxC = np.asarray(arrays[0], np.float64), np.asarray(arrays[1])
+                for i, (r, start, count) in where.items():
+                    scored = slice(start, start + count)
+                    out[i] = (float(logprob_BxC[r, scored].sum()), bool(hit_BxC[r, scored].all()))
+                shapes.add(shape)
+                bar.update(len(where))
         self.stats["requests"] += len(windows)
         self.stats["tokens"] += sum(len(w[0]) for w in windows)
         self.stats["seconds"] += time.perf_counter() - began
-        self.stats["programs"] = max(self.stats["programs"], len({batch[:2] for batch in batches}))
+        self.stats["programs"] = max(self.stats["programs"], len(shapes))
         for (pair, _, _), result in zip(requests, out):
             if pair is not None:
                 self.cache_hook.add_partial("loglikelihood", pair, result)
         return out
 
-    def _dispatch(self, windows, shape_rows: int, length: int, rows: list):
-        """Start the scoring of one batch: its packed rows laid out in [shape_rows, length] arrays."""
-        tokens, positions, segments, targets = (np.zeros((shape_rows, length), np.int32) for _ in range(4))
-        weights = np.zeros((shape_rows, length), np.float32)
+    def _dispatch(self, windows, sequences, shape_rows: int, length: int, rows: list):
+        """Start the scoring of one batch: its packed rows of input sequences (each of the requests in
+        sequences[s]) in [shape_rows, length] arrays, the positions each request scores in [shape_rows, C] (C: the
+        bucket length of the most in a row). Returns {request: (row, first scored entry, count)}, the program's
+        shape and the (not yet computed) results."""
+        tokens, positions, segments = (np.zeros((shape_rows, length), np.int32) for _ in range(3))
+        scored, where = [[] for _ in range(shape_rows)], {}
         for r, (_, members) in enumerate(rows):
-            for k, (i, offset) in enumerate(members):
-                inputs, outputs, scored = windows[i]
+            for k, (s, offset) in enumerate(members):
+                inputs = windows[sequences[s][0]][0]
                 span = slice(offset, offset + len(inputs))
-                tokens[r, span], targets[r, span], segments[r, span] = inputs, outputs, k + 1
-                positions[r, span] = np.arange(len(inputs))
-                weights[r, span.stop - scored : span.stop] = 1.0
-        return self._score(self.params, tokens, positions, segments, targets, weights)
+                tokens[r, span], segments[r, span], positions[r, span] = inputs, k + 1, np.arange(len(inputs))
+                for i in sequences[s]:
+                    count = windows[i][2]
+                    where[i] = (r, len(scored[r]), count)
+                    scored[r] += range(span.stop - count, span.stop)
+        width = bucket_length(max(map(len, scored)), 1 << 30)  # shared inputs: may exceed the row length
+        index, targets = (np.zeros((shape_rows, width), np.int32) for _ in range(2))
+        weights = np.zeros((shape_rows, width), np.float32)
+        for i, (r, start, count) in where.items():
+            outputs = windows[i][1]
+            index[r, start : start + count] = scored[r][start : start + count]
+            targets[r, start : start + count] = outputs[len(outputs) - count :]
+            weights[r, start : start + count] = 1.0
+        arrays = self._score(self.params, tokens, positions, segments, index, targets, weights)
+        return where, (shape_rows, length, width), arrays
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         owners, windows = [], []
