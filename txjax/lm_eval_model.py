@@ -48,8 +48,10 @@ from lm_eval.api.registry import register_model  # noqa: E402
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from txjax.attention import segment_mask  # noqa: E402
 from txjax.decode import decode_all  # noqa: E402
 from txjax.families import family_of  # noqa: E402
+from txjax.models import Stack  # noqa: E402
 from txjax.objective import hits  # noqa: E402
 
 AUTO_TOKENS = 2048  # batch_size=auto: rows * row length about this many tokens
@@ -80,19 +82,45 @@ def pack(lengths: list[int], max_length: int) -> list[tuple[int, list[tuple[int,
     return rows
 
 
-def make_score(model):
-    """jit(params, tokens, positions, segment ids [B, L], scored positions, targets, weights [B, C]) -> (the
-    log-prob of each weighted target, 0 elsewhere [B, C]; whether each target is the argmax [B, C]). Segments attend
-    within themselves; the LM head runs on the C scored positions only (flax's intercept_methods on the model's
-    `logits`), not on every position."""
+def trees(windows: list, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """Requests that share their inputs up to their first scored position (the choices of one question) as trees
+    (prefix, [request, ...]): the prefix once, then each request's other scored inputs (its continuation but the
+    last token) as a branch that attends to the prefix and itself; a tree holds at most max_length tokens."""
+    groups = {}
+    for i, (inputs, _, count) in enumerate(windows):
+        groups.setdefault(tuple(inputs[: len(inputs) - count + 1]), []).append(i)
+    out = []
+    for prefix, members in groups.items():
+        used = max_length + 1
+        for i in members:
+            branch = max(windows[i][2] - 1, 0)
+            if used + branch > max_length:
+                out.append((list(prefix), []))
+                used = len(prefix)
+            out[-1][1].append(i)
+            used += branch
+    return out
 
-    def score(params, tokens_BxL, positions_BxL, segments_BxL, scored_BxC, targets_BxC, weights_BxC):
-        def scored_only(next_fun, args, kwargs, context):
-            if context.method_name == "logits":
+
+def make_score(model):
+    """jit(params, tokens, positions, segment ids, branch ids [B, L], scored positions, targets, weights [B, C]) ->
+    (the log-prob of each weighted target, 0 elsewhere [B, C]; whether each target is the argmax [B, C]). A token
+    attends within its segment (a tree) to the prefix (branch 0) and its own branch, in the order of the positions;
+    the LM head runs on the C scored positions only. Both through flax's intercept_methods (the decoder's mask, the
+    model's `logits`)."""
+
+    def score(params, tokens_BxL, positions_BxL, segments_BxL, branches_BxL, scored_BxC, targets_BxC, weights_BxC):
+        branch_q, branch_k = branches_BxL[:, None, :, None], branches_BxL[:, None, None, :]
+        mask_Bx1xLxL = segment_mask(segments_BxL, segments_BxL) & ((branch_k == 0) | (branch_k == branch_q))
+
+        def trees_and_scored_only(next_fun, args, kwargs, context):
+            if isinstance(context.module, Stack):  # the tree mask (with the causal order of the positions)
+                args = (args[0], {**args[1], "mask": mask_Bx1xLxL}, *args[2:])
+            elif context.method_name == "logits":
                 args = (jnp.take_along_axis(args[0], scored_BxC[..., None], axis=1),)
             return next_fun(*args, **kwargs)
 
-        with nn.intercept_methods(scored_only):
+        with nn.intercept_methods(trees_and_scored_only):
             logits_BxCxV = model.apply({"params": params}, tokens_BxL, positions_BxL, segments_BxL)
         logits_BxCxV = logits_BxCxV.astype(jnp.float32)
         target_BxC = jnp.take_along_axis(logits_BxCxV, targets_BxC[..., None], axis=-1)[..., 0]
@@ -177,15 +205,13 @@ class TxjaxLM(TemplateLM):
         for _, context, continuation in requests:
             whole = (context + continuation)[-(self.max_length + 1) :]
             windows.append((whole[:-1], whole[1:], min(len(continuation), len(whole) - 1)))
-        shared = {}  # requests with the same inputs (choices of one token, say) share one segment, as in hf
-        for i, (inputs, _, _) in enumerate(windows):
-            shared.setdefault(tuple(inputs), []).append(i)
-        sequences = list(shared.values())
-        batches = self.batches(pack([len(windows[group[0]][0]) for group in sequences], self.max_length))
+        forest = trees(windows, self.max_length)
+        sizes = [len(prefix) + sum(max(windows[i][2] - 1, 0) for i in members) for prefix, members in forest]
+        batches = self.batches(pack(sizes, self.max_length))
         out, shapes = [None] * len(windows), set()
         began = time.perf_counter()
         with tqdm(total=len(windows), desc="txjax loglikelihood", disable=disable_tqdm) as bar:
-            pending = [self._dispatch(windows, sequences, *batch) for batch in batches]  # all dispatched, then read
+            pending = [self._dispatch(windows, forest, *batch) for batch in batches]  # all dispatched, then read
             for where, shape, arrays in pending:
                 logprob_BxC, hit_BxC = np.asarray(arrays[0], np.float64), np.asarray(arrays[1])
                 for i, (r, start, count) in where.items():
@@ -202,22 +228,27 @@ class TxjaxLM(TemplateLM):
                 self.cache_hook.add_partial("loglikelihood", pair, result)
         return out
 
-    def _dispatch(self, windows, sequences, shape_rows: int, length: int, rows: list):
-        """Start the scoring of one batch: its packed rows of input sequences (each of the requests in
-        sequences[s]) in [shape_rows, length] arrays, the positions each request scores in [shape_rows, C] (C: the
-        bucket length of the most in a row). Returns {request: (row, first scored entry, count)}, the program's
-        shape and the (not yet computed) results."""
-        tokens, positions, segments = (np.zeros((shape_rows, length), np.int32) for _ in range(3))
+    def _dispatch(self, windows, forest, shape_rows: int, length: int, rows: list):
+        """Start the scoring of one batch: its packed rows of trees in [shape_rows, length] arrays, the positions
+        each request scores in [shape_rows, C] (C: the bucket length of the most in a row). Returns {request: (row,
+        first scored entry, count)}, the program's shape and the (not yet computed) results."""
+        tokens, positions, segments, branches = (np.zeros((shape_rows, length), np.int32) for _ in range(4))
         scored, where = [[] for _ in range(shape_rows)], {}
         for r, (_, members) in enumerate(rows):
-            for k, (s, offset) in enumerate(members):
-                inputs = windows[sequences[s][0]][0]
-                span = slice(offset, offset + len(inputs))
-                tokens[r, span], segments[r, span], positions[r, span] = inputs, k + 1, np.arange(len(inputs))
-                for i in sequences[s]:
-                    count = windows[i][2]
+            for k, (t, offset) in enumerate(members):
+                prefix, requests = forest[t]
+                end = offset + len(prefix)
+                tokens[r, offset:end], positions[r, offset:end] = prefix, np.arange(len(prefix))
+                segments[r, offset:end] = k + 1
+                for b, i in enumerate(requests, 1):
+                    inputs, _, count = windows[i]
+                    rest = inputs[len(inputs) - count + 1 :] if count else []
+                    span = slice(end, end + len(rest))
+                    tokens[r, span], positions[r, span] = rest, np.arange(len(prefix), len(prefix) + len(rest))
+                    segments[r, span], branches[r, span] = k + 1, b
                     where[i] = (r, len(scored[r]), count)
-                    scored[r] += range(span.stop - count, span.stop)
+                    scored[r] += ([offset + len(prefix) - 1] if count else []) + list(range(span.start, span.stop))
+                    end = span.stop
         width = bucket_length(max(map(len, scored)), 1 << 30)  # shared inputs: may exceed the row length
         index, targets = (np.zeros((shape_rows, width), np.int32) for _ in range(2))
         weights = np.zeros((shape_rows, width), np.float32)
@@ -226,7 +257,7 @@ class TxjaxLM(TemplateLM):
             index[r, start : start + count] = scored[r][start : start + count]
             targets[r, start : start + count] = outputs[len(outputs) - count :]
             weights[r, start : start + count] = 1.0
-        arrays = self._score(self.params, tokens, positions, segments, index, targets, weights)
+        arrays = self._score(self.params, tokens, positions, segments, branches, index, targets, weights)
         return where, (shape_rows, length, width), arrays
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
