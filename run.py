@@ -23,6 +23,7 @@ COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
     "attention": "txjax.cli.attention",
     "inspect": "txjax.cli.inspect",
     "prepare": "txjax.cli.prepare",
+    "lm-eval": "txjax.cli.lm_eval",
 }
 
 

@@ -90,7 +90,7 @@ def test_every_optional_module_names_an_extra_of_pyproject():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     declared = {
-        (re.split(r"[<>=~!\[; ]", spec)[0], extra)
+        (re.split(r"[<>=~!\[; ]", spec)[0].replace("-", "_"), extra)  # lm-eval installs lm_eval
         for extra, specs in pyproject["project"]["optional-dependencies"].items()
         for spec in specs
         if extra != "test"
@@ -159,3 +159,10 @@ def test_run_py_import_of_a_gguf_file_without_its_package_is_one_line(monkeypatc
     what = {"gguf": "reading a .gguf file", "tokenizers": "a .gguf file's tokenizer"}[module]
     assert capsys.readouterr().err == f"error: {what} needs the {module!r} package {INSTALL}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_run_py_lm_eval_without_the_harness_is_one_line(monkeypatch, tmp_path, capsys):
+    blocked(monkeypatch, "lm_eval")
+    assert run.main(["lm-eval", f"--workdir={tmp_path}", "--tasks=hellaswag"]) == 2
+    install = "(the lmeval extra): pip install -e '.[lmeval]'"
+    assert capsys.readouterr().err == f"error: run.py lm-eval needs the 'lm_eval' package {install}\n"

@@ -8,7 +8,13 @@ import os
 
 from txjax import distributed
 
-COMPILING_COMMANDS = ("train", "eval", "generate", "sweep")  # those whose compiled steps the persistent cache keeps
+COMPILING_COMMANDS = (
+    "train",
+    "eval",
+    "generate",
+    "sweep",
+    "lm-eval",
+)  # those whose compiled steps the persistent cache keeps
 
 
 def enable_compilation_cache() -> None:

@@ -1,0 +1,97 @@
+"""`run.py lm-eval`: a workdir's language model on lm-evaluation-harness tasks (txjax.lm_eval_model)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+from txjax.config import ConfigError, user_errors
+from txjax.extras import require
+
+LOCAL_TASKS = "experiments/lm_eval"  # the shipped local-file tasks (txjax_capitals, txjax_sums, txjax_paragraphs)
+
+
+def harness_command(args) -> str:
+    """The same evaluation through the harness's own CLI (with the txjax model registered)."""
+    flags = ["--model", "txjax", "--model_args", f"workdir={args.workdir}", "--tasks", args.tasks]
+    for name in ("num_fewshot", "include_path", "limit", "batch_size", "output"):
+        if getattr(args, name) is not None:
+            flags += [f"--{name}" if name != "output" else "--output_path", str(getattr(args, name))]
+    return shlex.join(["python", "-m", "txjax.lm_eval_model", *flags])
+
+
+def task_manager(names: list[str], include_path: str | None):
+    """The harness's TaskManager: only the --include_path folder's tasks when it has all of `names` (indexing the
+    harness's thousands of task YAMLs takes seconds), else those and the harness's."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path:
+        local = TaskManager(include_path=include_path, include_defaults=False)
+        if all(name in local.all_tasks for name in names):
+            return local
+    return TaskManager(include_path=include_path)
+
+
+def load_tasks(task_manager, names: list[str]) -> None:
+    """Each task built once (its dataset read) so that an unknown task or unreadable dataset is one line naming it."""
+    for name in names:
+        if name not in task_manager.all_tasks:
+            raise ConfigError(
+                f"--tasks: no task {name!r}: `lm_eval ls tasks` lists the harness's; a task of your own is a YAML"
+                f" in a folder given as --include_path=DIR (see {LOCAL_TASKS})"
+            )
+        try:
+            task_manager.load([name])
+        except Exception as e:  # datasets raises ConnectionError, FileNotFoundError, DatasetNotFoundError, ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"task {name!r}: its dataset could not be read ({reason}); offline, point the task at local files:"
+                f" a YAML with dataset_path: json and dataset_kwargs.data_files in a folder given as --include_path"
+                f" (example: {LOCAL_TASKS}, docs/lm_eval.md)"
+            ) from None
+
+
+def main(argv: list[str]) -> None:
+    """run.py lm-eval --workdir=DIR --tasks=T1,T2 [--num_fewshot=N] [--include_path=DIR] [--limit=N]
+    [--batch_size=auto|N] [--max_length=N] [--output=FILE]: prints the harness's results table, then one JSON line
+    (the results, txjax's scoring speed, the equivalent harness command); --output writes the harness's results
+    JSON there."""
+    parser = argparse.ArgumentParser(prog="run.py lm-eval", description=main.__doc__, allow_abbrev=False)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--tasks", required=True, help="comma-separated harness task names")
+    parser.add_argument("--num_fewshot", type=int, default=None)
+    parser.add_argument("--include_path", default=None, help="a folder of task YAMLs (the harness's flag)")
+    parser.add_argument("--limit", type=float, default=None, help="the first N documents of each task")
+    parser.add_argument("--batch_size", default="auto", help="rows per batch, or auto (about 2048 tokens)")
+    parser.add_argument("--max_length", type=int, default=None, help="context in tokens (default: the model's)")
+    parser.add_argument("--output", default=None, help="write the harness's results JSON here")
+    args = parser.parse_args(argv)
+    lm_eval = require("lm_eval", "run.py lm-eval")
+    from lm_eval.utils import handle_non_serializable, make_table
+
+    from txjax.lm_eval_model import TxjaxLM
+
+    if args.include_path and not Path(args.include_path).is_dir():
+        raise ConfigError(f"--include_path={args.include_path} is not a folder: give the folder of your task YAMLs")
+    if args.batch_size != "auto" and not args.batch_size.isdigit():
+        raise ConfigError(f"--batch_size={args.batch_size}: give a number of rows or auto")
+    names = [name for name in args.tasks.split(",") if name]
+    manager = task_manager(names, args.include_path)
+    load_tasks(manager, names)
+    with user_errors():
+        lm = TxjaxLM(workdir=args.workdir, batch_size=args.batch_size, max_length=args.max_length)
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=manager, log_samples=False
+    )
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))
+    speed = lm.speed()
+    if args.output:
+        out = {**results, "txjax": speed}
+        Path(args.output).write_text(json.dumps(out, indent=1, default=handle_non_serializable) + "\n")
+    line = {"results": results["results"], "txjax": speed, "harness": harness_command(args)}
+    print(json.dumps(line, default=handle_non_serializable))
