@@ -230,6 +230,32 @@ def peers() -> list[str]:
     return table(["task", "txjax", "transformers", "commands", "measured (txjax / transformers)"], rows)
 
 
+def lm_eval() -> list[str]:
+    """txjax as an lm-evaluation-harness model against the harness's hf model on the same GGUF and requests
+    (benchmarks/lm_eval_hf.py, and with --num_fewshot=5: lm_eval_5shot_cpu.json)."""
+    rows = []
+    for name in ("lm_eval", "lm_eval_5shot"):
+        d = bench(name)
+        if d is None:
+            continue
+        acc = "; ".join(
+            f"{task} {metric.split(',')[0]} {n(pair[0])} / {n(pair[1])}"
+            for task, metrics in d["metrics_txjax_hf"].items()
+            for metric, pair in metrics.items()
+            if metric.startswith(("acc,", "exact_match,", "word_perplexity,"))
+        )
+        ours, theirs = d["speed"]["txjax"], d["speed"]["hf"]
+        rolling = d.get("rolling_max_abs_delta_nats")
+        rows.append([f"{', '.join(d['tasks'])}, {d['num_fewshot']}-shot", d["loglikelihood_requests"],
+                     f"{d['max_abs_delta_nats']:.1e}", f"{rolling:.1e}" if rolling else "",
+                     d["greedy_flags_differing"], d.get("generated_texts_differing", ""), acc,
+                     f"{n(ours['tokens_per_s'])} / {n(theirs['tokens_per_s'])}",
+                     f"{n(d['speed']['ratio_tokens_per_s'], 3)}x", machine_label(d["machine"])])  # fmt: skip
+    header = ["tasks", "loglikelihood requests", "max abs Δ (nats)", "rolling: max abs Δ (nats, per text)"]
+    header += ["is-greedy differing", "generated texts differing", "metrics txjax / hf"]
+    return table(header + ["tokens/s txjax / hf", "ratio", "measured"], rows)
+
+
 def gpu() -> list[str]:
     """The last `bash benchmarks/gpu.sh` run on a CUDA machine (benchmarks/results/gpu/, read by gpu_summary.py)."""
     folder = BENCH / "gpu"
@@ -255,7 +281,7 @@ def gpu() -> list[str]:
 TABLES = {
     f.__name__: f
     for f in (
-        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers, gpu),
+        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }

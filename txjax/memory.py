@@ -46,7 +46,7 @@ def train_step_bytes(cfg: ModelConfig, family: str, b: int, s: int, t: int, stat
 
 def device_bytes() -> int:
     """What one device can hold: a GPU's (or TPU's) bytes_limit, else the machine's available memory."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}  # a device of this process (others are not addressable)
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"])
     with open("/proc/meminfo") as f:
