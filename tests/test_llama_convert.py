@@ -48,6 +48,33 @@ def randomized(config):
     return model
 
 
+def save_tiny_llama(folder, text: str, vocab_size: int, max_positions: int, chat_template: str | None = None):
+    """A random 2-layer Llama (grouped-query, untied head) saved by transformers into `folder` with a byte-level BPE
+    fast tokenizer trained on `text` that adds BOS <s> as Llama's does (and `chat_template`); returns the model."""
+    tokenizers = pytest.importorskip("tokenizers")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([text], vocab_size=vocab_size, special_tokens=["<s>", "</s>"])
+    bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = chat_template
+    config = transformers.LlamaConfig(
+        vocab_size=bpe.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    model = randomized(config)
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return model
+
+
 def random_model(kind: str):
     config_class, fields = MODELS[kind]
     return randomized(config_class(**COMMON, **fields))

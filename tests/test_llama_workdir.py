@@ -12,14 +12,13 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from test_llama_convert import randomized  # noqa: E402
+from test_llama_convert import save_tiny_llama  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.llama import load_llama  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 30
-SPECIALS = ["<s>", "</s>"]
 TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}{% endfor %}"
     "{% if add_generation_prompt %}[assistant] {% endif %}"
@@ -31,26 +30,7 @@ def folder(tmp_path_factory):
     """A random Llama saved by transformers with a byte-level BPE fast tokenizer (BOS added by its post-processor,
     as Llama's), a chat template, and a text file."""
     root = tmp_path_factory.mktemp("llama")
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator([TEXT], vocab_size=280, special_tokens=SPECIALS)
-    bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = TEMPLATE
-    config = transformers.LlamaConfig(
-        vocab_size=bpe.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        bos_token_id=0,
-        eos_token_id=1,
-        tie_word_embeddings=False,
-    )
-    model = randomized(config)
-    model.save_pretrained(root / "hf")
-    fast.save_pretrained(root / "hf")
+    save_tiny_llama(root / "hf", TEXT, vocab_size=280, max_positions=32, chat_template=TEMPLATE)
     (root / "text.txt").write_text(TEXT)
     return root
 

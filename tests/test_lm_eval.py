@@ -18,7 +18,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from test_llama_convert import randomized  # noqa: E402
+from test_llama_convert import save_tiny_llama  # noqa: E402
 
 import run  # noqa: E402
 from txjax.cli.lm_eval import load_tasks  # noqa: E402
@@ -36,24 +36,7 @@ TEXT = "".join(open(TASKS / name).read() for name in ("capitals.jsonl", "sums.js
 def folder(tmp_path_factory):
     """A random Llama with a byte-level BPE tokenizer that adds BOS (as Llama's), 96 positions."""
     root = tmp_path_factory.mktemp("llama") / "hf"
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator([TEXT], vocab_size=400, special_tokens=["<s>", "</s>"])
-    bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
-    config = transformers.LlamaConfig(
-        vocab_size=bpe.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=96,
-        bos_token_id=0,
-        eos_token_id=1,
-        tie_word_embeddings=False,
-    )
-    randomized(config).save_pretrained(root)
-    fast.save_pretrained(root)
+    save_tiny_llama(root, TEXT, vocab_size=400, max_positions=96)
     return root
 
 
