@@ -24,6 +24,7 @@ import tempfile
 import time
 
 import common
+import jax
 import lm_eval
 import torch
 import transformers
@@ -31,6 +32,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
 import run
+from txjax import peak as txjax_peak
 from txjax.experiment import load_workdir
 from txjax.lm_eval_model import TxjaxLM
 
@@ -82,6 +84,26 @@ def best_times(lms: dict, requests: list, repeats: int) -> dict:
     }
 
 
+def txjax_work(lm, requests: list, seconds: float) -> dict:
+    """What txjax computed for the requests (its packed [rows, length] programs and the positions its LM head
+    scored), the model FLOPs of that (2 x multiply-adds: the layers' weights per position, the tied head's per
+    scored position; attention's few-% share left out) and their rate in `seconds` against the matmul peak measured
+    now (txjax.peak, one size): how close the scoring runs to the ceiling of its dtype."""
+    shapes, dispatch = [], lm._dispatch
+    lm._dispatch = lambda *a: (out := dispatch(*a), shapes.append(out[1]))[0]
+    lm.loglikelihood(list(requests), disable_tqdm=True)
+    lm._dispatch = dispatch
+    slots, scored = sum(r * n for r, n, _ in shapes), sum(r * w for r, _, w in shapes)
+    params = sum(x.size for x in jax.tree.leaves(lm.params))
+    head = lm.model.cfg.vocab_size * lm.model.cfg.d_model
+    flops = 2 * (params - head) * slots + 2 * head * scored
+    peak = txjax_peak.measure(
+        quick=True, repeats=5, variants={k: txjax_peak.VARIANTS[k] for k in ("float32", "bfloat16")}
+    )
+    return {"programs": sorted(set(shapes)), "positions": slots, "scored_positions": scored, "model_gflop": flops / 1e9,
+            "gflop_per_s": flops / seconds / 1e9, "peak_gflops_now": peak["peak_gflops"]}  # fmt: skip
+
+
 def compare(ours: dict, ref: dict, tasks: list[str]) -> dict:
     """Max |delta| of (log-likelihood) over loglikelihood requests; differing greedy flags and texts; metrics."""
     worst, requests, flags, texts, rolling = 0.0, 0, 0, 0, 0.0
@@ -131,6 +153,11 @@ def main() -> None:
     hf_out, _ = evaluate(hf, tasks, args.num_fewshot)
     speed = best_times({"txjax": ours, "hf": hf}, requests, args.repeats)
     check = compare(ours_out, hf_out, tasks)
+    work = txjax_work(ours, requests, speed["txjax"]["seconds"])
+    print(
+        f"txjax computed {work['positions']} positions ({work['scored_positions']} scored) in {work['programs']}: "
+        f"{work['gflop_per_s']:.0f} GFLOP/s against a float32 peak of {work['peak_gflops_now']['float32']:.0f}"
+    )
     rows = [
         {"model": name, **{k: s[k] for k in ("requests", "tokens", "seconds", "requests_per_s", "tokens_per_s")}}
         for name, s in speed.items()
@@ -147,6 +174,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "speed": {**speed, "ratio_tokens_per_s": ratio, "txjax_first_harness_run_s": first_run},
         "txjax_programs": ours.speed()["programs"],
+        "txjax_work": work,
         **check,
     }
     path = common.save("lm_eval" + (f"_{args.num_fewshot}shot" if args.num_fewshot else ""), payload)
