@@ -8,13 +8,8 @@ import os
 
 from txjax import distributed
 
-COMPILING_COMMANDS = (
-    "train",
-    "eval",
-    "generate",
-    "sweep",
-    "lm-eval",
-)  # those whose compiled steps the persistent cache keeps
+# the commands whose compiled steps the persistent compilation cache keeps (enable_compilation_cache)
+COMPILING_COMMANDS = ("train", "eval", "generate", "sweep", "lm-eval")
 
 
 def enable_compilation_cache() -> None:
