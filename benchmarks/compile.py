@@ -2,7 +2,7 @@
 
     python benchmarks/compile.py [--layers=2,12,48] [--shape=shakespeare_char]
 
-For each depth and stacking, the real train_step (txjax.train_step.make_train_step) is traced and lowered ('trace_s')
+For each depth and stacking, the real train_step (txjax.training.step.make_train_step) is traced and lowered ('trace_s')
 and compiled by XLA ('compile_s') from abstract shapes only (nothing is allocated or run). A scanned stack
 compiles one layer body whatever the depth, so its time should stay roughly flat; the loop's grows with depth.
 XLA_FLAGS from the environment apply and are recorded, e.g. the test suite's code generation (tests/conftest.py):
@@ -23,7 +23,7 @@ from train import SHAPES, build_config, lm_batches
 from txjax.experiment import build_model
 from txjax.optim import make_optimizer
 from txjax.train_state import init_state
-from txjax.train_step import make_train_step
+from txjax.training.step import make_train_step
 
 
 def compile_seconds(config) -> dict:

@@ -37,7 +37,7 @@ from txjax import config as config_lib
 from txjax.data import load_tokenizer
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
-from txjax.train import train
+from txjax.training.loop import train
 
 SHARED = config_lib.REPO.parent / "shared" / "data"
 EXPERIMENT = config_lib.REPO / "experiments" / "shakespeare_shards.py"

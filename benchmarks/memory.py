@@ -28,7 +28,7 @@ from train import SHAPES, build_config, lm_batches
 from txjax.experiment import build_model
 from txjax.optim import make_optimizer
 from txjax.train_state import init_state
-from txjax.train_step import make_train_step
+from txjax.training.step import make_train_step
 
 GB = 2**30
 

@@ -1,4 +1,4 @@
-"""Training throughput of txjax's own train_step (txjax.train_step.make_train_step): tokens/s, ms/step and MFU.
+"""Training throughput of txjax's own train_step (txjax.training.step.make_train_step): tokens/s, ms/step and MFU.
 
     python benchmarks/train.py --shape=shakespeare_char|baby_gpt|gpt2_small|marian_small
         [--dtype=float32,bfloat16] [--attention=auto,reference] [--scan_layers=true,false] [--steps=N]
@@ -40,7 +40,7 @@ from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.optim import make_optimizer
 from txjax.summary import train_flops_per_batch
 from txjax.train_state import init_state
-from txjax.train_step import make_train_step
+from txjax.training.step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"
 NANOGPT_OPTIMIZER = {"train.optimizer": "adamw", "train.learning_rate": 1e-3}  # the peers' (shakespeare_char: Muon)

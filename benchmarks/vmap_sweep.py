@@ -4,7 +4,7 @@
 
 The runs have the experiment's shape (default shakespeare_char: 4 layers, 4 heads, d_model 128, context 64,
 batch 12) and different seeds and learning rates, on random tokens (no data file needed). Both ways use the same
-train_step function (txjax.train_step.train_step_function): 'sequential' is one jitted step of each run in turn,
+train_step function (txjax.training.step.train_step_function): 'sequential' is one jitted step of each run in turn,
 'vmapped' one step of jit(vmap(train_step)) over the K stacked states. Calls are interleaved (common.time_calls),
 compilation excluded. Prints a table, writes results/vmap_sweep_PLATFORM.json and ends with one JSON line.
 """
@@ -22,9 +22,9 @@ import numpy as np
 from txjax import config as config_lib
 from txjax.experiment import build_model
 from txjax.optim import make_optimizer
-from txjax.runs import stack
 from txjax.train_state import init_state, run_keys
-from txjax.train_step import train_step_function
+from txjax.training.stack import stack
+from txjax.training.step import train_step_function
 
 VOCAB = 65
 

@@ -7,7 +7,7 @@ shared and tied embeddings scaled by sqrt(d_model) at the input (the size of iss
 Tokenizer: one SentencePiece unigram model of 8000 pieces shared by both languages, trained on both sides of the
 training file on the first run and kept in the workdir's tokenizer/. Pairs are packed into rows of 128 tokens, 8 rows
 per step. Budget: 20 minutes of training time (evals not counted), used whole on any machine: a WSD schedule sized
-by the budget (train.decay_start="budget", txjax.budget) holds the peak lr until 16 minutes have passed, then
+by the budget (train.decay_start="budget", txjax.training.budget) holds the peak lr until 16 minutes have passed, then
 decays linearly to lr/10 over the steps the last 4 minutes hold at the measured step rate, and the run ends there
 (train.steps = 10,000 is only a cap; the cosine schedule of earlier versions was sized at 2,100 steps for one
 machine's speed). An eval every 5 minutes logs valid loss and greedy BLEU/chrF. Test BLEU with beam 4:

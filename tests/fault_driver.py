@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orbax.checkpoint._src.checkpointers import async_checkpointer  # noqa: E402
 
 import run  # noqa: E402
-import txjax.train  # noqa: E402
+import txjax.training.loop  # noqa: E402
 
 
 def _unhandled(signum, frame):
@@ -53,8 +53,8 @@ def inject(name: str, where: str, n: int):
 
     commit = async_checkpointer._on_commit_callback
     patches = {
-        "batch": [(txjax.train, "prefetch", counted_items(txjax.train.prefetch))],
-        "eval": [(txjax.train, "eval_batches", counted_items(txjax.train.eval_batches))],
+        "batch": [(txjax.training.loop, "prefetch", counted_items(txjax.training.loop.prefetch))],
+        "eval": [(txjax.training.loop, "eval_batches", counted_items(txjax.training.loop.eval_batches))],
         "save": [(async_checkpointer, "_on_commit_callback", tick_then_commit)],
     }[where]
     before = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patches]

@@ -1,4 +1,4 @@
-"""WSD sized by the time budget (txjax.budget), on a fake clock that advances 1 s at every reading (the loop reads it
+"""WSD sized by the time budget (training.budget), on a fake clock that advances 1 s at every reading (the loop reads it
 about twice per step): the decay starts when half the 15 s budget has passed, the learning rate is constant before
 the recorded start and linear to min_lr after it, the run stops where the decay ends, at the end of the budget; a
 run crashed after the decay started and resumed ends with the parameters of the run never stopped. The runs are two
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from test_optim import tiny
 
-import txjax.train
-from txjax import budget
+import txjax.training.loop
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.optim import make_optimizer
-from txjax.train import train_runs
 from txjax.train_state import init_state
+from txjax.training import budget
+from txjax.training.loop import train_runs
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
@@ -49,7 +49,7 @@ def fake_clock(monkeypatch):
         now[0] += 1.0
         return now[0]
 
-    monkeypatch.setattr(txjax.train, "monotonic", clock)
+    monkeypatch.setattr(txjax.training.loop, "monotonic", clock)
 
 
 def train_pair(workdirs, monkeypatch):
@@ -108,7 +108,7 @@ def test_runs_resumed_after_the_decay_started_end_as_the_runs_never_stopped(stra
         data.batch = lambda seed, k, *a: (_ for _ in ()).throw(Crash()) if k == crash_at + 1 else batch(seed, k, *a)
         return data
 
-    monkeypatch.setattr(txjax.train, "build_dataset", crashing_dataset)
+    monkeypatch.setattr(txjax.training.loop, "build_dataset", crashing_dataset)
     workdirs = [tmp_path / "a", tmp_path / "b"]
     with pytest.raises(Crash):
         train_pair(workdirs, monkeypatch)

@@ -14,7 +14,7 @@ from test_train import TINY_FLAGS
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.experiment import load_workdir
-from txjax.train import train
+from txjax.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

@@ -17,7 +17,7 @@ from test_train import TINY_FLAGS, TINY_MODEL
 
 from txjax import config as config_lib
 from txjax.data import prefetch
-from txjax.train import train
+from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

@@ -23,7 +23,7 @@ from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.experiment import load_workdir
 from txjax.metrics_log import read_metrics
-from txjax.train import train
+from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

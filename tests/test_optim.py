@@ -9,8 +9,8 @@ import pytest
 
 from txjax import config as config_lib
 from txjax.optim import OPTIMIZERS, eval_params, is_decayed, learning_rate_at, make_optimizer
-from txjax.train import train, train_runs
 from txjax.train_state import TrainState
+from txjax.training.loop import train, train_runs
 
 LR, W, S, R = 1e-2, 10, 110, 0.1  # peak, warmup, steps, min_lr_ratio
 

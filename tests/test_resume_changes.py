@@ -1,4 +1,4 @@
-"""Settings changed on resume are applied or refused, never silently ignored (txjax.resume): a changed learning rate
+"""Settings changed on resume are applied or refused, never silently ignored (training.resume): a changed learning rate
 and schedule length apply from the resume step and are recorded; a tokenizer built for other data is refused; a
 rerun of a finished run keeps its recorded results."""
 
@@ -11,7 +11,7 @@ from txjax import config as config_lib
 from txjax.experiment import build_tokenizer
 from txjax.metrics_log import read_metrics
 from txjax.optim import learning_rate_at
-from txjax.train import train
+from txjax.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

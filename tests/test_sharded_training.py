@@ -18,7 +18,7 @@ from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import init_params, params_shardings
 from txjax.sharding import global_batch
-from txjax.train import train
+from txjax.training.loop import train
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),

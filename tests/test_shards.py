@@ -21,7 +21,7 @@ from txjax.evaluate import evaluate, make_eval_step
 from txjax.model_config import ModelConfig
 from txjax.models import DecoderLM
 from txjax.objective import init_params
-from txjax.train import train
+from txjax.training.loop import train
 
 L = 24  # seq_len: the documents are ~5-60 tokens, so packed rows hold several
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

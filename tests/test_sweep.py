@@ -16,7 +16,7 @@ from txjax.experiment import load_workdir
 from txjax.metrics_log import MetricsLog, read_metrics
 from txjax.sweep import expand, load_sweep, run_sweep
 from txjax.sweep_report import write_report
-from txjax.train import train
+from txjax.training.loop import train
 
 REPO = Path(__file__).parents[1]
 

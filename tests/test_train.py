@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-import txjax.train
+import txjax.training.loop
 from txjax import config as config_lib
 from txjax import families, profiling
 from txjax.checkpoint import Checkpointer
@@ -20,9 +20,9 @@ from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_m
 from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
 from txjax.optim import make_optimizer
-from txjax.train import Diverged, train, train_runs
 from txjax.train_state import init_state
-from txjax.train_step import make_train_step
+from txjax.training.loop import Diverged, train, train_runs
+from txjax.training.step import make_train_step
 
 REPO = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
@@ -258,7 +258,7 @@ def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkey
     def broken_peak():
         raise RuntimeError("no matmul today")
 
-    monkeypatch.setattr(txjax.train, "peak_gflops", broken_peak)
+    monkeypatch.setattr(txjax.training.loop, "peak_gflops", broken_peak)
     assert train(tiny_config(), tmp_path / "failed")["step"] == 6
     assert not any("mfu" in r for r in read_metrics(tmp_path / "failed"))
     assert "mfu not logged: measuring the matmul peak failed (RuntimeError: no matmul today)" in capsys.readouterr().err
@@ -279,7 +279,7 @@ def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
         data.batch = lambda seed, k, *args: (_ for _ in ()).throw(Crash()) if k == 3 else batch(seed, k, *args)
         return data
 
-    monkeypatch.setattr(txjax.train, "build_dataset", crashing_dataset)
+    monkeypatch.setattr(txjax.training.loop, "build_dataset", crashing_dataset)
     with pytest.raises(Crash):
         train(tiny_config(*flags), tmp_path / "crashed")
     monkeypatch.undo()
@@ -343,8 +343,8 @@ def test_evals_by_training_time_decode_and_do_not_count_against_the_budget(tmp_p
         now[0] += 1000.0
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(txjax.train, "monotonic", clock)
-    monkeypatch.setattr(txjax.train, "evaluate", slow_evaluate)
+    monkeypatch.setattr(txjax.training.loop, "monotonic", clock)
+    monkeypatch.setattr(txjax.training.loop, "evaluate", slow_evaluate)
     config = tiny_config(
         "--config.train.max_minutes=0.5",
         "--config.train.eval_every_minutes=0.05",

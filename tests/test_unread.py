@@ -5,7 +5,7 @@ import pytest
 
 import run
 from txjax import config as config_lib
-from txjax import resume
+from txjax.training import resume
 
 PAIRS = ["--config.family=encoder_decoder", "--config.data.kind=parallel", "--config.data.path=pairs.tsv"]
 SHARDS = ["--config.data.kind=shards", "--config.data.path=shards"]

@@ -15,7 +15,7 @@ from txjax.data import CharTokenizer
 from txjax.model_config import ModelConfig
 from txjax.models import DecoderLM, EncoderDecoder, unstack_layers
 from txjax.summary import param_shapes
-from txjax.train import train
+from txjax.training.loop import train
 from txjax.viz import attention_maps, capture_attention, select_panels, token_labels
 
 TOK = CharTokenizer.from_text("abc de\n$", specials=True)

@@ -26,7 +26,7 @@ DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
-HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.resume)
+HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
 
 
 class ConfigError(ValueError):
@@ -289,11 +289,11 @@ RESUME_FIXED = {
         "pack",
     ),
     "train": ("seed", "batch_size", "grad_accum", "optimizer", "decay_start", "init_from"),
-}  # every other field applies from the resume step (txjax.resume)
+}  # every other field applies from the resume step (txjax.training.resume)
 
 
 def save(config: ml_collections.ConfigDict, workdir: Path, history: list | None = None) -> None:
-    """Writes config.json: the config and, under "history", the settings a resumed run changed (txjax.resume)."""
+    """Writes config.json: the config and, under "history", the settings a resumed run changed (training.resume)."""
     saved = json.loads(config.to_json()) | ({HISTORY: history} if history else {})
     (Path(workdir) / CONFIG_FILE).write_text(json.dumps(saved, indent=1) + "\n")
 

@@ -3,7 +3,7 @@
 `metrics.jsonl` holds one object per line: {"step": s, "split": "train" | "valid", metric: value, ...}. When a
 run resumes from step s, the lines past s (written by the run that was killed) are dropped first, so the file
 always tells one history. A resume that changed settings adds {"step": s, "split": "config", "changes": {field:
-[old, new]}} (txjax.resume).
+[old, new]}} (txjax.training.resume).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class MetricsLog:
         return float(np.median(self.ms_per_step[1:] or self.ms_per_step)) if self.ms_per_step else None
 
     def changed(self, step: int, changes: dict) -> None:
-        """Records the settings a resumed run changed from `step` (txjax.resume) as a "config" line."""
+        """Records the settings a resumed run changed from `step` (txjax.training.resume) as a "config" line."""
         if self.lead:
             self.file.write(json.dumps({"step": step, "split": "config", "changes": changes}) + "\n")
             self.file.flush()

@@ -18,7 +18,7 @@ weight decay w -= lr(t) weight_decay w on matrices and embeddings only (not on n
               averaged point x = (y - (1 - b1) z) / b1, not the training iterate y.
 The scalar settings (HYPERPARAMS) live in the optimizer state as arrays (optax.inject_hyperparams), not in the
 compiled program: runs that differ only in them (and the seed) can be stacked and trained under jax.vmap.
-WSD sized by a time budget (train.decay_start="budget", txjax.budget): the decay's start D and length n are
+WSD sized by a time budget (train.decay_start="budget", txjax.training.budget): the decay's start D and length n are
 injected too (BUDGET_PLAN), so the step the training loop chose for them is saved in every checkpoint; the lr is
 lr until step D, then linearly down to r lr at D + n.
 muP (model.parametrization="mup", Yang et al. 2022, Table 8): every parameter's update is multiplied by its
@@ -41,7 +41,7 @@ HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 OPTIMIZERS = ("adamw", "lion", "adafactor", "muon", "schedule_free_adamw")
 _STATIC = ("steps", "grad_clip", "optimizer", "schedule", "decay_fraction")  # part of the compiled program
-BUDGET_PLAN = ("decay_from", "decay_steps", "trained_s")  # decay_start="budget": injected, set by txjax.budget
+BUDGET_PLAN = ("decay_from", "decay_steps", "trained_s")  # decay_start="budget": injected, set by txjax.training.budget
 MUP_OPTIMIZERS = ("adamw", "lion")
 
 

@@ -21,7 +21,7 @@ the run ends; DIR/results.csv, results.md and results.png are rewritten after ev
 again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed run, a
 crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.preemption) leaves a sweep that one
 more command finishes; one sweep at a time writes DIR (txjax.workdir_lock). Runs that differ only in the seed and the
-optimizer's scalar settings are trained together under jax.vmap (txjax.runs) unless --no-vmap.
+optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless --no-vmap.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import ml_collections
 from txjax import config as config_lib
 from txjax import preemption, workdir_lock
 from txjax.probes import run_probes
-from txjax.runs import group_key
 from txjax.sweep_report import fmt, short, write_report
-from txjax.train import train_runs
+from txjax.training.loop import train_runs
+from txjax.training.stack import group_key
 
 RESULT_FILE = "result.json"
 SWEEP_FILE = "sweep.json"
@@ -183,7 +183,7 @@ def _groups(runs: list[SweepRun]) -> list[list[SweepRun]]:
 
 
 def _train(group: list[SweepRun], probes: list[str]) -> None:
-    """Trains a group (txjax.train.train_runs: one run, or one vmapped program), then probes each run; records the
+    """Trains a group (training.loop.train_runs: one run, or one vmapped program), then probes each run; records the
     outcome of every run in its result.json. An error fails the runs it hits, not the sweep."""
     began = time.monotonic()
     try:

@@ -36,7 +36,7 @@ BIBLE_EN_ES = {  # experiments/bible_en_es.py of 2026-12-01, its schedule sized 
     "train.batch_size": 16,
     "train.optimizer": "adamw",
     "train.schedule": "cosine",
-    "train.decay_start": "steps",  # the experiment now sizes a WSD by its budget (txjax.budget)
+    "train.decay_start": "steps",  # the experiment now sizes a WSD by its budget (txjax.training.budget)
     "train.warmup_steps": 200,
     "train.label_smoothing": 0.1,
 }

@@ -10,7 +10,7 @@ from pathlib import Path
 from txjax import config as config_lib
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.distributed import is_lead
-from txjax.train import train
+from txjax.training.loop import train
 
 
 def main(argv: list[str]) -> None:

@@ -1,5 +1,5 @@
 """Training: the one loop around the jitted train step (resume, checkpoints, evals, logs, time budget), for one run
-or R runs stacked under jax.vmap (txjax.runs): every feature of the loop reaches sweeps as it reaches single runs.
+or R runs stacked under jax.vmap (training.stack): every feature of the loop reaches sweeps as it reaches single runs.
 
 Batch k is a pure function of (seed, k), step s draws its dropout masks from fold_in(dropout key, s) and
 checkpoints hold the whole state, so a resumed run takes the same steps as one that never stopped (bit for bit on
@@ -10,11 +10,11 @@ padding included) and
     mfu = model FLOPs per step / seconds per step / (devices x peak FLOP/s of one device in model.dtype)
 with the FLOPs from the batch shape (summary.train_flops_per_batch; R stacked runs: R times one run's, since they
 share the device) and the peak measured once per device kind (txjax.peak.peak_gflops, cached).
-train.decay_start="budget" sizes the WSD decay by the time budget and ends the run where it ends (txjax.budget).
+train.decay_start="budget" sizes the WSD decay by the time budget and ends the run where it ends (training.budget).
 A run whose loss or parameters become non-finite stops (Diverged); in a stacked group the others go on. A run holds
 its workdir's writer lock (txjax.workdir_lock); SIGTERM or SIGINT stop it after the current step with a checkpoint
 of that step (txjax.preemption). Settings changed on resume are refused or applied from the resume step and
-recorded (txjax.resume); a file of the workdir that cannot be written (no space, read-only, quota) ends the run in
+recorded (training.resume); a file of the workdir that cannot be written (no space, read-only, quota) ends the run in
 one StorageError line, a checkpoint save at the step it was for (txjax.storage).
 """
 
@@ -28,8 +28,8 @@ from time import monotonic
 
 import ml_collections
 
-from txjax import budget, families, init_from, memory, preemption, resume, storage, workdir_lock
 from txjax import config as config_lib
+from txjax import families, init_from, memory, preemption, storage, workdir_lock
 from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.distributed import InFlight, agree, barrier, is_lead, run_mesh
@@ -53,8 +53,9 @@ from txjax.metrics_log import MetricsLog
 from txjax.optim import eval_params
 from txjax.peak import peak_gflops
 from txjax.profiling import StepProfiler
-from txjax.runs import common_step, layout
 from txjax.summary import train_flops_per_batch
+from txjax.training import budget, resume
+from txjax.training.stack import common_step, layout
 
 
 class Diverged(RuntimeError):
@@ -70,7 +71,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
 
 def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path]) -> list[dict | Exception]:
-    """Trains the runs together (one: as it is; more: stacked, see txjax.runs.group_key), resuming from the last step
+    """Trains the runs together (one: as it is; more: stacked, see stack.group_key), resuming from the last step
     all of them saved; per run, the final metrics or the Diverged error that stopped it."""
     workdirs = [Path(w) for w in workdirs]
     with contextlib.ExitStack() as held:  # one writer per workdir; SIGTERM/SIGINT stop with a checkpoint
@@ -108,7 +109,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path):
 
 def save_config(config: ml_collections.ConfigDict, workdir: Path, ckpt: Checkpointer, start: int) -> dict:
     """Writes the resolved config into `workdir`, after checking that a run resuming from `ckpt` at `start` changes
-    no setting it may not (txjax.resume); the changes it applies from there, recorded in config.json's history."""
+    no setting it may not (training.resume); the changes it applies from there, recorded in config.json's history."""
     changes = {}
     if ckpt.latest_step() is not None:
         changes = resume.check(config_lib.load(workdir), config, workdir)

@@ -6,7 +6,7 @@ train_step(state, batch, dropout_key) -> (state, metrics):
     theta, opt_state <- AdamW(clip(g))                 (txjax.train_state)
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
-vmapped for stacked runs (txjax.runs).
+vmapped for stacked runs (txjax.training.stack).
 """
 
 from __future__ import annotations

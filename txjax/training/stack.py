@@ -6,7 +6,7 @@ on a leading run axis and trained together under jax.vmap on one device:
 Stacked runs may differ only in train.seed (parameters, batch order, dropout) and the optimizer's scalar settings
 (txjax.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
 their results equal those of the runs trained one by one (up to float reassociation in the batched matmuls).
-`OneRun` and `StackedRuns` have the same methods, so txjax.train's one loop serves both.
+`OneRun` and `StackedRuns` have the same methods, so txjax.training.loop's one loop serves both.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from txjax.config import ConfigError
 from txjax.optim import HYPERPARAMS, make_optimizer
 from txjax.sharding import global_batch, process_rows
 from txjax.train_state import init_state, run_keys, state_shardings, with_hyperparams
-from txjax.train_step import make_train_step, train_step_function
+from txjax.training.step import make_train_step, train_step_function
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
 
@@ -134,7 +134,7 @@ class StackedRuns:
 
 def configured(t) -> dict:
     """The optimizer's injected settings (optim.HYPERPARAMS) of t = config.train: a resumed run takes these, not the
-    checkpoint's, so a changed learning rate or schedule applies from the resume step (txjax.resume)."""
+    checkpoint's, so a changed learning rate or schedule applies from the resume step (txjax.training.resume)."""
     return {name: t[name] for name in HYPERPARAMS}
 
 
