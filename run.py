@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     from txjax.extras import MissingExtra
     from txjax.memory import out_of_memory_line
     from txjax.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
-    from txjax.training.loop import Diverged
+    from txjax.training.run import Diverged
 
     if argv[0] in COMPILING_COMMANDS:
         enable_compilation_cache()

@@ -2,7 +2,8 @@
 
     python benchmarks/compile.py [--layers=2,12,48] [--shape=shakespeare_char]
 
-For each depth and stacking, the real train_step (txjax.training.step.make_train_step) is traced and lowered ('trace_s')
+For each depth and stacking, the real train_step (txjax.training.step.make_train_step) is traced and lowered
+('trace_s')
 and compiled by XLA ('compile_s') from abstract shapes only (nothing is allocated or run). A scanned stack
 compiles one layer body whatever the depth, so its time should stay roughly flat; the loop's grows with depth.
 XLA_FLAGS from the environment apply and are recorded, e.g. the test suite's code generation (tests/conftest.py):
@@ -21,18 +22,19 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
-from txjax.optim import make_optimizer
+from txjax.optim import OptimConfig, make_optimizer
 from txjax.train_state import init_state
+from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 
 def compile_seconds(config) -> dict:
     """Seconds to trace+lower and to compile the train step of `config` (a fresh jit each time)."""
-    model, tx = build_model(config), make_optimizer(config.train)
+    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
     state = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), lm_batches(config, 1)[0])
     start = time.perf_counter()
-    lowered = make_train_step(model, tx, config.train).lower(state, batch)
+    lowered = make_train_step(model, tx, TrainConfig.of(config.train)).lower(state, batch)
     traced = time.perf_counter()
     lowered.compile()
     return {"trace_s": traced - start, "compile_s": time.perf_counter() - traced}

@@ -26,8 +26,9 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
-from txjax.optim import make_optimizer
+from txjax.optim import OptimConfig, make_optimizer
 from txjax.train_state import init_state
+from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 GB = 2**30
@@ -42,10 +43,10 @@ def case(shape: str, overrides: list[str], max_gb: float) -> dict:
     is under max_gb, run two steps and measure the peak."""
     base = max_rss_gb()  # Python, jax and txjax imported
     config = build_config(shape, overrides)
-    model, tx = build_model(config), make_optimizer(config.train)
+    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
     state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
     batch = jax.device_put(lm_batches(config, 1)[0])
-    step = make_train_step(model, tx, config.train).lower(state, batch).compile()
+    step = make_train_step(model, tx, TrainConfig.of(config.train)).lower(state, batch).compile()
     m = step.memory_analysis()
     out = {
         "xla_estimate_gb": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / GB,

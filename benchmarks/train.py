@@ -37,9 +37,10 @@ from txjax import config as config_lib
 from txjax import families
 from txjax.attention import resolve_impl
 from txjax.experiment import build_dataset, build_model, build_tokenizer
-from txjax.optim import make_optimizer
+from txjax.optim import OptimConfig, make_optimizer
 from txjax.summary import train_flops_per_batch
 from txjax.train_state import init_state
+from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"
@@ -153,9 +154,9 @@ def tokens_per_step(config, batches) -> tuple[float, int]:
 
 def stepper(config):
     """A no-argument function that runs one train_step (the state threaded through, batches cycled)."""
-    model, tx = build_model(config), make_optimizer(config.train)
+    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
     state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
-    train_step = make_train_step(model, tx, config.train)
+    train_step = make_train_step(model, tx, TrainConfig.of(config.train))
     holder = [state]
 
     def run(batch):

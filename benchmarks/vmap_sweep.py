@@ -12,6 +12,7 @@ compilation excluded. Prints a table, writes results/vmap_sweep_PLATFORM.json an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import common
@@ -23,6 +24,7 @@ from txjax import config as config_lib
 from txjax.experiment import build_model
 from txjax.optim import make_optimizer
 from txjax.train_state import init_state, run_keys
+from txjax.training.config import TrainConfig
 from txjax.training.stack import stack
 from txjax.training.step import train_step_function
 
@@ -43,14 +45,14 @@ def random_batch(rng, batch_size: int, seq_len: int) -> dict:
 
 def variants(config, k: int) -> dict:
     """{'sequential': one step of each of the K runs, 'vmapped': one vmapped step of all K}, each a fn()."""
-    t = config.train
+    t = TrainConfig.of(config.train)
     model = build_model(config)
-    train_step = train_step_function(model, make_optimizer(t), t)
+    train_step = train_step_function(model, make_optimizer(t.optim), t)
     one_step = jax.jit(train_step, donate_argnums=0)
     all_steps = jax.jit(jax.vmap(train_step), donate_argnums=0)
-    runs = [{**t.to_dict(), "seed": i, "learning_rate": t.learning_rate * (1 + i / k)} for i in range(k)]
-    states = [jax.jit(lambda r=r: init_state(model, make_optimizer(r), r["seed"]))() for r in runs]
-    keys = [run_keys(r["seed"])[1] for r in runs]
+    runs = [dataclasses.replace(t.optim, learning_rate=t.optim.learning_rate * (1 + i / k)) for i in range(k)]
+    states = [jax.jit(lambda i=i: init_state(model, make_optimizer(runs[i]), i))() for i in range(k)]
+    keys = [run_keys(i)[1] for i in range(k)]
     rng = np.random.default_rng(0)
     batches = [jax.device_put(random_batch(rng, t.batch_size, config.data.seq_len)) for _ in runs]
     stacked = {"state": stack(states), "batch": stack(batches), "keys": jnp.stack(keys)}

@@ -1,8 +1,8 @@
-"""WSD sized by the time budget (training.budget), on a fake clock that advances 1 s at every reading (the loop reads it
-about twice per step): the decay starts when half the 15 s budget has passed, the learning rate is constant before
-the recorded start and linear to min_lr after it, the run stops where the decay ends, at the end of the budget; a
-run crashed after the decay started and resumed ends with the parameters of the run never stopped. The runs are two
-stacked muP runs (width multiplier 2), so muP's vmapped training and its resume are tested here too."""
+"""WSD sized by the time budget (txjax.training.budget), on a fake clock that advances 1 s at every reading (the
+loop reads it about twice per step): the decay starts when half the 15 s budget has passed, the learning rate is
+constant before the recorded start and linear to min_lr after it, the run stops where the decay ends, at the end of
+the budget; a run crashed after the decay started and resumed ends with the parameters of the run never stopped. The
+runs are two stacked muP runs (width multiplier 2), so muP's vmapped training and its resume are tested here too."""
 
 import jax
 import numpy as np
@@ -10,14 +10,15 @@ import pytest
 from test_optim import tiny
 
 import txjax.training.loop
+import txjax.training.run
 from txjax import config as config_lib
 from txjax.checkpoint import Checkpointer
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.metrics_log import read_metrics
-from txjax.optim import make_optimizer
+from txjax.optim import OptimConfig, make_optimizer
 from txjax.train_state import init_state
 from txjax.training import budget
-from txjax.training.loop import train_runs
+from txjax.training.stack import train_runs
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
@@ -70,7 +71,9 @@ def saved_plan(workdir) -> dict:
     """The plan in the workdir's last checkpoint."""
     config = config_lib.load(workdir)
     model = build_model(config)
-    abstract = jax.eval_shape(lambda: init_state(model, make_optimizer(config.train, model.cfg), config.train.seed))
+    abstract = jax.eval_shape(
+        lambda: init_state(model, make_optimizer(OptimConfig.of(config.train), model.cfg), config.train.seed)
+    )
     ckpt = Checkpointer(workdir / "checkpoints", 3)
     try:
         return budget.read(ckpt.restore(abstract))
@@ -108,7 +111,7 @@ def test_runs_resumed_after_the_decay_started_end_as_the_runs_never_stopped(stra
         data.batch = lambda seed, k, *a: (_ for _ in ()).throw(Crash()) if k == crash_at + 1 else batch(seed, k, *a)
         return data
 
-    monkeypatch.setattr(txjax.training.loop, "build_dataset", crashing_dataset)
+    monkeypatch.setattr(txjax.training.run, "build_dataset", crashing_dataset)
     workdirs = [tmp_path / "a", tmp_path / "b"]
     with pytest.raises(Crash):
         train_pair(workdirs, monkeypatch)

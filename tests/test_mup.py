@@ -16,7 +16,7 @@ from txjax import config as config_lib
 from txjax.model_config import ModelConfig
 from txjax.models import DecoderLM
 from txjax.objective import init_params, token_sums
-from txjax.optim import is_decayed, is_hidden, learning_rate_at, make_optimizer, mup_lr_multipliers
+from txjax.optim import OptimConfig, is_decayed, is_hidden, learning_rate_at, make_optimizer, mup_lr_multipliers
 
 BASE, STD = 16, 0.02
 HIDDEN = {"query", "key", "value", "out", "wi", "wo"}  # Table 8's hidden weights: both dimensions grow with width
@@ -86,7 +86,7 @@ def test_at_the_base_width_mup_is_the_standard_model_and_the_readout_is_divided_
 def train_section(**kw):
     t = config_lib.base_config().train
     t.update(steps=20, warmup_steps=0, learning_rate=1e-2, **kw)
-    return t
+    return OptimConfig.of(t)
 
 
 def test_adamw_under_mup_is_two_adamws_with_lr_and_lr_over_m():

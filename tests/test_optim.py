@@ -8,9 +8,10 @@ import optax.contrib
 import pytest
 
 from txjax import config as config_lib
-from txjax.optim import OPTIMIZERS, eval_params, is_decayed, learning_rate_at, make_optimizer
+from txjax.optim import OPTIMIZERS, OptimConfig, eval_params, is_decayed, learning_rate_at, make_optimizer
 from txjax.train_state import TrainState
-from txjax.training.loop import train, train_runs
+from txjax.training.loop import train
+from txjax.training.stack import train_runs
 
 LR, W, S, R = 1e-2, 10, 110, 0.1  # peak, warmup, steps, min_lr_ratio
 
@@ -47,7 +48,7 @@ def train_config(optimizer, **train):
     config = config_lib.base_config()
     config.train.update(**{"steps": S, "warmup_steps": W, "learning_rate": LR, "min_lr_ratio": R, **train})
     config.train.optimizer = optimizer
-    return config.train
+    return OptimConfig.of(config.train)
 
 
 def direct(optimizer, t):
@@ -108,7 +109,7 @@ def test_each_optimizer_updates_as_the_direct_optax_call(optimizer):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
     assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(params)))
-    evaluated = eval_params(t, TrainState(step=jnp.int32(3), params=a, opt_state=state_a))
+    evaluated = eval_params(t.optimizer, TrainState(step=jnp.int32(3), params=a, opt_state=state_a))
     if optimizer == "schedule_free_adamw":  # the averaged point, not the iterate
         expected = optax.contrib.schedule_free_eval_params(state_b[-1], b)
         for x, y in zip(jax.tree.leaves(evaluated), jax.tree.leaves(expected), strict=True):

@@ -1,6 +1,6 @@
-"""Settings changed on resume are applied or refused, never silently ignored (training.resume): a changed learning rate
-and schedule length apply from the resume step and are recorded; a tokenizer built for other data is refused; a
-rerun of a finished run keeps its recorded results."""
+"""Settings changed on resume are applied or refused, never silently ignored (txjax.training.resume): a changed
+learning rate and schedule length apply from the resume step and are recorded; a tokenizer built for other data is
+refused; a rerun of a finished run keeps its recorded results."""
 
 import json
 

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import txjax.training.loop
+import txjax.training.run
 from txjax import config as config_lib
 from txjax import families, profiling
 from txjax.checkpoint import Checkpointer
@@ -19,9 +20,12 @@ from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import token_sums
-from txjax.optim import make_optimizer
+from txjax.optim import OptimConfig, make_optimizer
 from txjax.train_state import init_state
-from txjax.training.loop import Diverged, train, train_runs
+from txjax.training.config import TrainConfig
+from txjax.training.loop import train
+from txjax.training.run import Diverged
+from txjax.training.stack import train_runs
 from txjax.training.step import make_train_step
 
 REPO = Path(__file__).parents[1]
@@ -129,7 +133,7 @@ def _model_and_state(config, tmp_path):
     tokenizer = build_tokenizer(config, tmp_path)
     data = build_dataset(config, tokenizer, "train")
     fill_model_sizes(config, tokenizer, data)
-    model, tx = build_model(config), make_optimizer(config.train)
+    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
     return data, model, tx, jax.jit(lambda: init_state(model, tx, config.train.seed))()
 
 
@@ -141,7 +145,7 @@ def test_grad_accumulation_equals_the_full_batch(tmp_path):
     params = {}
     for accum in (1, 2):
         config.train.grad_accum = accum
-        step = make_train_step(model, tx, config.train)
+        step = make_train_step(model, tx, TrainConfig.of(config.train))
         params[accum] = step(jax.tree_util.tree_map(np.copy, state), batch)[0].params
     for a, b in zip(jax.tree_util.tree_leaves(params[1]), jax.tree_util.tree_leaves(params[2])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
@@ -258,7 +262,7 @@ def test_train_records_hold_mfu_unless_measuring_the_peak_fails(tmp_path, monkey
     def broken_peak():
         raise RuntimeError("no matmul today")
 
-    monkeypatch.setattr(txjax.training.loop, "peak_gflops", broken_peak)
+    monkeypatch.setattr(txjax.training.run, "peak_gflops", broken_peak)
     assert train(tiny_config(), tmp_path / "failed")["step"] == 6
     assert not any("mfu" in r for r in read_metrics(tmp_path / "failed"))
     assert "mfu not logged: measuring the matmul peak failed (RuntimeError: no matmul today)" in capsys.readouterr().err
@@ -279,7 +283,7 @@ def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
         data.batch = lambda seed, k, *args: (_ for _ in ()).throw(Crash()) if k == 3 else batch(seed, k, *args)
         return data
 
-    monkeypatch.setattr(txjax.training.loop, "build_dataset", crashing_dataset)
+    monkeypatch.setattr(txjax.training.run, "build_dataset", crashing_dataset)
     with pytest.raises(Crash):
         train(tiny_config(*flags), tmp_path / "crashed")
     monkeypatch.undo()

@@ -11,8 +11,8 @@ Damage: orbax 0.12.8 stores no checksum of the array data (a byte flipped in
 `STEP/sha256sums.txt` (`sha256sum -c` format) over the files of the step's items, from orbax's post-finalization
 hook: in the step's temporary folder, after every process finished writing, before the step is committed, so a
 committed step always has it. `verified(step)` checks a step against it (the training loop resumes from the newest
-step every run has whole: training.stack.common_step); `restore` of the latest step falls back from a step that fails
-the check or does not restore to the newest one that does (a reader: eval, generate); a step saved without
+step every run has whole: txjax.training.run.common_step); `restore` of the latest step falls back from a step that
+fails the check or does not restore to the newest one that does (a reader: eval, generate); a step saved without
 checksums, by an older txjax, is restored unverified. Each bad step gets one warning line; when none is left, a
 ConfigError. A later save of a step set aside that way first renames its folder to `STEP.damaged` (orbax ignores
 that name), so the bytes are kept for a look.

@@ -293,7 +293,8 @@ RESUME_FIXED = {
 
 
 def save(config: ml_collections.ConfigDict, workdir: Path, history: list | None = None) -> None:
-    """Writes config.json: the config and, under "history", the settings a resumed run changed (training.resume)."""
+    """Writes config.json: the config and, under "history", the settings a resumed run changed
+    (txjax.training.resume)."""
     saved = json.loads(config.to_json()) | ({HISTORY: history} if history else {})
     (Path(workdir) / CONFIG_FILE).write_text(json.dumps(saved, indent=1) + "\n")
 

@@ -20,7 +20,7 @@ from txjax import config as config_lib
 from txjax import data, families
 from txjax.checkpoint import Checkpointer
 from txjax.distributed import first_device_mesh
-from txjax.optim import eval_params, make_optimizer
+from txjax.optim import OptimConfig, eval_params, make_optimizer
 from txjax.train_state import init_state, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
@@ -174,14 +174,14 @@ def load_workdir(
     workdir = Path(workdir)
     config = config_lib.load(workdir)
     model = build_model(config)
-    tx = make_optimizer(config.train, model.cfg)
+    tx = make_optimizer(OptimConfig.of(config.train), model.cfg)
     shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())
     init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     steps, total = [], None  # a running float32 sum: one restored state in memory at a time
     try:
         for saved, state in ckpt.restore_newest(jax.eval_shape(init), average, step):
-            params = eval_params(config.train, state)  # schedule-free AdamW: the averaged point
+            params = eval_params(config.train.optimizer, state)  # schedule-free AdamW: the averaged point
             if average > 1:
                 f32 = jax.tree.map(lambda leaf: leaf.astype(jnp.float32), params)
                 total = f32 if total is None else jax.tree.map(jnp.add, total, f32)

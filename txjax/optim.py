@@ -1,4 +1,4 @@
-"""The optimizer and its learning-rate schedule, built from `config.train` with optax.
+"""The optimizer and its learning-rate schedule, built with optax from OptimConfig (config.train's settings).
 
 Schedules (`train.schedule`), with a linear warmup from 0 over w = min(warmup_steps, S - 1) steps in all of them
 (S = train.steps, r = min_lr_ratio, lr = learning_rate):
@@ -31,6 +31,8 @@ have their own width scaling and are refused with muP. The learning rate stays a
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,34 @@ OPTIMIZERS = ("adamw", "lion", "adafactor", "muon", "schedule_free_adamw")
 _STATIC = ("steps", "grad_clip", "optimizer", "schedule", "decay_fraction")  # part of the compiled program
 BUDGET_PLAN = ("decay_from", "decay_steps", "trained_s")  # decay_start="budget": injected, set by txjax.training.budget
 MUP_OPTIMIZERS = ("adamw", "lion")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """config.train's optimizer and schedule settings (validated by txjax.config.validate). The HYPERPARAMS are
+    numbers, or traced arrays where stacked runs build their optimizers under jax.vmap (dataclasses.replace)."""
+
+    learning_rate: float
+    warmup_steps: int
+    min_lr_ratio: float
+    weight_decay: float
+    b1: float
+    b2: float
+    steps: int
+    grad_clip: float
+    optimizer: str
+    schedule: str
+    decay_fraction: float
+    decay_start: str
+
+    @classmethod
+    def of(cls, t) -> OptimConfig:
+        """From a validated config.train section."""
+        return cls(**{f.name: t[f.name] for f in dataclasses.fields(cls)})
+
+    def hyperparams(self) -> dict:
+        """The injected settings (HYPERPARAMS) by name: a resumed run writes these into its restored state."""
+        return {name: getattr(self, name) for name in HYPERPARAMS}
 
 
 def learning_rate_at(
@@ -74,12 +104,12 @@ def learning_rate_at(
     return learning_rate * jnp.where(step < w, warm, after)
 
 
-def current_learning_rate(t, opt_state, step):
+def current_learning_rate(o: OptimConfig, opt_state, step):
     """The learning rate the optimizer applies at `step`: its scalars read from the optimizer state (a stacked
-    run's own), the schedule's shape from t = config.train."""
+    run's own), the schedule's shape from `o`."""
     h = opt_state.hyperparams
-    schedule = "constant" if t["optimizer"] == "schedule_free_adamw" else t["schedule"]
-    args = (h["learning_rate"], h["warmup_steps"], h["min_lr_ratio"], t["steps"], schedule, t["decay_fraction"])
+    schedule = "constant" if o.optimizer == "schedule_free_adamw" else o.schedule
+    args = (h["learning_rate"], h["warmup_steps"], h["min_lr_ratio"], o.steps, schedule, o.decay_fraction)
     return learning_rate_at(step, *args, h.get("decay_from"), h.get("decay_steps"))
 
 
@@ -176,28 +206,29 @@ def _optimizer(
     return optax.chain(optax.clip_by_global_norm(grad_clip), tx) if grad_clip > 0 else tx
 
 
-def make_optimizer(t, model=None) -> optax.GradientTransformation:
-    """The clipped optimizer of `t` (config.train, or a mapping with its fields in which the HYPERPARAMS may be
-    traced arrays), its schedule inside; `model` (the ModelConfig) brings muP's learning-rate multipliers."""
+def make_optimizer(o: OptimConfig, model=None) -> optax.GradientTransformation:
+    """The clipped optimizer of `o`, its schedule inside; `model` (the ModelConfig) brings muP's learning-rate
+    multipliers."""
     factory = optax.inject_hyperparams(_optimizer, static_args=(*_STATIC, "multipliers"))
     mup = model is not None and model.parametrization == "mup"
     multipliers = (lambda params: mup_lr_multipliers(params, model)) if mup else None
-    return factory(**{name: t[name] for name in HYPERPARAMS + _STATIC}, multipliers=multipliers, **step_plan(t))
+    settings = {name: getattr(o, name) for name in HYPERPARAMS + _STATIC}
+    return factory(**settings, multipliers=multipliers, **step_plan(o))
 
 
-def step_plan(t) -> dict:
+def step_plan(o: OptimConfig) -> dict:
     """decay_start="budget": the plan before the budget decides, WSD sized by train.steps (D = S - f (S - w),
     n = S - D, what the run follows if the steps run out first), the clock at 0; else nothing to inject."""
-    if t["decay_start"] != "budget":
+    if o.decay_start != "budget":
         return {}
-    w = jnp.minimum(t["warmup_steps"], t["steps"] - 1)
-    n = jnp.asarray(t["decay_fraction"] * (t["steps"] - w), jnp.float32)
-    return {"decay_from": t["steps"] - n, "decay_steps": n, "trained_s": jnp.zeros((), jnp.float32)}
+    w = jnp.minimum(o.warmup_steps, o.steps - 1)
+    n = jnp.asarray(o.decay_fraction * (o.steps - w), jnp.float32)
+    return {"decay_from": o.steps - n, "decay_steps": n, "trained_s": jnp.zeros((), jnp.float32)}
 
 
-def eval_params(t, state):
+def eval_params(optimizer: str, state):
     """The parameters of a TrainState to evaluate: the training iterate, or schedule-free AdamW's averaged point."""
-    if t["optimizer"] != "schedule_free_adamw":
+    if optimizer != "schedule_free_adamw":
         return state.params
     inner = state.opt_state.inner_state
     # the schedule-free state alone, or after the clipping's empty state in a chain

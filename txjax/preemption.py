@@ -148,11 +148,12 @@ def raise_if_signalled() -> None:
         raise Preempted()
 
 
-def owed_eval(workdir, start: int, t) -> bool:
-    """Whether the periodic eval of the resumed step `start` is owed (t = config.train): due there, and missing from
-    metrics.jsonl because a signal cut it short or stopped the run at that step. The resumed run does it first, so
-    its records are those of a run never stopped. One process only (others cannot cut an eval short)."""
-    due = t.eval_every > 0 and 0 < start < t.steps and start % t.eval_every == 0
+def owed_eval(workdir, start: int, eval_every: int, steps: int) -> bool:
+    """Whether the periodic eval (every `eval_every` of the run's `steps`) of the resumed step `start` is owed: due
+    there, and missing from metrics.jsonl because a signal cut it short or stopped the run at that step. The resumed
+    run does it first, so its records are those of a run never stopped. One process only (others cannot cut an
+    eval short)."""
+    due = eval_every > 0 and 0 < start < steps and start % eval_every == 0
     if not due or jax.process_count() > 1:
         return False
     _state["step"] = start  # the step a signal during this eval stops at

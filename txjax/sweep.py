@@ -40,8 +40,7 @@ from txjax import config as config_lib
 from txjax import preemption, workdir_lock
 from txjax.probes import run_probes
 from txjax.sweep_report import fmt, short, write_report
-from txjax.training.loop import train_runs
-from txjax.training.stack import group_key
+from txjax.training.stack import group_key, train_runs
 
 RESULT_FILE = "result.json"
 SWEEP_FILE = "sweep.json"
@@ -183,8 +182,8 @@ def _groups(runs: list[SweepRun]) -> list[list[SweepRun]]:
 
 
 def _train(group: list[SweepRun], probes: list[str]) -> None:
-    """Trains a group (training.loop.train_runs: one run, or one vmapped program), then probes each run; records the
-    outcome of every run in its result.json. An error fails the runs it hits, not the sweep."""
+    """Trains a group (txjax.training.stack.train_runs: one run, or one vmapped program), then probes each run;
+    records the outcome of every run in its result.json. An error fails the runs it hits, not the sweep."""
     began = time.monotonic()
     try:
         outcomes = train_runs([r.config for r in group], [r.workdir for r in group])

@@ -32,7 +32,7 @@ from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
 from txjax.model_config import ModelConfig
 from txjax.models import unstack_layers
-from txjax.optim import make_optimizer
+from txjax.optim import OptimConfig, make_optimizer
 from txjax.train_state import TrainState, init_state
 
 
@@ -77,7 +77,7 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
     if not cfg.scan_layers:
         params = unstack_layers(params)
     check_params(params, cfg)  # an override that changes a shape is an error here, before anything is written
-    model, tx = build_model(config), make_optimizer(config.train, cfg)
+    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train), cfg)
     params = jax.tree.map(jnp.asarray, params)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
     expected = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))

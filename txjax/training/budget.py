@@ -26,14 +26,15 @@ from jax.experimental import multihost_utils
 
 from txjax.optim import BUDGET_PLAN
 from txjax.train_state import with_hyperparams
+from txjax.training.config import TrainConfig
 
 
 class BudgetPlan:
     """The training loop's side of the schedule: when the decay starts, and the step at which the run ends."""
 
-    def __init__(self, t, saved: dict, start: int):
-        """t = config.train; saved: the state's plan (`read`); start: the step this process starts from."""
-        self.budget_s, self.fraction, self.steps = 60.0 * t.max_minutes, t.decay_fraction, t.steps
+    def __init__(self, t: TrainConfig, saved: dict, start: int):
+        """saved: the state's plan (`read`); start: the step this process starts from."""
+        self.budget_s, self.fraction, self.steps = 60.0 * t.max_minutes, t.optim.decay_fraction, t.steps
         self.decay_from, self.decay_steps, self.carried_s = (saved[k] for k in BUDGET_PLAN)
         self.start, self.first_s = start, None  # first_s: training seconds after this process's first (compiling) step
 

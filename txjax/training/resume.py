@@ -6,8 +6,8 @@ applied, never silently ignored.
               ConfigError line naming each, raised before config.json is overwritten. A field the saved run did
               not read (txjax.unread; a config saved before those were refused may hold one) is applied instead
     applied   every other field, from the resume step: the optimizer's injected hyperparameters (optim.HYPERPARAMS)
-              are written into the restored state (training.stack.configured), the schedule's static fields (steps,
-              schedule, decay_fraction, grad_clip) and the objective's compile into the new train step, the
+              are written into the restored state (txjax.training.run.Run.restored), the schedule's static fields
+              (steps, schedule, decay_fraction, grad_clip) and the objective's compile into the new train step, the
               evaluation, logging and mesh settings are read by the loop. Each resume that changes any is recorded
               as {"step": s, "changes": {field: [old, new]}} in config.json's "history" and as a line
               {"step": s, "split": "config", "changes": ...} in metrics.jsonl.

@@ -1,18 +1,22 @@
-"""How R runs share one training program: one run as it is (on any mesh, any process count), or R > 1 runs stacked
-on a leading run axis and trained together under jax.vmap on one device:
+"""R runs stacked on a leading run axis and trained together under jax.vmap on one device, by the one training
+loop (txjax.training.loop) that trains a single run:
 
     states_R, metrics_R = jit(vmap(train_step))(states_R, batches_R, dropout_keys_R)
 
 Stacked runs may differ only in train.seed (parameters, batch order, dropout) and the optimizer's scalar settings
 (txjax.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
 their results equal those of the runs trained one by one (up to float reassociation in the batched matmuls).
-`OneRun` and `StackedRuns` have the same methods, so txjax.training.loop's one loop serves both.
+`Stack` has the methods of txjax.training.run.Run: the stacked state and program are its own, and each run's
+workdir, checkpoints, logs and evaluations stay that run's, handed its part of every tree. This is the one place
+that knows R.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,14 +25,20 @@ import numpy as np
 from jax.sharding import Mesh
 
 from txjax import init_from
-from txjax.checkpoint import Checkpointer
-from txjax.config import ConfigError
 from txjax.optim import HYPERPARAMS, make_optimizer
-from txjax.sharding import global_batch, process_rows
-from txjax.train_state import init_state, run_keys, state_shardings, with_hyperparams
-from txjax.training.step import make_train_step, train_step_function
+from txjax.train_state import init_state, run_keys
+from txjax.training.loop import drive
+from txjax.training.run import Run
+from txjax.training.step import train_step_function
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
+
+
+def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path]) -> list[dict | Exception]:
+    """Trains the runs together (one: as it is; more: stacked, see group_key), resuming from the last step all of
+    them saved; per run, the final metrics or the Diverged error that stopped it."""
+    runs = [Run(config, workdir) for config, workdir in zip(configs, workdirs)]
+    return [drive(runs[0])] if len(runs) == 1 else drive(Stack(runs))
 
 
 def group_key(config: ml_collections.ConfigDict) -> str | None:
@@ -43,101 +53,6 @@ def group_key(config: ml_collections.ConfigDict) -> str | None:
     return json.dumps(shared, sort_keys=True)
 
 
-def common_step(ckpts: list[Checkpointer]) -> int:
-    """The last step every run has a finished, undamaged checkpoint of (0: start afresh); ConfigError when there are
-    checkpoints and all are damaged (txjax.checkpoint: each damaged step gets one warning line)."""
-    steps = sorted(set.intersection(*(set(c.manager.all_steps()) for c in ckpts)), reverse=True)
-    whole = next((s for s in steps if all([c.verified(s) for c in ckpts])), None)
-    if steps and whole is None:
-        raise ConfigError(
-            f"no checkpoint of step {', '.join(map(str, steps))} in {', '.join(str(c.directory) for c in ckpts)} is "
-            "whole (see the warnings); move the checkpoints folder away to start the run afresh"
-        )
-    return whole or 0
-
-
-class OneRun:
-    """One run: the state laid out on `mesh` by its logical axes, each process building its rows of every batch."""
-
-    size = 1
-
-    def __init__(self, model, config: ml_collections.ConfigDict, mesh: Mesh):
-        t = self.train_config = config.train
-        tx = make_optimizer(t, model.cfg)
-        self.mesh, self.seed, self.rows = mesh, t.seed, process_rows(mesh, t.batch_size)
-        shardings = state_shardings(model, tx, t.seed, mesh)
-        self.init = jax.jit(lambda: init_state(model, tx, t.seed), out_shardings=shardings)
-        self.first = self.init
-        if t.get("init_from"):  # fine-tuning: another workdir's parameters, fresh moments
-            self.first = lambda: init_from.initial_state(t.init_from, model, tx, mesh, shardings)
-        self.train_step = make_train_step(model, tx, t, mesh)
-
-    def start(self, ckpts: list[Checkpointer], step: int):
-        """The state at `step`: at 0 drawn afresh (or train.init_from's), else restored (onto this mesh, whatever
-        mesh wrote it) with the optimizer's hyperparameters of this config (applied from the resume step)."""
-        if step == 0:
-            return self.first()
-        return with_hyperparams(ckpts[0].restore(jax.eval_shape(self.init), step), configured(self.train_config))
-
-    def batch(self, data, k: int):
-        return global_batch(data.batch(self.seed, k, self.train_config.batch_size, self.rows), self.mesh)
-
-    def of(self, tree, r: int):
-        """Run r's part of a state, parameters or metrics tree."""
-        return tree
-
-    def compiles(self) -> int:
-        """How often the train step was compiled (1 unless a shape changed)."""
-        return self.train_step._cache_size()
-
-
-class StackedRuns:
-    """R runs on one device, every state and batch leaf with a leading run axis R."""
-
-    def __init__(self, model, configs: list[ml_collections.ConfigDict]):
-        t = self.train_config = configs[0].train
-        self.size, self.seeds = len(configs), [c.train.seed for c in configs]
-        self.model, self.configs = model, configs
-        dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
-        step = jax.vmap(train_step_function(model, make_optimizer(t, model.cfg), t))
-        self._step = jax.jit(step, donate_argnums=0)
-        self.train_step = lambda states, batch: self._step(states, batch, dropout_keys_R)
-
-    def start(self, ckpts: list[Checkpointer], step: int):
-        """The stacked states at `step`: restored from each run's checkpoint, or drawn afresh (step 0) in one vmapped
-        program, each run with its own seed and optimizer hyperparameters."""
-        t = self.train_config
-        if step:
-            abstract = jax.eval_shape(lambda: init_state(self.model, make_optimizer(t, self.model.cfg), t.seed))
-            restored = [ckpt.restore(abstract, step) for ckpt in ckpts]
-            return stack([with_hyperparams(s, configured(c.train)) for s, c in zip(restored, self.configs)])
-        hyperparams = {name: jnp.asarray([c.train[name] for c in self.configs]) for name in HYPERPARAMS}
-        if t.get("init_from"):  # every run from the same imported parameters, each with its own fresh moments
-            params = init_from.source_params(t.init_from)
-            fresh = lambda h: init_from.fresh_state(params, make_optimizer({**t.to_dict(), **h}, self.model.cfg))
-            return jax.jit(jax.vmap(fresh))(hyperparams)
-        init = jax.vmap(
-            lambda seed, h: init_state(self.model, make_optimizer({**t.to_dict(), **h}, self.model.cfg), seed)
-        )
-        return jax.jit(init)(jnp.asarray(self.seeds), hyperparams)
-
-    def batch(self, data, k: int):
-        batches = [data.batch(seed, k, self.train_config.batch_size) for seed in self.seeds]
-        return jax.device_put(jax.tree_util.tree_map(lambda *rows: np.stack(rows), *batches))
-
-    def of(self, tree, r: int):
-        return unstack(tree, r)
-
-    def compiles(self) -> int:
-        return self._step._cache_size()
-
-
-def configured(t) -> dict:
-    """The optimizer's injected settings (optim.HYPERPARAMS) of t = config.train: a resumed run takes these, not the
-    checkpoint's, so a changed learning rate or schedule applies from the resume step (txjax.training.resume)."""
-    return {name: t[name] for name in HYPERPARAMS}
-
-
 @jax.jit
 def stack(trees: list):
     """[tree_1, ..., tree_R] -> one tree with a leading run axis R on every leaf (one compiled program)."""
@@ -150,10 +65,103 @@ def unstack(tree, r):
     return jax.tree_util.tree_map(lambda leaf: leaf[r], tree)
 
 
-def layout(model, configs: list[ml_collections.ConfigDict], mesh: Mesh):
-    """OneRun for one config, StackedRuns for several (which must share a group_key)."""
-    if len(configs) == 1:
-        return OneRun(model, configs[0], mesh)
-    if len({group_key(c) for c in configs}) != 1 or group_key(configs[0]) is None:
-        raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
-    return StackedRuns(model, configs)
+class Stack:
+    """R runs on one device, every state and batch leaf with a leading run axis R; the settings they share are
+    the first run's."""
+
+    def __init__(self, runs: list[Run]):
+        self.runs, self.size = runs, len(runs)
+        self.config, self.t, self.workdir = runs[0].config, runs[0].t, runs[0].workdir
+        self.name = ", ".join(run.name for run in runs)
+
+    def live(self) -> list[tuple[int, Run]]:
+        """(r, run) of the runs that have not diverged."""
+        return [(r, run) for r, run in enumerate(self.runs) if run.diverged is None]
+
+    def lock(self, held) -> None:
+        for run in self.runs:
+            run.lock(held)
+
+    def prepare(self):
+        """Each run's tokenizer in its workdir; the first run's (tokenizer, train, valid): stacked runs share data."""
+        return [run.prepare() for run in self.runs][0]
+
+    def open_checkpoints(self) -> list:
+        return [ckpt for run in self.runs for ckpt in run.open_checkpoints()]
+
+    def resolve(self, start: int) -> list[dict]:
+        return [run.resolve(start) for run in self.runs]
+
+    def compile(self, model, mesh: Mesh) -> None:
+        """The one vmapped program (stacked runs live on the default device, whatever `mesh`)."""
+        if len({group_key(run.config) for run in self.runs}) != 1 or group_key(self.config) is None:
+            raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
+        self.model, self.seeds = model, [run.t.seed for run in self.runs]
+        dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
+        step = jax.vmap(train_step_function(model, make_optimizer(self.t.optim, model.cfg), self.t))
+        self._step = jax.jit(step, donate_argnums=0)
+        self.train_step = lambda states, batch: self._step(states, batch, dropout_keys_R)
+
+    def start(self, step: int):
+        """The stacked states at `step`: restored from each run's checkpoint, or drawn afresh (step 0) in one vmapped
+        program, each run with its own seed and optimizer hyperparameters."""
+        model, o = self.model, self.t.optim
+        if step:
+            abstract = jax.eval_shape(lambda: init_state(model, make_optimizer(o, model.cfg), self.t.seed))
+            return stack([run.restored(abstract, step) for run in self.runs])
+        hyperparams = {
+            name: jnp.asarray([run.t.optim.hyperparams()[name] for run in self.runs]) for name in HYPERPARAMS
+        }
+        optimizer = lambda h: make_optimizer(dataclasses.replace(o, **h), model.cfg)
+        if self.t.init_from:  # every run from the same imported parameters, each with its own fresh moments
+            params = init_from.source_params(self.t.init_from)
+            return jax.jit(jax.vmap(lambda h: init_from.fresh_state(params, optimizer(h))))(hyperparams)
+        init = jax.vmap(lambda seed, h: init_state(model, optimizer(h), seed))
+        return jax.jit(init)(jnp.asarray(self.seeds), hyperparams)
+
+    def batch(self, data, k: int):
+        batches = [data.batch(seed, k, self.t.batch_size) for seed in self.seeds]
+        return jax.device_put(jax.tree_util.tree_map(lambda *rows: np.stack(rows), *batches))
+
+    def compiles(self) -> int:
+        return self._step._cache_size()
+
+    def measure(self, model, first, mesh: Mesh) -> tuple[float, float | None, int]:
+        """The figures of one run's step (Run.measure), the FLOPs R times: the runs share the device."""
+        flops, peak, slots = self.runs[0].measure(model, first, mesh)
+        return self.size * flops, peak, slots
+
+    def open_log(self, start: int, changes: list[dict], flops: float, peak: float | None, slots: int) -> None:
+        for run, changed in zip(self.runs, changes):
+            run.open_log(start, changed, flops, peak, slots)
+
+    def owed_eval(self, start: int, state, valid) -> None:
+        for r, run in enumerate(self.runs):
+            run.owed_eval(start, unstack(state, r), valid)
+
+    def logged(self, step: int, pending: list[dict]) -> bool:
+        """Each live run's log; False once every run diverged (the others go on)."""
+        for r, run in self.live():
+            run.logged(step, [unstack(m, r) for m in pending])
+        return bool(self.live())
+
+    def evaluate(self, step: int, state, valid) -> None:
+        for r, run in self.live():
+            run.evaluate(step, unstack(state, r), valid)
+
+    def save(self, step: int, state) -> None:
+        for r, run in self.live():
+            run.save(step, unstack(state, r))
+
+    def restart_clock(self) -> None:
+        for _, run in self.live():
+            run.restart_clock()
+
+    def stop(self, step: int, state) -> None:
+        for r, run in self.live():
+            run.stop(step, unstack(state, r))
+
+    def finish(self, step: int, state, start: int, valid, wall_minutes, program: dict) -> list[dict | Exception]:
+        return [
+            run.finish(step, unstack(state, r), start, valid, wall_minutes, program) for r, run in enumerate(self.runs)
+        ]

@@ -15,7 +15,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -25,10 +24,11 @@ from txjax.objective import forward, token_sums
 from txjax.optim import current_learning_rate
 from txjax.sharding import batch_sharding
 from txjax.train_state import TrainState, run_keys, state_shardings
+from txjax.training.config import TrainConfig
 
 
-def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict, mesh: Mesh | None = None):
-    """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and t = config.train, on `mesh` (default: the
+def make_train_step(model, tx: optax.GradientTransformation, t: TrainConfig, mesh: Mesh | None = None):
+    """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and the settings `t`, on `mesh` (default: the
     first device): the state laid out as train_state.state_shardings, the batch's rows split over data x fsdp."""
     mesh = mesh or first_device_mesh()
     state_sharding = state_shardings(model, tx, t.seed, mesh)
@@ -42,7 +42,7 @@ def make_train_step(model, tx: optax.GradientTransformation, t: ml_collections.C
     )
 
 
-def train_step_function(model, tx: optax.GradientTransformation, t: ml_collections.ConfigDict):
+def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig):
     """The pure train_step(state, batch, dropout_key) -> (state, metrics), to jit, or to vmap over runs.
 
     Everything that may differ between runs (parameters, optimizer hyperparameters, batch, dropout key) is an argument.
@@ -81,7 +81,7 @@ def train_step_function(model, tx: optax.GradientTransformation, t: ml_collectio
             "grad_norm": optax.tree.norm(grads),
             "target_tokens": sums["weight"],
             "finite": finite.all(),
-            "learning_rate": current_learning_rate(t, state.opt_state, state.step),
+            "learning_rate": current_learning_rate(t.optim, state.opt_state, state.step),
         }
 
     return train_step

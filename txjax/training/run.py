@@ -1,0 +1,241 @@
+"""One run as the training loop (txjax.training.loop) drives it: its workdir (writer lock, tokenizer, data, the
+resolved config and its resume check), checkpoints, logs and evaluations, and, trained alone, its program: the
+state laid out on a mesh by its logical axes and the jitted train step, each process building its rows of every
+batch. txjax.training.stack drives R of them with one vmapped program instead.
+
+A run whose loss or parameters become non-finite stops with Diverged, the last checkpoint before that kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import ml_collections
+from jax.sharding import Mesh
+
+from txjax import config as config_lib
+from txjax import families, init_from, memory, preemption, workdir_lock
+from txjax.checkpoint import Checkpointer
+from txjax.distributed import barrier, is_lead
+from txjax.evaluate import read_recorded, write_metrics
+from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fill_model_sizes
+from txjax.metrics_log import MetricsLog
+from txjax.optim import make_optimizer
+from txjax.peak import peak_gflops
+from txjax.sharding import global_batch, process_rows
+from txjax.summary import train_flops_per_batch
+from txjax.train_state import init_state, state_shardings, with_hyperparams
+from txjax.training import resume
+from txjax.training.config import TrainConfig
+from txjax.training.step import make_train_step
+
+
+class Diverged(RuntimeError):
+    """The loss or the parameters became NaN or infinite; the last checkpoint saved before that is kept."""
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: Path):
+    """(tokenizer, train, valid) of a run; the tokenizer saved in `workdir`, the model sizes filled into `config`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if config.train.get("init_from"):  # fine-tuning: the source's model section and tokenizer
+        init_from.adopt_model(config, workdir, lead=is_lead())
+        barrier("init_from")
+    with config_lib.user_errors():
+        tokenizer = build_tokenizer(config, workdir) if is_lead() else None
+        barrier("tokenizer")  # the other processes load the one process 0 built and saved
+        tokenizer = build_tokenizer(config, workdir) if tokenizer is None else tokenizer
+        train_data = build_dataset(config, tokenizer, "train")
+        valid_data = build_dataset(config, tokenizer, "valid")
+        fill_model_sizes(config, tokenizer, train_data)
+    return tokenizer, train_data, valid_data
+
+
+class Run:
+    """One run: built from its validated config and workdir, then opened step by step by the loop."""
+
+    size = 1
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str | Path):
+        self.config, self.workdir, self.t = config, Path(workdir), TrainConfig.of(config.train)
+        self.ckpt: Checkpointer | None = None
+        self.log: MetricsLog | None = None
+        self.saved: int | None = None  # the last finished checkpoint
+        self.record: dict | None = None  # the last logged train record
+        self.diverged: Diverged | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.workdir)
+
+    def lock(self, held) -> None:
+        """One writer per workdir, held by the ExitStack `held`."""
+        held.enter_context(workdir_lock.hold(self.workdir))
+
+    def prepare(self):
+        return prepare(self.config, self.workdir)
+
+    def open_checkpoints(self) -> list[Checkpointer]:
+        self.ckpt = Checkpointer(self.workdir / CHECKPOINT_DIR, self.t.keep_checkpoints)
+        return [self.ckpt]
+
+    def resolve(self, start: int) -> dict:
+        """Writes the resolved config into the workdir, after checking that a run resuming from its checkpoints at
+        `start` changes no setting it may not (txjax.training.resume); the changes it applies from there, recorded
+        in config.json's history."""
+        self.saved = start or None
+        changes = {}
+        if self.ckpt.latest_step() is not None:
+            changes = resume.check(config_lib.load(self.workdir), self.config, self.workdir)
+        if is_lead():
+            resume.save(self.config, self.workdir, start, changes)
+        return changes
+
+    def compile(self, model, mesh: Mesh) -> None:
+        """The program of a run trained alone, on `mesh`."""
+        tx = make_optimizer(self.t.optim, model.cfg)
+        seed = self.t.seed
+        self.mesh, self.rows = mesh, process_rows(mesh, self.t.batch_size)
+        shardings = state_shardings(model, tx, seed, mesh)
+        self.init = jax.jit(lambda: init_state(model, tx, seed), out_shardings=shardings)
+        self.first = self.init
+        if self.t.init_from:  # fine-tuning: another workdir's parameters, fresh moments
+            self.first = lambda: init_from.initial_state(self.t.init_from, model, tx, mesh, shardings)
+        self.train_step = make_train_step(model, tx, self.t, mesh)
+
+    def start(self, step: int):
+        """The state at `step`: at 0 drawn afresh (or train.init_from's), else restored (onto this mesh, whatever
+        mesh wrote it) with the optimizer's hyperparameters of this config (applied from the resume step)."""
+        if step == 0:
+            return self.first()
+        return self.restored(jax.eval_shape(self.init), step)
+
+    def restored(self, abstract, step: int):
+        """The state saved at `step`, with this config's optimizer hyperparameters."""
+        return with_hyperparams(self.ckpt.restore(abstract, step), self.t.optim.hyperparams())
+
+    def batch(self, data, k: int):
+        return global_batch(data.batch(self.t.seed, k, self.t.batch_size, self.rows), self.mesh)
+
+    def compiles(self) -> int:
+        """How often the train step was compiled (1 unless a shape changed)."""
+        return self.train_step._cache_size()
+
+    def measure(self, model, first, mesh: Mesh) -> tuple[float, float | None, int]:
+        """(model FLOPs, the devices' peak FLOP/s, input slots) of one step like the batch `first`, after checking
+        that the step fits the devices' memory (before anything compiles)."""
+        family = self.config.family
+        flops = train_flops_per_batch(model.cfg, family, first)
+        b, s, l = families.get(family).batch_lengths(first)
+        memory.check_train_step(model.cfg, family, b // self.t.grad_accum, s, l, mesh.devices.size)
+        return flops, peak_flops_per_s(self.config.model.dtype, mesh.devices.size), b * (s + l)
+
+    def open_log(self, start: int, changes: dict, flops: float, peak: float | None, slots: int) -> None:
+        """The run's MetricsLog from `start` (flops and slots: of a step, peak: the devices' FLOP/s), with the
+        settings a resume changed recorded."""
+        self.log = MetricsLog(self.workdir, self.t.steps, start, is_lead(), flops, peak, slots_per_step=slots)
+        if changes:
+            self.log.changed(start, changes)
+            print(f"{self.workdir}: from step {start}: {resume.describe(changes)}", file=sys.stderr, flush=True)
+
+    def logged(self, step: int, pending: list[dict]) -> bool:
+        """Logs the steps' metrics since the last log; False (the run stopped by Diverged) when they are not finite."""
+        self.record = self.log.train(step, pending)
+        if self.record["finite"] < 1:
+            self.log.close()
+            self.diverged = diverged(step, self.record, self.saved, self.ckpt)
+        return self.diverged is None
+
+    def save(self, step: int, state) -> None:
+        self.ckpt.save(step, state)
+        self.saved = step
+
+    def stop(self, step: int, state) -> None:
+        """Stopped by a signal: the step saved (unless it was), the log closed."""
+        if self.saved != step:
+            self.save(step, state)
+        self.log.close()
+
+    def owed_eval(self, start: int, state, valid) -> None:
+        """The periodic eval of the resumed step `start` when a signal cut it short (txjax.preemption.owed_eval)."""
+        if preemption.owed_eval(self.workdir, start, self.t.eval_every, self.t.steps):
+            self.log.write(start, "valid", valid(self.config, state, start, self.t.eval_batches))
+
+    def evaluate(self, step: int, state, valid) -> None:
+        """A periodic eval: `valid` (the loop's) over the first train.eval_batches batches, into the logs."""
+        self.log.write(step, "valid", valid(self.config, state, step, self.t.eval_batches))
+
+    def restart_clock(self) -> None:
+        self.log.restart_clock()
+
+    def finish(self, step: int, state, start: int, valid, wall_minutes, program: dict) -> dict | Diverged:
+        """The run's results after its last `step`: the last train loss, the final eval of the whole valid split
+        (written into the logs; a finished run's rerun, which trained no step, returns the one recorded), the
+        minutes `wall_minutes()` and the `program`'s figures; the Diverged error instead if that stopped it."""
+        if self.diverged:
+            return self.diverged
+        final = recorded_eval(self.workdir, step) if step == start else None
+        if final is None:
+            final = valid(self.config, state, step, 0)
+            self.log.write(step, "valid", final)
+            if is_lead():
+                write_metrics(self.workdir, "valid", {"split": "valid", "step": step, **final})
+        self.log.close()
+        return {
+            "step": step,
+            **({"train_loss": self.record["loss"]} if self.record else {}),
+            **{f"valid_{k}": v for k, v in final.items() if k != "train_minutes"},
+            "wall_minutes": wall_minutes(),
+            "train_minutes": final["train_minutes"],
+            "ms_per_step_median": self.log.median_ms_per_step(),
+            **program,
+        }
+
+
+def peak_flops_per_s(dtype: str, devices: int) -> float | None:
+    """The MFU denominator: `devices` x the measured matmul ceiling of one device in the compute `dtype`
+    (txjax.peak.peak_gflops, FLOP/s); None, with a warning, when measuring it fails (the run then logs no mfu)."""
+    try:
+        return 1e9 * peak_gflops()[dtype] * devices
+    except Exception as e:  # a diagnostic: never a reason to stop training
+        print(
+            f"warning: mfu not logged: measuring the matmul peak failed ({type(e).__name__}: {e})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+
+
+def common_step(ckpts: list[Checkpointer]) -> int:
+    """The last step every run has a finished, undamaged checkpoint of (0: start afresh); ConfigError when there are
+    checkpoints and all are damaged (txjax.checkpoint: each damaged step gets one warning line)."""
+    steps = sorted(set.intersection(*(set(c.manager.all_steps()) for c in ckpts)), reverse=True)
+    whole = next((s for s in steps if all([c.verified(s) for c in ckpts])), None)
+    if steps and whole is None:
+        raise config_lib.ConfigError(
+            f"no checkpoint of step {', '.join(map(str, steps))} in {', '.join(str(c.directory) for c in ckpts)} is "
+            "whole (see the warnings); move the checkpoints folder away to start the run afresh"
+        )
+    return whole or 0
+
+
+def recorded_eval(workdir: Path, step: int) -> dict | None:
+    """The final eval eval_valid.json records for `step` (its metrics only), if it records that step: a rerun that
+    trains no step returns it, and never rewrites it (nor appends to metrics.jsonl) with a figure of no training."""
+    recorded = read_recorded(workdir, "valid")
+    if recorded.get("step") != step:
+        return None
+    return {k: v for k, v in recorded.items() if k not in ("split", "step", "machine")}
+
+
+def diverged(step: int, record: dict, saved: int | None, ckpt: Checkpointer) -> Diverged:
+    kept = (
+        f"and the last good checkpoint (step {saved}) is kept in {ckpt.directory}"
+        if saved
+        else "before any checkpoint was saved"
+    )
+    return Diverged(
+        f"the loss or the parameters became NaN/inf by step {step} (recent mean loss {record['loss']}); training "
+        f"stopped {kept}. Lower --config.train.learning_rate or set --config.train.grad_clip"
+    )
