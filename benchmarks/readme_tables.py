@@ -7,7 +7,7 @@ A generated table, in README.md or any docs/*.md page, is a line
 `<!-- generated: python benchmarks/readme_tables.py (NAME) -->` and the table under it (the lines up to the first
 that does not start with "|"). Its figures come from:
     benchmarks/results/*.json                    the benchmarks (common.save)
-    experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep_report.py; results.json)
+    experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep/report.py; results.json)
     experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
 and every row says on which machine and day they were measured (txjax/provenance.py). Figures of different CPU
 models stay in different rows: these machines change kind between days and timings move by 2x between kinds.
