@@ -59,11 +59,12 @@ def run_on_ray(
     workdir = Path(workdir).resolve()
     optuna = (sweep["search"] or {}).get("kind") == "optuna"
     runs = [] if optuna else expand(sweep, overrides, workdir)
-    plan = [] if optuna else _trials(runs, vmap, sweep["scheduler"] is not None)
+    plan = {} if optuna else _trials(runs, vmap, sweep["scheduler"] is not None)
     with workdir_lock.hold(workdir), preemption.watch():  # a signal: every trial saves and stops
         claim(workdir, sweep, overrides)
         (workdir / STOP_FILE).unlink(missing_ok=True)
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # preemption.watch's handler, not Tune's, takes Ctrl-C
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live table of CLIReporter, one line per trial
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": _worker_env()})
         pending(runs)  # reads every result.json; a run with a bad setting fails here, once
@@ -73,7 +74,7 @@ def run_on_ray(
             trainable = tune.with_resources(trainable, tune.PlacementGroupFactory([resources]))
         tuner = tune.Tuner(
             trainable,
-            param_space={"trial": tune.grid_search(list(range(len(plan))))} if plan else {},
+            param_space={"trial": tune.grid_search(list(plan))} if plan else {},
             tune_config=_tune_config(sweep, vmap, max_concurrent, runs),
             run_config=tune.RunConfig(
                 name="sweep",
@@ -109,9 +110,9 @@ def _worker_env() -> dict:
     return env
 
 
-def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> list[list[dict]]:
-    """The settings of each trial's runs: the vmapped groups (or single runs), or with a scheduler each setting's
-    seeds (vmapped together, or each alone)."""
+def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, list[dict]]:
+    """{trial name: the settings of its runs}: the vmapped groups (or single runs), or with a scheduler each
+    setting's seeds (vmapped together, or each alone); a trial is named after its first run."""
     todo = [r for r in runs if not r.error]  # the bad settings fail in the driver (pending)
     if per_setting:
         by_label: dict[str, list[SweepRun]] = {}
@@ -120,7 +121,10 @@ def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> list[list[di
         groups = [g for runs_of in by_label.values() for g in (groups_of(runs_of) if vmap else [[r] for r in runs_of])]
     else:
         groups = groups_of(todo) if vmap else [[r] for r in todo]
-    return [[r.settings for r in group] for group in groups]
+    return {
+        group[0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""): [r.settings for r in group]
+        for group in groups
+    }
 
 
 def _tune_config(sweep: dict, vmap: bool, max_concurrent: int, runs: list[SweepRun]):
@@ -141,7 +145,7 @@ def _tune_config(sweep: dict, vmap: bool, max_concurrent: int, runs: list[SweepR
         steps = max([r.config.train.steps for r in runs if r.config] or [sweep["fixed"].get("train.steps", 1)])
         asha = tune.schedulers.ASHAScheduler(
             time_attr="step",
-            max_t=steps,
+            max_t=steps + 1,  # ASHA stops a trial at max_t: past the last eval, which the run itself ends at
             grace_period=int(scheduler.get("grace_steps", 1)),
             reduction_factor=float(scheduler.get("reduction_factor", 3)),
         )
@@ -159,7 +163,7 @@ def _tune_config(sweep: dict, vmap: bool, max_concurrent: int, runs: list[SweepR
 class _Shown:
     """The runs the report shows: the planned ones, or an optuna search's as Tune proposes them."""
 
-    def __init__(self, sweep: dict, overrides: list[str], workdir: Path, runs: list[SweepRun], plan: list):
+    def __init__(self, sweep: dict, overrides: list[str], workdir: Path, runs: list[SweepRun], plan: dict):
         self.sweep, self.overrides, self.workdir, self.runs, self.plan = sweep, overrides, workdir, runs, plan
 
     def of(self, config: dict) -> list[SweepRun]:
@@ -171,7 +175,7 @@ class _Shown:
         return [names.get(r.name, r) for r in trial_runs]
 
 
-def _settings(config: dict, sweep: dict, plan: list[list[dict]]) -> list[dict]:
+def _settings(config: dict, sweep: dict, plan: dict[str, list[dict]]) -> list[dict]:
     """The settings of a trial's runs: the plan's for a planned trial, an optuna point crossed with the seeds."""
     if "trial" in config:
         return plan[config["trial"]]
@@ -179,7 +183,7 @@ def _settings(config: dict, sweep: dict, plan: list[list[dict]]) -> list[dict]:
     return [{**point, "train.seed": seed} for seed in sweep["seeds"]]
 
 
-def _trial(config: dict, sweep: dict, overrides: list[str], workdir: Path, plan: list[list[dict]]) -> None:
+def _trial(config: dict, sweep: dict, overrides: list[str], workdir: Path, plan: dict[str, list[dict]]) -> None:
     """One Tune trial, in a Ray worker: trains its runs without a result (train_group), reporting each eval."""
     from ray import tune
 
