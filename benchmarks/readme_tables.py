@@ -96,6 +96,20 @@ def mup() -> list[str]:
     return table(MUP_HEADER, rows)
 
 
+def asha() -> list[str]:
+    """benchmarks/sweep_asha.py: per sweep of the learning-rate grid, the best rate found, steps and wall time."""
+    d = bench("sweep_asha")
+    header = ["sweep", "best learning rate", "its valid loss", "steps trained", "runs stopped", "wall time", "measured"]
+    if d is None:
+        return table(header, [])
+    rows = [
+        [s["sweep"], f"{s['best_learning_rate']:g}", n(s["best_valid_loss"], 4), s["total_steps"], s["stopped"],
+         f"{s['wall_s']:.0f} s", machine_label(d["machine"])]
+        for s in d["sweeps"]
+    ]  # fmt: skip
+    return table(header, rows)
+
+
 def data() -> list[str]:
     d = bench("data")
     p, rss, loop = d["prepare"], d["peak_rss_mb"], d["loop_ms_per_step"]
@@ -281,7 +295,7 @@ def gpu() -> list[str]:
 TABLES = {
     f.__name__: f
     for f in (
-        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval),
+        *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }
