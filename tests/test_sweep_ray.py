@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from test_sweep import TINY, params_of, results, sweep_file
 
+import txjax.sweep.local
 from txjax import config as config_lib
 from txjax.metrics_log import read_metrics
 from txjax.sweep.local import run_sweep
@@ -117,3 +118,17 @@ def test_a_bad_sweep_file_is_one_line(tmp_path, section, line):
     with pytest.raises(config_lib.ConfigError, match=line) as error:
         sweep_file(tmp_path, **section)
     assert "\n" not in str(error.value)
+
+
+def test_an_optuna_search_in_process_asks_the_same_points_again_and_skips_them(tmp_path, monkeypatch):
+    space = {"train.learning_rate": ("loguniform", 1e-4, 1e-2), "model.num_heads": ("choice", [1, 2])}
+    search = {"kind": "optuna", "num_samples": 3, "seed": 0, "space": space}
+    sweep = sweep_file(tmp_path, search=search)
+    first = [r.name for r in run_sweep(sweep, tmp_path / "out", [])]
+    assert len(set(first)) == 3 and sorted(results(tmp_path / "out")) == sorted(first)
+
+    def no_training(*args):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(txjax.sweep.local, "train_runs", no_training)
+    assert [r.name for r in run_sweep(sweep, tmp_path / "out", [])] == first
