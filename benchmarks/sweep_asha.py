@@ -11,7 +11,8 @@ Four sweeps of it, each in its own folder:
     asha         on Ray Tune as grid_ray, with ASHAScheduler (grace eval_every steps, reduction factor 3)
 Reported: the best learning rate of each (lowest final valid loss among the runs that finished), the optimizer
 steps each trained in all (a stopped run counts the step it reached), and each one's wall time (Ray's includes
-starting the cluster and a process per trial). Writes results/sweep_asha_cpu.json; ends with one JSON line.
+starting the cluster and a process per trial). Writes results/sweep_asha_cpu.json (--sweeps=asha: measures that
+one again and keeps the file's others); ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from txjax.sweep.local import run_sweep
 from txjax.sweep.ray_launcher import run_on_ray
 from txjax.sweep.report import run_row
 
+RESULT = common.RESULTS / "sweep_asha_cpu.json"
 RATES = [5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
 
 
@@ -65,12 +67,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--eval_every", type=int, default=20)
     parser.add_argument("--workdir", default="/tmp/sweep_asha")
+    parser.add_argument("--sweeps", default="grid,grid_alone,grid_ray,asha", help="these again, the file's others kept")
     args = parser.parse_args()
     common.warn_if_loaded()
     root = Path(args.workdir)
-    shutil.rmtree(root, ignore_errors=True)
-    results = []
-    for name in ("grid", "grid_alone", "grid_ray", "asha"):
+    kept = json.loads(RESULT.read_text())["sweeps"] if RESULT.is_file() else []
+    results = [r for r in kept if r["sweep"] not in args.sweeps.split(",")]
+    for name in args.sweeps.split(","):
+        shutil.rmtree(root / name, ignore_errors=True)
         sweep = lr_sweep(args.steps, args.eval_every, asha=name == "asha")
         began = time.monotonic()
         if name.startswith("grid") and not name.endswith("ray"):
@@ -79,6 +83,7 @@ def main() -> None:
             runs = run_on_ray(sweep, root / name, [], vmap=False, max_concurrent=2)
         results.append(summary(name, runs, time.monotonic() - began))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "runs"}), flush=True)
+    results.sort(key=lambda r: ["grid", "grid_alone", "grid_ray", "asha"].index(r["sweep"]))
     print(common.table([{k: v for k, v in r.items() if k != "runs"} for r in results]))
     payload = {"steps": args.steps, "eval_every": args.eval_every, "learning_rates": RATES, "sweeps": results}
     path = common.save("sweep_asha", payload)

@@ -121,6 +121,9 @@ def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, li
         groups = [g for runs_of in by_label.values() for g in (groups_of(runs_of) if vmap else [[r] for r in runs_of])]
     else:
         groups = groups_of(todo) if vmap else [[r] for r in todo]
+    if per_setting:  # ASHA judges a trial against those that reached its rung before: in grid order (say rates
+        # ascending) every one would beat the last and go on, so the trials start in a seeded random order
+        groups = [groups[i] for i in np.random.default_rng(0).permutation(len(groups))]
     return {
         group[0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""): [r.settings for r in group]
         for group in groups
