@@ -7,7 +7,7 @@ A generated table, in README.md or any docs/*.md page, is a line
 `<!-- generated: python benchmarks/readme_tables.py (NAME) -->` and the table under it (the lines up to the first
 that does not start with "|"). Its figures come from:
     benchmarks/results/*.json                    the benchmarks (common.save)
-    experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep_report.py; results.json)
+    experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep/report.py; results.json)
     experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
 and every row says on which machine and day they were measured (txjax/provenance.py). Figures of different CPU
 models stay in different rows: these machines change kind between days and timings move by 2x between kinds.
@@ -94,6 +94,20 @@ def mup() -> list[str]:
         best = min(mean, key=mean.get)
         rows.append([p, width, f"{best:g}", n(mean[best], 4), f"{cpus}, {date}"])
     return table(MUP_HEADER, rows)
+
+
+def asha() -> list[str]:
+    """benchmarks/sweep_asha.py: per sweep of the learning-rate grid, the best rate found, steps and wall time."""
+    d = bench("sweep_asha")
+    header = ["sweep", "best learning rate", "its valid loss", "steps trained", "runs stopped", "wall time", "measured"]
+    if d is None:
+        return table(header, [])
+    rows = [
+        [s["sweep"], f"{s['best_learning_rate']:g}", n(s["best_valid_loss"], 4), s["total_steps"], s["stopped"],
+         f"{s['wall_s']:.0f} s", machine_label(d["machine"])]
+        for s in d["sweeps"]
+    ]  # fmt: skip
+    return table(header, rows)
 
 
 def data() -> list[str]:
@@ -281,7 +295,7 @@ def gpu() -> list[str]:
 TABLES = {
     f.__name__: f
     for f in (
-        *(ablations, mup, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval),
+        *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }

@@ -9,13 +9,14 @@ import jax
 import numpy as np
 import pytest
 
-import txjax.sweep
+import txjax.sweep.local
 from experiments.ablations import baseline
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
 from txjax.metrics_log import MetricsLog, read_metrics
-from txjax.sweep import expand, load_sweep, run_sweep
-from txjax.sweep_report import write_report
+from txjax.sweep.local import run_sweep
+from txjax.sweep.report import write_report
+from txjax.sweep.spec import SweepRun, expand, load_sweep
 from txjax.training.loop import train
 
 REPO = Path(__file__).parents[1]
@@ -88,7 +89,7 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(txjax.sweep, "train_runs", no_training)
+    monkeypatch.setattr(txjax.sweep.local, "train_runs", no_training)
     before = results(workdir)
     run_sweep(sweep, workdir, [], vmap=False)
     assert results(workdir) == before
@@ -133,9 +134,7 @@ def test_report_shows_the_final_evals_generation_metrics(tmp_path):
     setting; runs without it leave the cell empty."""
     runs = []
     for name, bleu in (("a", 10.0), ("b", 14.0), ("c", None)):
-        run = txjax.sweep.SweepRun(
-            name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)}, tmp_path / name
-        )
+        run = SweepRun(name, {"model.dropout": 0.1 if name == "c" else 0.0, "train.seed": ord(name)}, tmp_path / name)
         run.workdir.mkdir()
         run.result = {"status": "done", "wall_s": 1.0}
         (run.workdir / "eval_valid.json").write_text(json.dumps({"loss": 3.0, **({"bleu": bleu} if bleu else {})}))

@@ -20,6 +20,8 @@ EXTRAS = {  # module -> the extra of pyproject.toml that installs it
     "accelerate": "interop",
     "jinja2": "interop",
     "lm_eval": "lmeval",
+    "ray": "sweep",
+    "optuna": "sweep",
 }
 
 

@@ -8,6 +8,7 @@ always tells one history. A resume that changed settings adds {"step": s, "split
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -36,6 +37,20 @@ def _summary_writer_class():
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
+
+
+_observers: list = []  # observe()'s callables
+
+
+@contextlib.contextmanager
+def observe(fn):
+    """While inside, fn(workdir, step, split, record) is called after every record a MetricsLog writes: how a
+    sweep's Ray trial reports its evals to Tune (txjax.sweep.ray_launcher) without a hook in the training loop."""
+    _observers.append(fn)
+    try:
+        yield
+    finally:
+        _observers.remove(fn)
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:
@@ -121,6 +136,8 @@ class MetricsLog:
         self.file.flush()
         for name, value in record.items():
             self.tb.add_scalar(f"{split}/{name}", value, step)
+        for fn in _observers:
+            fn(self.workdir, step, split, record)
         if self.bar.disable:
             shown = " ".join(f"{k} {v:.4g}" for k, v in record.items())
             print(f"[{split}] step {step}/{self.steps} {shown}", file=sys.stderr, flush=True)

@@ -123,6 +123,17 @@ def _restore() -> None:
         signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
 
 
+def request(reason: str) -> None:
+    """Stops training as a signal does (the loop saves its current step, then Preempted), asked for by code: a
+    sweep's Ray trial whose driver received the signal (txjax.sweep.ray_launcher). `reason` names the signal."""
+    _state["received"] = reason
+
+
+def received() -> str | None:
+    """The name of the signal received inside watch() (or of request's reason), None while there is none."""
+    return _state["received"]
+
+
 def stop_at(step: int, sync: bool) -> bool:
     """Whether the run stops after `step` (every process gets the same answer): one process reads its flag, several
     combine theirs when `sync` (at the same steps in every process) and keep the last combined answer otherwise."""

@@ -2,7 +2,7 @@
 of the experiments' defaults (experiments/shakespeare_char.py, bible_en_es.py) does not change what a sweep
 measures: shakespeare_char's defaults of 2026-11-30 (RoPE, ReLU, unscaled scores, lr 1e-3, nanoGPT's AdamW and
 schedule), bible_en_es's of 2026-12-01 (cosine schedule in steps). A sweep's own settings override these
-(txjax.sweep: experiment file, then fixed, then flags, then the sweep's settings)."""
+(txjax.sweep.spec: experiment file, then fixed, then flags, then the sweep's settings)."""
 
 SHAKESPEARE_CHAR = {
     "model.positional": "rope",

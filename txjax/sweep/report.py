@@ -1,8 +1,9 @@
 """A sweep's report, built from its run folders alone: results.csv, results.md, results.png and results.json (the
 per-setting summary with the machine, date, command and commit: txjax.provenance).
 
-Per run: its settings, status (done | failed | unfinished | pending), steps, final train loss (last logged
-interval), final valid metrics (eval_valid.json: the whole valid split), the probes' metrics, wall time of the
+Per run: its settings, status (done | failed | stopped | unfinished | pending), steps (a stopped run's: the step
+the scheduler stopped it at), final train loss (last logged interval), final valid metrics (eval_valid.json: the
+whole valid split; a stopped run's: its last eval's), the probes' metrics, wall time of the
 program that trained it, its training target_tokens_per_s (median over the logged intervals after the first, which
 includes compilation; runs trained together share the program's time, so each one's rate is its share) and how many runs
 that program trained. Per setting: mean and sample standard deviation over the seeds that finished. With a sweep's
@@ -35,8 +36,10 @@ def run_row(run) -> dict:
     train = [r for r in records if r["split"] == "train"]
     valid_file = run.workdir / "eval_valid.json"
     valid = json.loads(valid_file.read_text()) if valid_file.is_file() and status == "done" else {}
+    if status == "stopped":  # early, by a scheduler: its last eval
+        valid = next((r for r in reversed(records) if r["split"] == "valid"), {}) | {"step": result["step"]}
     speeds = [r.get("target_tokens_per_s", math.nan) for r in train[1:]]
-    probes = {k: v for k, v in result.items() if k not in ("status", "error", "wall_s", "runs_vmapped")}
+    probes = {k: v for k, v in result.items() if k not in ("status", "error", "wall_s", "runs_vmapped", "step")}
     return {
         "run": run.name,
         **{k.rpartition(".")[2]: v for k, v in run.settings.items()},
@@ -53,6 +56,12 @@ def run_row(run) -> dict:
         "error": result.get("error", ""),
         "cpu_model": valid.get("machine", {}).get("cpu_model", ""),  # the machine of the final eval
     }
+
+
+def final_metric(runs, metric: str) -> float:
+    """The mean of `metric` (a column of run_row) over the runs that are done; NaN when none is."""
+    values = [row[metric] for row in map(run_row, runs) if row["status"] == "done"]
+    return float(np.mean(values)) if values else math.nan
 
 
 def per_setting(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
@@ -104,6 +113,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
         ),
         "",
         *(_best_table(found, spec, metrics[0]) if spec else []),
+        *_stopped(rows),
         "## Runs",
         "",
         _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]),
@@ -113,6 +123,12 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
     plot(workdir, runs, rows, summary, metrics)
     if spec:
         plot_lines(workdir, found, spec, metrics[0])
+
+
+def _stopped(rows: list[dict]) -> list[str]:
+    """results.md's line on the runs a scheduler stopped early (none: no line)."""
+    stopped = [f"{row['run']} at step {row['steps']}" for row in rows if row["status"] == "stopped"]
+    return [f"Stopped early by the scheduler ({len(stopped)}): {'; '.join(stopped)}.", ""] if stopped else []
 
 
 def _machines(rows: list[dict]) -> str:
