@@ -7,8 +7,8 @@ command again skips the runs that have a result.json and resumes the others from
 run, a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.preemption) leaves a sweep that
 one more command finishes; one sweep at a time writes DIR (txjax.workdir_lock). Runs that differ only in the seed
 and the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless
---no-vmap. An optuna search asks Optuna for one point at a time and tells it the point's mean final metric (txjax.sweep.search); its
-rerun asks the same seeded sampler again and gets the same points, whose finished runs it skips. A scheduler
+--no-vmap. An optuna search asks Optuna for one point at a time and tells it the point's mean final metric
+(txjax.sweep.search); its rerun asks the same seeded sampler again and gets the same points, whose finished runs it skips. A scheduler
 (early stopping) needs Ray (--launcher=ray, txjax.sweep.ray_launcher): here every run trains to the end.
 """
 
