@@ -141,7 +141,7 @@ def _loop(configs, workdirs, tokenizer, train_data, valid_data, ckpts, start, ch
     eval_step, exact_match = make_eval_step(model, mesh), config.data.kind == "synthetic"
     first = train_data.batch(t.seed, start, t.batch_size)
     flops = runs.size * train_flops_per_batch(model.cfg, config.family, first)
-    b, s, l = families.get(config.family).batch_lengths(first)
+    b, s, l = families.batch_lengths(families.get(config.family), first)
     memory.check_train_step(model.cfg, config.family, b // t.grad_accum, s, l, mesh.devices.size)  # before compiling
     peak = peak_flops_per_s(config.model.dtype, mesh.devices.size)
     logs = [MetricsLog(w, t.steps, start, is_lead(), flops, peak, slots_per_step=b * (s + l)) for w in workdirs]
