@@ -74,7 +74,7 @@ def cached_generation_s(model, params, n: int, repeats: int, first_bucket: int =
     strategy = decode.Strategy(max_new_tokens=n)
     prompt_1x1, lengths_1 = jnp.zeros((1, 1), jnp.int32), jnp.ones((1,), jnp.int32)
     run = functools.partial(
-        decode.generate_ids, model, params, strategy, 0, None, prompt_1x1, lengths_1, jax.random.key(0)
+        decode.generate_ids, model, params, strategy, 0, prompt_1x1, lengths_1, None, jax.random.key(0)
     )
     return timed_s(lambda: run(first_bucket=first_bucket), repeats)
 

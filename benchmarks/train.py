@@ -148,8 +148,8 @@ def tokens_per_step(config, batches) -> tuple[float, int]:
     """(target tokens: the tokens predicted with weight > 0, mean over the batches; slots: every input position of
     a row, source, target and padding) per step, as the training loop's target_tokens_per_s and slots_per_s count."""
     family = families.get(config.family)
-    b, s, t = family.batch_lengths(batches[0])
-    return float(np.mean([(batch[family.weights] > 0).sum() for batch in batches])), b * (s + t)
+    b, s, t = families.batch_lengths(family, batches[0])
+    return float(np.mean([(batch[family.labels[1]] > 0).sum() for batch in batches])), b * (s + t)
 
 
 def stepper(config):

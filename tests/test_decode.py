@@ -12,6 +12,7 @@ import pytest
 from txjax import decode
 from txjax.attention import NEG_INF
 from txjax.decode import init_cache
+from txjax.families import family_of
 from txjax.model_config import ModelConfig
 from txjax.models import DecoderLM, EncoderDecoder
 from txjax.positional import KINDS
@@ -53,13 +54,13 @@ def random_ids(seed, shape, low=3):
 # ---------------------------------------------------------------- the cache equals the full forward pass
 
 
-def teacher_forced_steps(model, params, cache, tokens_BxL, first, src_segment_ids_BxS=None):
+def teacher_forced_steps(model, params, cache, tokens_BxL, first, context=None):
     """Logits [L - first, B, V] of decode steps feeding tokens first..L-1 one at a time (a lax.scan of `extend`)."""
 
     def step(cache, t):
         token_Bx1 = jax.lax.dynamic_slice_in_dim(tokens_BxL, t, 1, axis=1)
         logits_BxV, cache = decode.extend(
-            model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t), src_segment_ids_CxS=src_segment_ids_BxS
+            model, params, cache, token_Bx1, jnp.full(token_Bx1.shape, t), context=context
         )
         return cache, logits_BxV
 
@@ -116,19 +117,13 @@ def test_seq2seq_cached_steps_equal_full_forward(positional):
     @jax.jit
     def run(params, src_BxS, tgt_BxT):
         full_BxTxV = model.apply({"params": params}, src_BxS, tgt_BxT, src_segment_ids=src_seg_BxS)
-        encoded = model.apply({"params": params}, src_BxS, None, src_seg_BxS, method=EncoderDecoder.encode)
+        context = family_of(model).encode(model, params, (src_BxS, src_seg_BxS.sum(1)))
         cache = init_cache(model, 2, 6, 7)
         prefill_BxV, cache = decode.extend(
-            model,
-            params,
-            cache,
-            tgt_BxT[:, :1],
-            jnp.zeros((2, 1), jnp.int32),
-            src_segment_ids_CxS=src_seg_BxS,
-            encoded_CxSxD=encoded,
+            model, params, cache, tgt_BxT[:, :1], jnp.zeros((2, 1), jnp.int32), context=context, prefill=True
         )
-        # the steps reuse the cross-attention keys/values cached by the prefill (encoded=None)
-        return full_BxTxV, prefill_BxV, teacher_forced_steps(model, params, cache, tgt_BxT, 1, src_seg_BxS)
+        # the steps reuse the cross-attention keys/values cached by the prefill
+        return full_BxTxV, prefill_BxV, teacher_forced_steps(model, params, cache, tgt_BxT, 1, context)
 
     full_BxTxV, prefill_BxV, steps_TxBxV = run(params, src_BxS, tgt_BxT)
     np.testing.assert_allclose(prefill_BxV, full_BxTxV[:, 0], atol=2e-5, rtol=1e-5)
@@ -185,7 +180,7 @@ def lm_greedy():
 @functools.cache
 def seq2seq_greedy():
     model, params = seq2seq("rope")
-    return decode.translate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS)
+    return decode.generate(model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS)
 
 
 def greedy_by_recomputing(apply_fn, prefix, n, total):
@@ -343,11 +338,12 @@ def test_a_growing_cache_generates_what_a_cache_of_the_whole_capacity_does(famil
     doubling lengths to the capacity (LM: 8 -> 16 -> 21; seq2seq: 4 -> 8 -> 16), against one cache of the whole
     capacity: the grown slots must be empty (position -1), never attended to."""
     model, params = decode.for_decoding(*(lm if family == "lm" else seq2seq)("rope"))
-    inputs, bos = (LM_PROMPTS, None) if family == "lm" else (SOURCES, BOS)
-    inputs_BxS, lengths_B = decode.pad_batch(inputs, PAD, left=family == "lm")
+    prompts, sources = family_of(model).prompts(LM_PROMPTS if family == "lm" else SOURCES, BOS)
+    prompt_BxP, lengths_B = decode.pad_batch(prompts, PAD, left=True)
+    source = None if sources is None else decode.pad_batch(sources, PAD)
     s = decode.Strategy(max_new_tokens=16, **strategy)
     run = lambda first: decode.generate_ids(
-        model, params, s, PAD, bos, inputs_BxS, lengths_B, jax.random.key(0), first_bucket=first
+        model, params, s, PAD, prompt_BxP, lengths_B, source, jax.random.key(0), first_bucket=first
     )
     (grown_CxT, grown_C, _), (whole_CxT, whole_C, _) = run(4), run(1024)
     np.testing.assert_array_equal(grown_CxT, whole_CxT)
@@ -359,7 +355,7 @@ def test_a_growing_cache_generates_what_a_cache_of_the_whole_capacity_does(famil
 
 def test_beam_size_one_equals_greedy():
     model, params = seq2seq("rope")
-    beam = decode.translate(
+    beam = decode.generate(
         model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, method="beam", beam_size=1
     )
     assert beam.ids == seq2seq_greedy().ids
@@ -377,7 +373,7 @@ ALPHA = 0.6  # the length penalty of the beam tests
 @functools.cache
 def seq2seq_beam():
     model, params = seq2seq("rope")
-    return decode.translate(
+    return decode.generate(
         model, params, SOURCES, bos_id=BOS, pad_id=PAD, max_new_tokens=8, eos_id=EOS, method="beam",
         beam_size=4, length_penalty=ALPHA,
     )  # fmt: skip
@@ -431,7 +427,7 @@ def test_unencodable_prompt_is_a_value_error():
     from txjax.data import CharTokenizer
 
     with pytest.raises(ValueError, match="not in the char tokenizer"):
-        decode.encode_prompt(CharTokenizer("abc"), "abz")
+        family_of(lm("rope")[0]).read_text(CharTokenizer("abc"), "abz")
 
 
 # ---------------------------------------------------------------- beyond the context, from a workdir

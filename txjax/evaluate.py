@@ -24,7 +24,6 @@ from jax.sharding import PartitionSpec as P
 
 from txjax import decode, distributed, provenance
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
-from txjax.families import family_of
 from txjax.objective import forward, hits, params_shardings, token_sums
 from txjax.sharding import batch_sharding, global_batch, process_rows
 
@@ -86,7 +85,6 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     tok, cfg = run.tokenizer, run.model.cfg
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
         prompts, answers = dataset.eval_examples()
-        bos = {} if family_of(run.model).continues_input else {"bos_id": tok.bos_id}
         out = decode.decode_all(
             run.model,
             run.params,
@@ -95,7 +93,7 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
             eos_id=tok.eos_id,
             pad_id=tok.pad_id,
             max_new_tokens=max(map(len, answers)) + 1,
-            **bos,
+            bos_id=tok.bos_id,
         )
         right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
         return {"generated_exact_match": float(np.mean(right))}

@@ -105,13 +105,13 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, 
     d = config.data
     if split not in SPLITS:
         raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    form = families.get(config.family).data_kinds[d.kind]  # the form of the family's examples
     if d.kind == "synthetic":
-        form = families.get(config.family).task_form
         return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split], split)
     if d.kind == "shards":
         if split == "test":
             raise config_lib.ConfigError("prepared shards have train and valid splits only (prepare --valid_fraction)")
-        if families.get(config.family).task_form == "seq2seq":  # TSV pairs
+        if form == "shards of pairs":
             pack = d.pack and split == "train"  # as ParallelDataset: packing changes no eval sum
             return data.ShardPairsDataset(shards_dir(config), tokenizer, d.max_src_len, d.max_tgt_len, split, pack)
         return data.ShardLMDataset(shards_dir(config), tokenizer, d.seq_len, split, pack=d.pack)

@@ -21,16 +21,11 @@ from txjax.families import family_of
 from txjax.sharding import shardings_for
 
 
-def batch_keys(model):
-    """(model input keys, target key, weight key) of the model's family's batches."""
-    family = family_of(model)
-    return family.inputs, family.targets, family.weights
-
-
 def init_params(model, key, boxed: bool = False):
     """Float32 parameters, unboxed from their logical-axis metadata unless `boxed` (to derive shardings from; their
-    shapes do not depend on the length)."""
-    params = model.init(key, *family_of(model).init_inputs(jnp.zeros((1, 1), jnp.int32)))["params"]
+    shapes do not depend on the length, nor their values on the dummy [1, 1] batch)."""
+    dummies = [jnp.ones((1, 1), jnp.int32) for _ in family_of(model).inputs]  # token 1 at position 1, segment 1
+    params = model.init(key, *dummies)["params"]
     return params if boxed else nn.meta.unbox(params)
 
 
@@ -44,11 +39,10 @@ def forward(model, params, batch, dropout_rng=None):
 
     Dropout is on iff a dropout rng is given.
     """
-    inputs, targets, weights = batch_keys(model)
+    family = family_of(model)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    logits_BxLxV = model.apply(
-        {"params": params}, *(batch[k] for k in inputs), deterministic=dropout_rng is None, rngs=rngs
-    )
+    logits_BxLxV = family.logits(model, params, batch, deterministic=dropout_rng is None, rngs=rngs)
+    targets, weights = family.labels
     return logits_BxLxV, batch[targets], batch[weights]
 
 

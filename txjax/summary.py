@@ -141,7 +141,7 @@ def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:
     B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_self·T² + L_cross·T·S)), which for a decoder LM (no encoder:
     S = N_enc = L_enc = L_cross = 0) is B·T·(6N + 12·L·d·T); d: the attention width heads x head_dim (d_model
     unless model.d_head sets it apart)."""
-    b, s, t = families.get(family).batch_lengths(batch)
+    b, s, t = families.batch_lengths(families.get(family), batch)
     summary = summarize(cfg, family, context=t)
     n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
     n_dec = summary.flop_params - n_enc

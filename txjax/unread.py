@@ -17,8 +17,10 @@ import ml_collections
 
 from txjax import families
 
-DATA_READS = {
-    "synthetic": ("task", "min_digits", "max_digits", "eval_size"),
+SYNTHETIC_READS = ("task", "min_digits", "max_digits", "eval_size")
+DATA_READS = {  # by the form of a family's examples (Family.data_kinds)
+    "lm": SYNTHETIC_READS,  # a synthetic task's
+    "seq2seq": SYNTHETIC_READS,
     "text": ("path", "tokenizer", "vocab_size", "seq_len", "val_fraction"),
     "parallel": ("path", "valid_path", "test_path", "tokenizer", "vocab_size", "max_src_len", "max_tgt_len", "pack"),
     "shards": ("path", "seq_len", "pack"),  # a decoder_lm's documents
@@ -31,8 +33,7 @@ SCHEDULE_FREE = "schedule_free_adamw"
 def unread_fields(config: ml_collections.ConfigDict) -> dict[str, tuple[str, str]]:
     """{"section.field": (the setting that leaves it unread, why)} for a validated config."""
     d, t = config.data, config.train
-    pairs = d.kind == "shards" and families.get(config.family).task_form == "seq2seq"
-    key = "shards of pairs" if pairs else d.kind
+    key = families.get(config.family).data_kinds[d.kind]
     sentencepiece = d.tokenizer == "sentencepiece"
     reads = [name for name in DATA_READS[key] if name != "vocab_size" or sentencepiece]
     kind = f"data.kind={d.kind!r}" + (f" with family={config.family!r}" if d.kind == "shards" else "")

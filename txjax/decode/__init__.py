@@ -9,32 +9,23 @@ The Flax wmt/lm1b split, one job per file:
   finished hypotheses per row (the t5x / Flax wmt formulation);
 - cache.py: the KV cache (`init_cache`, one cached call `extend`, row gathers for beams and samples, growth
   through bucketed lengths);
-- search.py: `generate_ids`, the family's prefill then one `lax.while_loop` per cache length around the one
-  `tokens_to_logits` closure (no host round trip per token, one compilation whatever the length);
-- api.py: the host side (`generate`, `translate`, `decode_all`, `generate_windowed`, from a workdir);
+- search.py: `generate_ids`, the family's encode and the prompts' prefill, then one `lax.while_loop` per cache
+  length around the one `tokens_to_logits` closure (no host round trip per token, one compilation whatever the
+  length);
+- generate.py: the host side, one `generate` for both families (an encoder-decoder's inputs are sources: translation
+  is generation with a source), `decode_all` (whole splits), `generate_windowed` (past the context);
+- workdir.py: generation from a training workdir (`run.py generate`);
 - stream.py: the same loops' tokens as they are produced (`generate_stream`, `stream_steps`; `run.py generate`).
 
 Prompts of different lengths are left-padded: pad slots get segment id 0 (no query attends to them, the cache stores
 them as empty) and positions start at 0 at each row's first real token, so each row generates exactly what it
 would alone. The encoder-decoder encodes the source once; its cross-attention keys/values are written into the
-cache by the prefill call and reused at every step (`encoded=None`).
+cache by the prefill call and reused at every step (families/encoder_decoder.py).
 
 Lengths: a prompt of P tokens generating T tokens feeds positions 0 .. P+T-2 (the last token is never fed back), so
 P + T - 1 <= model max_len is required; anything longer is a one-line ValueError, never a silent truncation.
 """
 
-from txjax.decode.api import (
-    Generation,
-    check_inputs,
-    decode_all,
-    encode_prompt,
-    generate,
-    generate_from_workdir,
-    generate_windowed,
-    pad_batch,
-    strategy_from_config,
-    translate,
-)
 from txjax.decode.beam import BeamState, beam_update, init_beam_state, length_penalty
 from txjax.decode.cache import (
     bucket_lengths,
@@ -47,6 +38,7 @@ from txjax.decode.cache import (
     prefill,
     tile_rows,
 )
+from txjax.decode.generate import Generation, check_inputs, decode_all, generate, generate_windowed, pad_batch
 from txjax.decode.sampling import (
     SampleState,
     choose_tokens,
@@ -59,6 +51,7 @@ from txjax.decode.sampling import (
 from txjax.decode.search import generate_ids, search
 from txjax.decode.strategy import Strategy
 from txjax.decode.stream import generate_stream, stream_steps
+from txjax.decode.workdir import generate_from_workdir, strategy_from_config
 
 __all__ = [
     "BeamState",
@@ -71,7 +64,6 @@ __all__ = [
     "choose_tokens",
     "decode_all",
     "decode_step",
-    "encode_prompt",
     "extend",
     "for_decoding",
     "gather_rows",
@@ -95,5 +87,4 @@ __all__ = [
     "tile_rows",
     "top_k_filter",
     "top_p_filter",
-    "translate",
 ]

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from txjax.families import family_of
 from txjax.layers import decoding_params
 from txjax.models import unstack_layers
+from txjax.objective import init_params
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
 # attention.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
@@ -25,61 +26,48 @@ LENGTH_AXIS = {"cached_key": -1, "cached_value": -2, "cached_pos": -1}
 def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
     """An empty KV cache for `max_len` target tokens (encoder-decoder: and `src_len` source tokens).
 
-    Built from shapes alone (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
+    The cache the family's first decode_step creates (flax makes a missing 'cache' variable), from shapes alone
+    (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
     """
     family = family_of(model)
-    shapes = jax.eval_shape(lambda: family.decode_variables(model, jax.random.key(0), batch_size, max_len, src_len))
+
+    def created():
+        params = init_params(model, jax.random.key(0))
+        source = (
+            None if src_len is None else (jnp.zeros((batch_size, src_len), jnp.int32), jnp.full(batch_size, src_len))
+        )
+        context = family.encode(model, params, source)
+        tokens_BxL = jnp.zeros((batch_size, max_len), jnp.int32)
+        return family.decode_step(model, {"params": params}, context, tokens_BxL, None, prefill=True)[1]["cache"]
+
     empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
-    return jax.tree_util.tree_map_with_path(empty, shapes["cache"])
+    return jax.tree_util.tree_map_with_path(empty, jax.eval_shape(created))
 
 
-def extend(
-    model,
-    params,
-    cache,
-    tokens_CxL,
-    positions_CxL,
-    segment_ids_CxL=None,
-    *,
-    src_segment_ids_CxS=None,
-    encoded_CxSxD=None,
-):
+def extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, *, context=None, prefill=False):
     """Append L tokens to the cache in one call (prefill: the prompt; a decode step: L = 1).
 
-    Returns (next-token logits at the last slot [C, V] float32, cache). Encoder-decoder: `src_segment_ids_CxS` is
-    required; `encoded_CxSxD` is given at prefill (cross K/V get cached) and None afterwards (they are reused).
+    Returns (next-token logits at the last slot [C, V] float32, cache). `context`: the family's `encode` of the
+    generation's sources (an LM: None); `prefill`: the generation's first call.
     """
     variables = {"params": params, "cache": cache}
-    logits, mutated = family_of(model).extend(
-        model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded_CxSxD
+    logits, mutated = family_of(model).decode_step(
+        model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL, prefill
     )
     return logits[:, -1], mutated["cache"]
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def prefill(
-    model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, src_segment_ids_CxS=None, encoded_CxSxD=None
-):
+def prefill(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, context=None):
     """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [C, V], cache)."""
-    return extend(
-        model,
-        params,
-        cache,
-        tokens_CxL,
-        positions_CxL,
-        segment_ids_CxL,
-        src_segment_ids_CxS=src_segment_ids_CxS,
-        encoded_CxSxD=encoded_CxSxD,
-    )
+    return extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL, context=context, prefill=True)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def decode_step(model, params, cache, tokens_C, positions_C, src_segment_ids_CxS=None):
+def decode_step(model, params, cache, tokens_C, positions_C, context=None):
     """One token per row at its absolute position: -> (logits [C, V], cache). Jitted; the cache is donated (updated
     in place) and its shape never changes, so this compiles once for a given batch and cache size."""
-    return extend(
-        model, params, cache, tokens_C[:, None], positions_C[:, None], src_segment_ids_CxS=src_segment_ids_CxS
-    )
+    return extend(model, params, cache, tokens_C[:, None], positions_C[:, None], context=context)
 
 
 def bucket_lengths(prefill_len: int, cache_len: int, first: int = 64) -> tuple[int, ...]:

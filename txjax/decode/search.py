@@ -83,51 +83,46 @@ def _emitting(update, listener, state, logits_CxV, cache):
     return state, cache
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4), static_argnames=("first_bucket", "stream"))
+@functools.partial(jax.jit, static_argnums=(0, 2, 3), static_argnames=("first_bucket", "stream"))
 def generate_ids(
     model,
     params,
     strategy: Strategy,
     pad_id: int,
-    bos_id: int | None,
-    inputs_BxS,
+    prompt_BxP,
     lengths_B,
+    source,
     rng,
     first_bucket=64,
     stream=False,
     listener=0,
 ):
-    """Prompts (DecoderLM: left-padded, real tokens last) or sources (EncoderDecoder: right-padded) [B, S] ->
-    (tokens [B*W', T], scores [B*W'], steps) in one compiled call, W' = num_samples for sampling and 1 (the best
-    hypothesis) for beam search; steps: loop steps taken.
+    """Left-padded prompts [B, P] (real tokens last) with their lengths [B], and the sources the family encodes
+    ((right-padded ids [B, S], lengths [B]); an LM: None) -> (tokens [B*W', T], scores [B*W'], steps) in one
+    compiled call, W' = num_samples for sampling and 1 (the best hypothesis) for beam search; steps: loop steps taken.
 
-    The family's prefill fills the cache in one call; the cache is tiled to W rows per input (beams or samples);
-    then `search` runs with the one `tokens_to_logits` closure, growing the cache from `first_bucket` slots.
-    stream (sampling and greedy): each step's tokens also go to the `listening` listener of key `listener` (traced:
-    one compilation for every stream) as they are chosen.
+    The prompts fill the cache in one call (positions start at 0 at each row's first real token and pad slots are
+    segment 0, stored as empty, so each row generates what it would alone); the cache is tiled to W rows per input
+    (beams or samples); then `search` runs with the one `tokens_to_logits` closure, growing the cache from
+    `first_bucket` slots. stream (sampling and greedy): each step's tokens also go to the `listening` listener of
+    key `listener` (traced: one compilation for every stream) as they are chosen.
     """
-    b, w = inputs_BxS.shape[0], strategy.rows_per_prompt
-    p = family_of(model).prefill(model, params, inputs_BxS, lengths_B, strategy.max_new_tokens, bos_id)
-    lengths = bucket_lengths(p.tokens_BxL.shape[1], p.cache_len, first_bucket)
-    cache = init_cache(model, b, lengths[0], p.src_len)
+    (b, p), w = prompt_BxP.shape, strategy.rows_per_prompt
+    context = family_of(model).encode(model, params, source)
+    first_real_B = p - lengths_B
+    positions_BxP = jnp.maximum(jnp.arange(p)[None, :] - first_real_B[:, None], 0)
+    segment_ids_BxP = (jnp.arange(p)[None, :] >= first_real_B[:, None]).astype(jnp.int32)
+    lengths = bucket_lengths(p, p + strategy.max_new_tokens - 1, first_bucket)
+    cache = init_cache(model, b, lengths[0], None if source is None else source[0].shape[1])
     first_logits_BxV, cache = extend(
-        model,
-        params,
-        cache,
-        p.tokens_BxL,
-        p.positions_BxL,
-        p.segment_ids_BxL,
-        src_segment_ids_CxS=p.src_segment_ids_BxS,
-        encoded_CxSxD=p.encoded_BxSxD,
+        model, params, cache, prompt_BxP, positions_BxP, segment_ids_BxP, context=context, prefill=True
     )
     if w > 1:
         cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
-    src_segment_ids_CxS = None if p.src_segment_ids_BxS is None else tile_rows(p.src_segment_ids_BxS, w)
+    context_C = jax.tree_util.tree_map(lambda x: tile_rows(x, w), context)
 
     def tokens_to_logits(tokens_C, positions_C, cache):
-        return extend(
-            model, params, cache, tokens_C[:, None], positions_C[:, None], src_segment_ids_CxS=src_segment_ids_CxS
-        )
+        return extend(model, params, cache, tokens_C[:, None], positions_C[:, None], context=context_C)
 
     if strategy.method != "beam":
         update = functools.partial(sample_update, strategy, pad_id)
@@ -143,7 +138,7 @@ def generate_ids(
         state,
         tile_rows(first_logits_BxV, w),
         cache,
-        tile_rows(p.start_positions_B, w),
+        tile_rows(lengths_B, w),
         strategy.max_new_tokens,
         lengths,
     )

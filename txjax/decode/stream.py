@@ -15,8 +15,9 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from txjax.decode.api import generate_windowed, workdir_prompt
+from txjax.decode.generate import generate_windowed
 from txjax.decode.search import listening
+from txjax.decode.workdir import workdir_prompt
 from txjax.families import family_of
 
 _END = object()
@@ -84,9 +85,10 @@ def generate_stream(
 
 
 def streams(run, strategy: dict) -> bool:
-    """Whether `run.py generate` streams with these Strategy fields: an LM's one row (greedy or one sample)."""
+    """Whether `run.py generate` streams with these Strategy fields: one row (greedy or one sample) of an output
+    that continues its input (no source; it slides past the context as generate_windowed does)."""
     one_row = strategy["method"] != "beam" and strategy.get("num_samples", 1) == 1
-    return family_of(run.model).continues_input and one_row
+    return family_of(run.model).source is None and one_row
 
 
 def stream_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> Iterator[str]:

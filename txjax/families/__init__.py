@@ -1,30 +1,22 @@
 """The one seam between model families: everything that differs between a decoder-only LM and an encoder-decoder.
 
-A `Family` names its Flax module, the batch keys that feed it, the data it trains on, the dummy inputs that
-initialise it (parameters, or a KV cache), how one decode call appends tokens to the cache, how generation starts
-(prefill) and the sizes its FLOP count needs. Training, evaluation, decoding, the summary and the attention maps
-ask `family_of(model)` (or `get(config.family)`) instead of testing the model's class, so a third family is one new
-file in this package and one line in FAMILIES.
+Generation and training see a family through three calls, in the style of the Flax wmt example:
+
+    context = encode(model, params, source)         # LM: None; encoder-decoder: the encoder output + source mask
+    logits, variables = decode_step(model, variables, context, tokens, positions, segment_ids)   # one cached call
+    logits = logits(model, params, batch)           # the full forward pass of a training / eval batch
+
+and a few declarative things: the batch keys, the data kinds it trains on, what a generation's inputs are (`prompts`,
+`read_text`) and the sizes its FLOP count needs. Everything outside this package asks `family_of(model)` (or
+`get(config.family)`) for these instead of testing the model's class, so a third family is one new file here and
+one line in FAMILIES.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import flax.linen as nn
-
-
-class Prefill(NamedTuple):
-    """The first cached call of a generation (txjax.decode.search.generate_ids) and the cache it writes into."""
-
-    tokens_BxL: Any
-    positions_BxL: Any
-    segment_ids_BxL: Any  # 0 on left padding
-    cache_len: int  # decoder positions the cache holds
-    src_len: int | None  # encoder positions (None without an encoder)
-    src_segment_ids_BxS: Any  # None without an encoder
-    encoded_BxSxD: Any  # None without an encoder
-    start_positions_B: Any  # position of each row's first generated token
 
 
 class Family:
@@ -32,31 +24,30 @@ class Family:
 
     name: ClassVar[str]
     module: ClassVar[type[nn.Module]]
-    inputs: ClassVar[tuple[str, ...]]  # batch keys, in the order of the module's __call__ arguments
-    targets: ClassVar[str]
-    weights: ClassVar[str]
-    data_kinds: ClassVar[tuple[str, ...]]  # config.data.kind values this family trains on
-    task_form: ClassVar[str]  # how a synthetic task lays out its examples: "lm" or "seq2seq"
-    continues_input: ClassVar[bool]  # generation continues its input (an LM prompt) or starts a target from BOS
+    inputs: ClassVar[tuple[str, ...]]  # batch keys of the full forward pass, in the order of the module's __call__
+    labels: ClassVar[tuple[str, str]]  # batch keys of the targets and of their weights
+    source: ClassVar[str | None]  # batch key of the encoder's input (None: no encoder, the output continues its input)
+    data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
 
-    def init_inputs(self, tokens_1x1) -> tuple:
-        """Dummy arguments of `module.init` for the parameters (their shapes do not depend on the length)."""
+    def encode(self, model, params, source: tuple | None) -> Any:
+        """The context every decode_step reads, from (source ids [B, S] right-padded, lengths [B]) or None."""
         raise NotImplementedError
 
-    def decode_variables(self, model, rng, batch: int, max_len: int, src_len: int | None):
-        """`model.init(..., decode=True)` on dummy inputs that size a KV cache of `max_len` (and `src_len`)."""
+    def decode_step(self, model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL=None, prefill=False):
+        """One cached call appending L tokens: -> (logits [C, L, V], mutated variables with the new 'cache').
+        prefill: the generation's first call (the one that may write what the context contributes to the cache)."""
         raise NotImplementedError
 
-    def extend(self, model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded):
-        """One cached decode call: -> (logits [C, L, V], mutated variables with the new 'cache')."""
+    def logits(self, model, params, batch, **apply_kwargs):
+        """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs)."""
+        return model.apply({"params": params}, *(batch[k] for k in self.inputs), **apply_kwargs)
+
+    def prompts(self, inputs: list, bos_id: int | None) -> tuple[list, list | None]:
+        """(prompts, sources or None) of `generate`'s inputs: what the decoder continues, and what it encodes."""
         raise NotImplementedError
 
-    def prefill(self, model, params, inputs_BxS, lengths_B, max_new_tokens: int, bos_id: int) -> Prefill:
-        """What the first decode call of a generation feeds, and the cache it needs."""
-        raise NotImplementedError
-
-    def batch_lengths(self, batch) -> tuple[int, int, int]:
-        """(rows B, source length S (0 without an encoder), target length T) of a training batch."""
+    def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
+        """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
         raise NotImplementedError
 
     def attention_layers(self, cfg) -> tuple[int, int, int]:
@@ -90,3 +81,9 @@ def family_of(model) -> Family:
 def build(name: str, cfg, sow_weights: bool = False) -> nn.Module:
     """The module of family `name` for a ModelConfig."""
     return get(name).module(cfg, sow_weights=sow_weights)
+
+
+def batch_lengths(family: Family, batch) -> tuple[int, int, int]:
+    """(rows B, source length S (0 without an encoder), target length T) of a training batch."""
+    b, t = batch[family.labels[0]].shape
+    return b, batch[family.source].shape[1] if family.source else 0, t

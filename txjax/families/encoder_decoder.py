@@ -2,53 +2,54 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax.numpy as jnp
 
 from txjax import families
 from txjax.models import EncoderDecoder
 
 
+class Source(NamedTuple):
+    """An encoder-decoder's decode context: the encoder output and the source's segments (0 on padding)."""
+
+    encoded_BxSxD: jnp.ndarray
+    segment_ids_BxS: jnp.ndarray
+
+
 class EncoderDecoderFamily(families.Family):
     name = "encoder_decoder"
     module = EncoderDecoder
     inputs = ("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions", "tgt_segment_ids")
-    targets, weights = "tgt_targets", "tgt_weights"
-    data_kinds = ("parallel", "synthetic", "shards")  # shards of TSV pairs
-    task_form = "seq2seq"
-    continues_input = False  # the source is read whole by the encoder (right-padded); the target starts from BOS
+    labels = ("tgt_targets", "tgt_weights")
+    source = "src"
+    data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}  # shards: TSV pairs
 
-    def init_inputs(self, tokens_1x1):
-        return (tokens_1x1, tokens_1x1)
+    def encode(self, model, params, source):
+        """Right-padded sources [B, S] with their lengths [B] -> Source, encoded once per generation."""
+        if source is None:
+            raise ValueError("an encoder-decoder generates from sources: give them as its inputs")
+        src_BxS, lengths_B = source
+        segment_ids_BxS = (jnp.arange(src_BxS.shape[1])[None, :] < lengths_B[:, None]).astype(jnp.int32)
+        encoded_BxSxD = model.apply({"params": params}, src_BxS, None, segment_ids_BxS, method=EncoderDecoder.encode)
+        return Source(encoded_BxSxD, segment_ids_BxS)
 
-    def decode_variables(self, model, rng, batch, max_len, src_len):
-        tokens_BxL = jnp.zeros((batch, max_len), jnp.int32)
-        encoded_BxSxD = jnp.zeros((batch, src_len, model.cfg.d_model), model.cfg.compute_dtype)
-        src_segment_ids_BxS = jnp.ones((batch, src_len), jnp.int32)
-        return model.init(
-            rng, tokens_BxL, encoded_BxSxD, src_segment_ids_BxS, decode=True, method=EncoderDecoder.decode
-        )
-
-    def extend(self, model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded):
-        """`encoded` given at prefill (cross-attention K/V get cached), None afterwards (they are reused)."""
-        args = (tokens_CxL, encoded, src_segment_ids_CxS, positions_CxL, segment_ids_CxL)
+    def decode_step(self, model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL=None, prefill=False):
+        """The prefill computes cross-attention's keys/values from the encoder output and caches them; the later
+        calls reuse them (encoded=None), so the context's rows need only its segments."""
+        encoded_BxSxD = context.encoded_BxSxD if prefill else None
+        args = (tokens_CxL, encoded_BxSxD, context.segment_ids_BxS, positions_CxL, segment_ids_CxL)
         return model.apply(variables, *args, decode=True, mutable=["cache"], method=EncoderDecoder.decode)
 
-    def prefill(self, model, params, src_BxS, lengths_B, max_new_tokens, bos_id):
-        """Right-padded sources, encoded once (the prefill caches cross-attention's K/V); the decoder's first input
-        is BOS at position 0."""
-        b, s = src_BxS.shape
-        src_segment_ids_BxS = (jnp.arange(s)[None, :] < lengths_B[:, None]).astype(jnp.int32)
-        encoded_BxSxD = model.apply(
-            {"params": params}, src_BxS, None, src_segment_ids_BxS, method=EncoderDecoder.encode
-        )
-        bos_Bx1, zeros_Bx1 = jnp.full((b, 1), bos_id, jnp.int32), jnp.zeros((b, 1), jnp.int32)
-        return families.Prefill(
-            bos_Bx1, zeros_Bx1, None, max_new_tokens, s, src_segment_ids_BxS, encoded_BxSxD, jnp.ones((b,), jnp.int32)
-        )
+    def prompts(self, inputs, bos_id):
+        """Sources; each target starts from BOS."""
+        if bos_id is None:
+            raise ValueError("an encoder-decoder's targets start from BOS: give bos_id")
+        return [[bos_id]] * len(inputs), list(inputs)
 
-    def batch_lengths(self, batch):
-        (b, s), t = batch["src"].shape, batch["tgt_inputs"].shape[1]
-        return b, s, t
+    def read_text(self, tokenizer, text, *, bos=False):
+        """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
+        return tokenizer.encode(text) + [tokenizer.eos_id], ""
 
     def attention_layers(self, cfg):
         return cfg.encoder_layers, cfg.num_layers, cfg.num_layers

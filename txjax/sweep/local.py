@@ -1,14 +1,14 @@
 """The in-process sweep: every run of a sweep file trained in this process, one vmapped group after another.
 
-    python run.py sweep --sweep=experiments/ablations/NAME.py --workdir=DIR [--no-vmap] [--config.a.b=v ...]
+python run.py sweep --sweep=experiments/ablations/NAME.py --workdir=DIR [--no-vmap] [--config.a.b=v ...]
 
 DIR/results.csv, results.md and results.png (txjax.sweep.report) are rewritten after every group. Running the same
-command again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed
-run, a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.preemption) leaves a sweep that
-one more command finishes; one sweep at a time writes DIR (txjax.workdir_lock). Runs that differ only in the seed
-and the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless
---no-vmap. An optuna search asks Optuna for one point at a time and tells it the point's mean final metric
-(txjax.sweep.search); its rerun asks the same seeded sampler again and gets the same points, whose finished runs it skips. A scheduler
+command again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed run,
+a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.preemption) leaves a sweep that one
+more command finishes; one sweep at a time writes DIR (txjax.workdir_lock). Runs that differ only in the seed and
+the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless --no-vmap. An
+optuna search asks Optuna for one point at a time and tells it the point's mean final metric (txjax.sweep.search);
+its rerun asks the same seeded sampler again and gets the same points, whose finished runs it skips. A scheduler
 (early stopping) needs Ray (--launcher=ray, txjax.sweep.ray_launcher): here every run trains to the end.
 """
 

@@ -127,7 +127,7 @@ class Run:
         that the step fits the devices' memory (before anything compiles)."""
         family = self.config.family
         flops = train_flops_per_batch(model.cfg, family, first)
-        b, s, l = families.get(family).batch_lengths(first)
+        b, s, l = families.batch_lengths(families.get(family), first)
         memory.check_train_step(model.cfg, family, b // self.t.grad_accum, s, l, mesh.devices.size)
         return flops, peak_flops_per_s(self.config.model.dtype, mesh.devices.size), b * (s + l)
 

@@ -1,5 +1,9 @@
-"""Generation from the host: padding and checks, `generate` (DecoderLM) and `translate` (EncoderDecoder), whole
-splits in fixed-shape batches, sampling past the context, and generation from a training workdir."""
+"""One `generate` for both model families, whole splits in fixed-shape batches (`decode_all`), and sampling past
+the context (`generate_windowed`).
+
+Translation is generation with a source: the family says what an input is (`Family.prompts`): an LM's inputs are
+the prompts it continues; an encoder-decoder's are sources it encodes once, each target starting from BOS.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,9 @@ import numpy as np
 
 from txjax.decode.cache import for_decoding
 from txjax.decode.search import generate_ids, listener_key
-from txjax.decode.strategy import METHOD_OPTIONS, Strategy
+from txjax.decode.strategy import Strategy
 from txjax.families import family_of
-from txjax.models import DecoderLM, EncoderDecoder
+from txjax.models import DecoderLM
 
 
 @dataclasses.dataclass
@@ -74,61 +78,43 @@ def _results(strategy: Strategy, tokens_CxT, scores_C, steps) -> Generation:
 
 
 def generate(
-    model: DecoderLM,
+    model,
     params,
-    prompts: Sequence[Sequence[int]],
+    inputs: Sequence[Sequence[int]],
     *,
+    bos_id: int | None = None,
     pad_id: int | None = None,
     length: int | None = None,
     seed: int = 0,
     **strategy,
 ) -> Generation:
-    """Continue each prompt (a list of ids) with a DecoderLM; `strategy`: the fields of Strategy.
+    """Generate from each input (a list of ids); `strategy`: the fields of Strategy.
 
-    Prompts are left-padded to `length` (default: the longest; fix it to compile once for many batches).
-    Same seed, same text. Beam search returns the best hypothesis per prompt; sampling num_samples per prompt.
-    A scanned model is decoded with its layers unrolled (`for_decoding`; pass its result to skip that copy).
+    A DecoderLM continues its inputs (prompts, left-padded); an EncoderDecoder reads them as sources (ending with
+    EOS as in training; right-padded) and generates each target from `bos_id`. The inputs are padded to `length`
+    (default: the longest; fix it to compile once for many batches). Same seed, same text. Beam search returns the
+    best hypothesis per input; sampling num_samples per input. A scanned model is decoded with its layers unrolled
+    (`for_decoding`; pass its result to skip that copy).
     """
     strategy = Strategy(**strategy)
     cfg = model.cfg
-    check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
+    prompts, sources = family_of(model).prompts(inputs, bos_id)
     pad_id = 0 if pad_id is None else pad_id
+    source = None
+    if sources is not None:
+        check_inputs(sources, cfg.vocab_size, cfg.max_len, "source")
+        source, length = pad_batch(sources, pad_id, length), None  # `length` pads the inputs: here, the sources
+    check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
-    model, params = for_decoding(model, params, len(prompts) * strategy.rows_per_prompt)
+    model, params = for_decoding(model, params, len(inputs) * strategy.rows_per_prompt)
     rng, key = jax.random.key(seed), listener_key()  # key: the stream (txjax.decode.stream) this thread feeds
     stream = {} if key is None else {"stream": True, "listener": np.int32(key)}
-    out = generate_ids(model, params, strategy, pad_id, None, prompt_BxP, lengths_B, rng, **stream)
-    return _results(strategy, *out)
-
-
-def translate(
-    model: EncoderDecoder,
-    params,
-    sources: Sequence[Sequence[int]],
-    *,
-    bos_id: int,
-    pad_id: int,
-    length: int | None = None,
-    seed: int = 0,
-    **strategy,
-) -> Generation:
-    """Generate a target for each source (ids, ending with EOS as in training) with an EncoderDecoder.
-
-    The decoder starts from BOS; sources are right-padded to `length` (default: the longest). Layers unrolled as
-    in `generate`.
-    """
-    strategy = Strategy(**strategy)
-    cfg = model.cfg
-    check_inputs(sources, cfg.vocab_size, cfg.max_len, "source")
-    check_inputs([[bos_id]], cfg.vocab_size, cfg.max_len, "target", strategy.max_new_tokens)
-    src_BxS, lengths_B = pad_batch(sources, pad_id, length)
-    model, params = for_decoding(model, params, len(sources) * strategy.rows_per_prompt)
-    out = generate_ids(model, params, strategy, pad_id, bos_id, src_BxS, lengths_B, jax.random.key(seed))
+    out = generate_ids(model, params, strategy, pad_id, prompt_BxP, lengths_B, source, rng, **stream)
     return _results(strategy, *out)
 
 
 def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: int, **kwargs) -> Generation:
-    """`generate` (DecoderLM) or `translate` (EncoderDecoder) over many inputs in fixed-shape batches: one
+    """`generate` over many inputs in fixed-shape batches: one
     compilation for the whole list. Inputs are sorted by length (rows that stop together share a batch, so the
     loop exits early), the last batch is filled by repeating an input; results come back in input order, one per
     input (so no num_samples)."""
@@ -137,13 +123,12 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
     batch_size = min(batch_size, len(inputs))
     strategy = Strategy(**{f.name: kwargs[f.name] for f in dataclasses.fields(Strategy) if f.name in kwargs})
     model, params = for_decoding(model, params, batch_size * strategy.rows_per_prompt)
-    run = generate if family_of(model).continues_input else translate
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     outs = []
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         batch = [inputs[i] for i in rows + rows[-1:] * (batch_size - len(rows))]
-        outs.append((rows, run(model, params, batch, length=max(map(len, inputs)), **kwargs)))
+        outs.append((rows, generate(model, params, batch, length=max(map(len, inputs)), **kwargs)))
     ids, stopped, scores = [None] * len(inputs), [None] * len(inputs), np.zeros(len(inputs), np.float32)
     for rows, out in outs:
         for j, i in enumerate(rows):
@@ -192,63 +177,3 @@ def generate_windowed(
                 generated[i] += ids
                 stopped[i] = out.stopped[i]
     return generated
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# From a training workdir: `run.py generate`
-
-
-def encode_prompt(tokenizer, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
-    """Text -> ids, with BOS first / EOS last when asked; unencodable characters are the tokenizer's ValueError."""
-    return [tokenizer.bos_id] * bos + tokenizer.encode(text) + [tokenizer.eos_id] * eos
-
-
-def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict:
-    """Strategy fields from a config's `decode` section and the non-None `overrides` (e.g. command-line flags).
-
-    The method is the overrides' `method`, else the one method the overridden options belong to (--beam_size: beam;
-    --temperature, --top_k, --top_p, --num_samples: sample), else the config's. Only that method's options are
-    taken from the config; an override of another method's option is the Strategy's one-line ValueError. The
-    fields are the Strategy's (left None: dropped), so temperature 0 comes back as method greedy.
-    """
-    given = {k: v for k, v in overrides.items() if v is not None}
-    implied = {m for m, options in METHOD_OPTIONS.items() for name in given if name in options}
-    if "method" not in given and len(implied) > 1:
-        raise ValueError(f"options of several methods given ({', '.join(sorted(given))}): choose one with --method")
-    method = given.pop("method", None) or (implied.pop() if implied else decode_config.method)
-    options = {name: decode_config[name] for name in METHOD_OPTIONS[method]} | given
-    max_new_tokens = given.get("max_new_tokens", decode_config.max_new_tokens)
-    strategy = Strategy(**dict(options, method=method, max_new_tokens=max_new_tokens, eos_id=eos_id))
-    return {
-        name: value for name, value in dataclasses.asdict(strategy).items() if value is not None or name == "eos_id"
-    }
-
-
-def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[list[int], str, dict]:
-    """(prompt ids, the text the LM's outputs start with, Strategy fields) of generate_from_workdir."""
-    tokenizer, continues = run.tokenizer, family_of(run.model).continues_input  # an LM continues a prompt
-    shown = "" if chat or not continues else text
-    if chat:
-        text = tokenizer.render_chat([{"role": "user", "content": text}])
-    ids = encode_prompt(tokenizer, text, bos=run.config.data.kind == "synthetic" and continues, eos=not continues)
-    ids = tokenizer.prefix() + ids if continues else ids  # a pretrained model's BOS
-    return ids, shown, strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
-
-
-def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
-    """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
-    include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
-    chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
-    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
-    tokenizer = run.tokenizer
-    ids, shown, strategy = workdir_prompt(run, text, chat=chat, **overrides)
-    if not family_of(run.model).continues_input:
-        out = translate(
-            run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
-        )
-        return [tokenizer.decode(row) for row in out.ids]
-    if strategy["method"] != "beam":  # greedy and sampled continuations may run past the context
-        rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
-    else:
-        rows = generate(run.model, run.params, [ids], pad_id=tokenizer.pad_id, seed=seed, **strategy).ids
-    return [shown + tokenizer.decode(row) for row in rows]

@@ -1,0 +1,58 @@
+"""Generation from a training workdir (`run.py generate`): the config's decode strategy with command-line
+overrides, a text made the family's input, and the texts generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from txjax.decode.generate import generate, generate_windowed
+from txjax.decode.strategy import METHOD_OPTIONS, Strategy
+from txjax.families import family_of
+
+
+def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict:
+    """Strategy fields from a config's `decode` section and the non-None `overrides` (e.g. command-line flags).
+
+    The method is the overrides' `method`, else the one method the overridden options belong to (--beam_size: beam;
+    --temperature, --top_k, --top_p, --num_samples: sample), else the config's. Only that method's options are
+    taken from the config; an override of another method's option is the Strategy's one-line ValueError. The
+    fields are the Strategy's (left None: dropped), so temperature 0 comes back as method greedy.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    implied = {m for m, options in METHOD_OPTIONS.items() for name in given if name in options}
+    if "method" not in given and len(implied) > 1:
+        raise ValueError(f"options of several methods given ({', '.join(sorted(given))}): choose one with --method")
+    method = given.pop("method", None) or (implied.pop() if implied else decode_config.method)
+    options = {name: decode_config[name] for name in METHOD_OPTIONS[method]} | given
+    max_new_tokens = given.get("max_new_tokens", decode_config.max_new_tokens)
+    strategy = Strategy(**dict(options, method=method, max_new_tokens=max_new_tokens, eos_id=eos_id))
+    return {
+        name: value for name, value in dataclasses.asdict(strategy).items() if value is not None or name == "eos_id"
+    }
+
+
+def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[list[int], str, dict]:
+    """(the family's input ids, the text its outputs continue, Strategy fields) of generate_from_workdir."""
+    tokenizer = run.tokenizer
+    if chat:
+        text = tokenizer.render_chat([{"role": "user", "content": text}])
+    ids, shown = family_of(run.model).read_text(tokenizer, text, bos=run.config.data.kind == "synthetic")
+    return ids, "" if chat else shown, strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
+
+
+def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
+    """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
+    include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
+    chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
+    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
+    tokenizer = run.tokenizer
+    ids, shown, strategy = workdir_prompt(run, text, chat=chat, **overrides)
+    # greedy and sampled outputs that continue their input (no source) may run past the context
+    if family_of(run.model).source is None and strategy["method"] != "beam":
+        rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
+    else:
+        out = generate(
+            run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
+        )
+        rows = out.ids
+    return [shown + tokenizer.decode(row) for row in rows]
