@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_attention import random_params
 
-from txjax.decode import init_cache
+from txjax.families import family_of
 from txjax.model_config import ModelConfig
 from txjax.models import DecoderLM, EncoderDecoder, stack_layers, unstack_layers
 
@@ -29,6 +29,16 @@ def _seq(rng, b, l):
 
 def _arange(b, l, start=0):
     return jnp.broadcast_to(jnp.arange(start, start + l, dtype=jnp.int32), (b, l))
+
+
+def init_cache(model, batch_size, max_len, src_len=None):
+    """The model's own empty KV cache ([B, S, KV, K] keys/values, Flax wmt style; txjax.decode.init_cache's is in
+    the decoding kernels' layout): zeros, every slot's position -1 (empty), index 0."""
+    shapes = jax.eval_shape(
+        lambda: family_of(model).decode_variables(model, jax.random.key(0), batch_size, max_len, src_len)
+    )
+    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
+    return jax.tree_util.tree_map_with_path(empty, shapes["cache"])
 
 
 class LM:

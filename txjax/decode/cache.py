@@ -11,12 +11,12 @@ import einops
 import jax
 import jax.numpy as jnp
 
+from txjax.decode import kernels
 from txjax.families import family_of
-from txjax.layers import decoding_params
 from txjax.models import unstack_layers
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
-# attention.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
+# kernels.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
 ROW_LEAVES = ("cached_key", "cached_value", "cross_key", "cross_value", "cached_pos")
 # the target-length axis of the growing leaves, from the end
 LENGTH_AXIS = {"cached_key": -1, "cached_value": -2, "cached_pos": -1}
@@ -28,7 +28,8 @@ def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None)
     Built from shapes alone (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
     """
     family = family_of(model)
-    shapes = jax.eval_shape(lambda: family.decode_variables(model, jax.random.key(0), batch_size, max_len, src_len))
+    with kernels.installed():  # the cache in decoding's layout
+        shapes = jax.eval_shape(lambda: family.decode_variables(model, jax.random.key(0), batch_size, max_len, src_len))
     empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
     return jax.tree_util.tree_map_with_path(empty, shapes["cache"])
 
@@ -50,9 +51,10 @@ def extend(
     required; `encoded_CxSxD` is given at prefill (cross K/V get cached) and None afterwards (they are reused).
     """
     variables = {"params": params, "cache": cache}
-    logits, mutated = family_of(model).extend(
-        model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded_CxSxD
-    )
+    with kernels.installed():  # the decoding layout's parameters and cache read by its kernels
+        logits, mutated = family_of(model).extend(
+            model, variables, tokens_CxL, positions_CxL, segment_ids_CxL, src_segment_ids_CxS, encoded_CxSxD
+        )
     return logits[:, -1], mutated["cache"]
 
 
@@ -118,19 +120,18 @@ def filled(cache):
 
 
 def for_decoding(model, params, rows: int = 1):
-    """The same model in decoding's layout for `rows` rows decoded at once: its layers unrolled (scan_layers=False,
-    params via unstack_layers: under nn.scan each decode step copies every layer's cache slice out of and back into
-    the stacked cache), each layer's input projections side by side (one matrix product for W^Q, W^K, W^V and one
-    for SwiGLU's W1, W3) and, for one row on a CPU, every kernel stored output axes first (decoding_layout and
-    out_major, params via layers.decoding_params; attention.out_major_product says why one row only). Idempotent: a
-    decoding model comes back as it is, whatever `rows`."""
+    """The same model with decoding's parameters for `rows` rows decoded at once: its layers unrolled
+    (scan_layers=False, params via unstack_layers: under nn.scan each decode step copies every layer's cache slice
+    out of and back into the stacked cache), the input projections fused and, for one row on a CPU, every kernel
+    stored output axes first (kernels.decoding_params; kernels.out_major_product says why one row only). The cached
+    calls here (init_cache, extend) read them with txjax.decode.kernels installed. Idempotent: decoding parameters
+    come back as they are, whatever `rows`."""
     cfg = model.cfg
-    if cfg.decoding_layout:
+    if not cfg.scan_layers and kernels.is_decoding(params):
         return model, params
     out_major = rows == 1 and jax.default_backend() == "cpu"  # an XLA:CPU matrix-vector trick, unmeasured elsewhere
-    params = decoding_params(unstack_layers(params) if cfg.scan_layers else params, out_major)
-    new_cfg = dataclasses.replace(cfg, scan_layers=False, decoding_layout=True, out_major=out_major)
-    return model.clone(cfg=new_cfg), params
+    params = kernels.decoding_params(unstack_layers(params) if cfg.scan_layers else params, out_major=out_major)
+    return model.clone(cfg=dataclasses.replace(cfg, scan_layers=False)), params
 
 
 def gather_rows(cache, rows_C, leaves=ROW_LEAVES):
