@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_decode import lm, random_ids, seq2seq
+from tests.test_decode import lm, random_ids, seq2seq, teacher_forced_steps
 from tests.test_models import init_cache
 from txjax import decode
 from txjax.decode import kernels
@@ -81,22 +81,10 @@ def test_kernels_decode_what_the_model_own_cached_decoding_does(family, dtype):
     encoded = None
     if src is not None:
         encoded = decoding_model.apply({"params": decoding}, src, None, src_seg, method=EncoderDecoder.encode)
-    first, cache = decode.extend(
-        decoding_model,
-        decoding,
-        cache,
-        tokens_BxL[:, :1],
-        jnp.zeros((2, 1), jnp.int32),
-        src_segment_ids_CxS=src_seg,
-        encoded_CxSxD=encoded,
-    )
-    steps = [first]
-    for t in range(1, 6):
-        logits, cache = decode.extend(
-            decoding_model, decoding, cache, tokens_BxL[:, t : t + 1], jnp.full((2, 1), t), src_segment_ids_CxS=src_seg
-        )
-        steps.append(logits)
-    kernels_BxLxV = jnp.stack(steps, 1)
+    prompt = (tokens_BxL[:, :1], jnp.zeros((2, 1), jnp.int32))  # the first token, at position 0
+    first = decode.extend(decoding_model, decoding, cache, *prompt, src_segment_ids_CxS=src_seg, encoded_CxSxD=encoded)
+    steps = teacher_forced_steps(decoding_model, decoding, first[1], tokens_BxL, 1, src_seg)
+    kernels_BxLxV = jnp.concatenate([first[0][:, None], steps.transpose(1, 0, 2)], 1)
     tol = dict(atol=2e-5, rtol=1e-5) if dtype == "float32" else dict(atol=0.05 * float(jnp.abs(full_BxLxV).max()))
     np.testing.assert_allclose(own_BxLxV, full_BxLxV, **tol)
     np.testing.assert_allclose(kernels_BxLxV, own_BxLxV, **tol)
