@@ -121,7 +121,8 @@ def recompute_fns(model, length: int):
 
     def run(params, tokens_1xL, first, last):
         def body(t, tokens_1xL):
-            logits_1xLxV = model.apply({"params": params}, tokens_1xL)
+            with decode.kernels.installed():  # the decoding layout's parameters, read by its kernels
+                logits_1xLxV = model.apply({"params": params}, tokens_1xL)
             return tokens_1xL.at[0, t].set(decode.greedy_tokens(logits_1xLxV[:, t - 1])[0])
 
         return jax.lax.fori_loop(first, last, body, tokens_1xL)

@@ -166,16 +166,21 @@ def test_second_run_compiles_from_the_persistent_cache(tmp_path):
 
 
 def test_decode_steps_on_cuda_read_the_cache_with_the_reference(monkeypatch):
-    """auto's cuDNN kernel is for whole sequences: a cached decode step (one query against the cache) lowers for CUDA
-    without it, while the same model's training pass uses it."""
+    """auto's cuDNN kernel is for whole sequences: a cached decode step (one query against the cache, read by
+    txjax.decode.kernels as every txjax decode step is) lowers for CUDA without it, while the same model's training
+    pass uses it."""
     import jax._src.cudnn.fused_attention_stablehlo as cudnn_attention
+
+    from txjax.decode import kernels
 
     monkeypatch.setattr(cudnn_attention, "check_cudnn_version", lambda: 91000)
     monkeypatch.setattr(attention, "cuda_available", lambda: True)
     model = DecoderLM(ModelConfig(**CFG, dtype="bfloat16", attention_impl="auto"))
-    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((2, 8), jnp.int32), decode=True))
-    step = jax.jit(lambda v, t: model.apply(v, t, decode=True, mutable=["cache"]))
-    text = export.export(step, platforms=["cuda"])(variables, jax.ShapeDtypeStruct((2, 1), jnp.int32)).mlir_module()
+    with kernels.installed():
+        variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((2, 8), jnp.int32), decode=True))
+        step = jax.jit(lambda v, t: model.apply(v, t, decode=True, mutable=["cache"]))
+        shapes = (variables, jax.ShapeDtypeStruct((2, 1), jnp.int32))
+        text = export.export(step, platforms=["cuda"])(*shapes).mlir_module()
     assert "cudnn" not in text
 
 
@@ -186,7 +191,8 @@ def test_one_row_kernels_out_major_only_on_a_cpu(monkeypatch):
 
     model = DecoderLM(ModelConfig(**CFG))
     params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
-    assert for_decoding(model, params, 1)[0].cfg.out_major_kernels
+    assert "kernel_t" in for_decoding(model, params, 1)[1]["decoder"]["layers_0"]["ffn"]["wo"]
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    decoding = for_decoding(model, params, 1)[0].cfg
-    assert decoding.decoding_layout and not decoding.scan_layers and not decoding.out_major_kernels
+    decoding_model, decoding = for_decoding(model, params, 1)
+    layer = decoding["decoder"]["layers_0"]
+    assert "qkv" in layer["self_attention"] and not decoding_model.cfg.scan_layers and "kernel" in layer["ffn"]["wo"]

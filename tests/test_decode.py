@@ -100,7 +100,8 @@ def test_bfloat16_grouped_query_decoding_follows_the_full_forward_pass():
         _, cache = decode.extend(model, params, cache, tokens_BxL[:, :p], jnp.arange(p)[None].repeat(2, 0))
         return teacher_forced_steps(model, params, cache, tokens_BxL, p)
 
-    full_BxLxV = model.apply({"params": params}, tokens_BxL)[:, p:].transpose(1, 0, 2)
+    with decode.kernels.installed():  # the full pass on the decoding layout's parameters
+        full_BxLxV = model.apply({"params": params}, tokens_BxL)[:, p:].transpose(1, 0, 2)
     steps_LxBxV, other_LxBxV = run(params, tokens_BxL), run(params, other_BxL)
     scale = float(jnp.abs(full_BxLxV).max())
     assert float(jnp.abs(steps_LxBxV - full_BxLxV).max()) < 0.03 * scale
@@ -149,8 +150,8 @@ def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
 
     def per_row(name, rows):
         """The row held by each slot of a leaf, broadcastable to it: positions [.., B, S] hold row b on axis -2;
-        keys [.., B*KV, K, S] and values [.., B*KV, S, K] (attention.cache_layout) on axis -3, the KV heads of row b
-        side by side."""
+        keys [.., B*KV, K, S] and values [.., B*KV, S, K] (decode.kernels.cache_layout) on axis -3, the KV heads of
+        row b side by side."""
         return rows[:, None] if name == "cached_pos" else np.repeat(rows, cfg.kv_heads)[:, None, None]
 
     def mark(path, leaf):  # every per-row leaf holds its row number
@@ -290,36 +291,6 @@ def test_sampling_same_seed_same_text():
     a, b, c = sample(seed=0), sample(seed=0), sample(seed=1)
     assert a.ids == b.ids and len(a.ids) == 3
     assert a.ids != c.ids and len({tuple(ids) for ids in a.ids}) > 1
-
-
-@pytest.mark.parametrize("family", ["lm", "seq2seq"])
-@pytest.mark.parametrize("rows", [1, 8])
-def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
-    """for_decoding's model (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each; for one row every
-    kernel output axes first, for a batch input axes first) on its converted parameters: the same full forward pass
-    as the scanned, unfused model, with each option that adds parameters to the rearranged projections (q/k/v
-    biases, QK-norm, SwiGLU, grouped-query heads) or kernels (biases everywhere, an untied head)."""
-    options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
-    for extra in ({}, dict(use_bias=True, tie_embeddings=False)):
-        model, params = (lm if family == "lm" else seq2seq)("rope", **options, **extra)
-        decoding_model, decoding = decode.for_decoding(model, params, rows)
-        cfg, layer = model.cfg, decoding["decoder"]["layers_1"]
-        h, g, k, d, f = cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model, cfg.d_ff
-        out_first = lambda *shape: shape if rows == 1 else shape[-1:] + shape[:-1]  # [out..., in] or [in, out...]
-        assert decoding_model.cfg.out_major == (rows == 1)
-        assert set(layer["self_attention"]) >= {"qkv", "qkv_bias", "out", "query_norm", "key_norm"}
-        assert layer["self_attention"]["qkv"].shape == out_first(h + 2 * g, k, d)
-        assert layer["self_attention"]["out"].shape == ((d, h, k) if rows == 1 else (h, k, d))
-        assert layer["ffn"]["wi_fused"]["kernel"].shape == out_first(2 * f, d) and "wi_gate" not in layer["ffn"]
-        assert layer["ffn"]["wo"]["kernel"].shape == out_first(d, f)
-        if extra:
-            embedder = decoding["embed" if family == "lm" else "src_embed"]  # shared by source and target
-            assert embedder["lm_head"]["kernel"].shape == out_first(cfg.vocab_size, d)
-        inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
-        expected = model.apply({"params": params}, *inputs)
-        np.testing.assert_allclose(decoding_model.apply({"params": decoding}, *inputs), expected, rtol=1e-5, atol=1e-5)
-        again = decode.for_decoding(decoding_model, decoding, 9 - rows)
-        assert again == (decoding_model, decoding)  # already in the decoding layout
 
 
 # ---------------------------------------------------------------- the cache grows through bucketed lengths

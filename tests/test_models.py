@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_attention import random_params
 
-from txjax.decode import init_cache
+from txjax.decode.cache import empty_cache as init_cache  # the model's own layout (Flax wmt style)
 from txjax.model_config import ModelConfig
 from txjax.models import DecoderLM, EncoderDecoder, stack_layers, unstack_layers
 

@@ -83,7 +83,6 @@ def test_bad_values_are_one_line_errors():
         ("--config.train.steps=abc", "expected int"),
         ("--config.model.d_model=33", "divisible by model.num_heads"),
         ("--config.train.grad_accum=3", "divisible by grad_accum"),
-        ("--config.model.decoding_layout=true", "is for decoding only"),
         ("--config.model.attention_impl=cudnn", "needs model.dtype=bfloat16"),
         ("--config.model.matmul_precision=tf32", "model.matmul_precision='tf32' is not one of highest, high"),
     ]:
@@ -395,9 +394,10 @@ def test_profile_steps_write_a_trace_of_those_steps_and_print_its_top_ops(tmp_pa
 
 def test_a_config_saved_before_the_decoding_layout_was_renamed_still_loads():
     """experiments/results/bible_en_es/config.json was written with model.fused_projections (since renamed
-    decoding_layout, never saved True): it loads, without that key, and validates."""
+    decoding_layout, then retired with out_major: decoding layouts are txjax.decode.kernels'): it loads, without
+    those keys, and validates."""
     saved = Path(__file__).resolve().parents[1] / "experiments" / "results" / "bible_en_es"
     assert "fused_projections" in json.loads((saved / config_lib.CONFIG_FILE).read_text())["model"]
     loaded = config_lib.load(saved)
-    assert "fused_projections" not in loaded.model and loaded.model.decoding_layout is False
+    assert "fused_projections" not in loaded.model and "decoding_layout" not in loaded.model
     config_lib.model_config(loaded.model.to_dict())

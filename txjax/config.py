@@ -224,11 +224,6 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             f"config.model.parametrization='mup' supports train.optimizer {' or '.join(optim.MUP_OPTIMIZERS)}, "
             f"not {t.optimizer!r}"
         )
-    if config.model.decoding_layout:  # Muon's, muP's and export's parameter names are the trained layout's
-        raise ConfigError(
-            "config.model.decoding_layout=True is for decoding only (txjax.decode.for_decoding rearranges a trained"
-            " model's weights itself): training keeps the trained layout, leave it False"
-        )
     if t.z_loss < 0:
         raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
     if not 0.0 <= t.label_smoothing < 1.0:
@@ -320,5 +315,6 @@ def load(workdir: Path) -> ml_collections.ConfigDict:
 
     saved = json.loads(path.read_text())
     saved.pop(HISTORY, None)
-    saved.get("model", {}).pop("fused_projections", None)  # retired: always False when saved (now decoding_layout)
+    for retired in ("fused_projections", "decoding_layout", "out_major"):  # decoding layouts: txjax.decode.kernels
+        saved.get("model", {}).pop(retired, None)
     return ml_collections.ConfigDict(merged(base_config().to_dict(), saved))

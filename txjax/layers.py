@@ -11,43 +11,32 @@ Dropout is applied to each residual branch before the addition and is off when d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from functools import partial
-
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from txjax import precision
+from txjax import precision as precision_lib
 from txjax.activations import ACTIVATIONS
-from txjax.attention import MultiHeadAttention, out_major_product, resolve_impl
+from txjax.attention import MultiHeadAttention, resolve_impl
 from txjax.model_config import ModelConfig
 
 
-class Dense(nn.Module):
-    """y = x W + b, x [B, L, in], W [in, out] ~ N(0, std^2); with out_major (decoding one row) W is stored [out, in]
-    and y = x W^T + b (attention.out_major_product says why). Parameters 'kernel' and 'bias', as nn.Dense names
-    them, carry logical axis names (`axes`: in, out; for the sharding rules); in a low-precision dtype the product
-    accumulates in float32 (txjax.precision)."""
+def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: float, name=None) -> nn.Dense:
+    """y = x W + b, W [in, out] ~ N(0, std^2): flax's nn.Dense ('kernel', 'bias'), its axes named (`axes`: in, out;
+    for the sharding rules), the product through txjax.precision (float32 sums for 16-bit operands)."""
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        dtype=dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+        dot_general=_dense_product,
+        name=name,
+    )
 
-    features: int
-    axes: tuple[str, str]
-    use_bias: bool
-    dtype: jnp.dtype
-    std: float
-    out_major: bool = False
 
-    @nn.compact
-    def __call__(self, x_BxLxI):
-        shape, axes, product = (x_BxLxI.shape[-1], self.features), self.axes, partial(precision.einsum, "bli,io->blo")
-        if self.out_major:
-            shape, axes, product = shape[::-1], axes[::-1], out_major_product
-        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.std), axes), shape)
-        y_BxLxO = product(x_BxLxI.astype(self.dtype), kernel.astype(self.dtype))
-        if not self.use_bias:
-            return y_BxLxO
-        bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:])
-        return y_BxLxO + self.param("bias", bias_init, (self.features,)).astype(self.dtype)
+def _dense_product(x, w, dimension_numbers, precision=None):
+    """nn.Dense's dot_general (x's last axis against w's first) as txjax.precision.einsum."""
+    return precision_lib.einsum("...i,io->...o", x, w)
 
 
 def make_norm(cfg, name=None):
@@ -65,25 +54,23 @@ def make_norm(cfg, name=None):
 
 
 class FeedForward(nn.Module):
-    """act(x W1 + b1) W2 + b2, or SwiGLU; W1 [d_model, d_ff], W2 [d_ff, d_model]. In the decoding layout SwiGLU's W1
-    and W3 are one matrix 'wi_fused' (one product instead of two), its kernels [out, in] or [in, out] (Dense)."""
+    """act(x W1 + b1) W2 + b2, or SwiGLU; W1 (and W3) [d_model, d_ff], W2 [d_ff, d_model]."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x_BxLxD):
-        cfg, dtype = self.cfg, self.cfg.compute_dtype
-        linear = lambda n, axes, name, std: Dense(n, axes, cfg.use_bias, dtype, std, cfg.out_major_kernels, name=name)
-        w_in = lambda name, n=1: linear(n * cfg.d_ff, ("embed", "mlp"), name, cfg.hidden_init_std)
-        act = ACTIVATIONS[cfg.activation]
-        if cfg.activation != "swiglu":
-            h_BxLxF = act(w_in("wi")(x_BxLxD))
-        elif cfg.decoding_layout:
-            h1_BxLxF, h3_BxLxF = jnp.split(w_in("wi_fused", 2)(x_BxLxD), 2, axis=-1)
-            h_BxLxF = act(h1_BxLxF) * h3_BxLxF
-        else:
-            h_BxLxF = act(w_in("wi")(x_BxLxD)) * w_in("wi_gate")(x_BxLxD)
-        return linear(x_BxLxD.shape[-1], ("mlp", "embed"), "wo", cfg.out_init_std)(h_BxLxF)
+        cfg = self.cfg
+        return self.linear("wo", x_BxLxD.shape[-1], ("mlp", "embed"), cfg.out_init_std)(self.hidden(x_BxLxD))
+
+    def hidden(self, x_BxLxD):
+        """act(x W1 + b1), or SwiGLU's silu(x W1) * x W3: [B, L, d_ff]."""
+        w_in = lambda name: self.linear(name, self.cfg.d_ff, ("embed", "mlp"), self.cfg.hidden_init_std)(x_BxLxD)
+        act = ACTIVATIONS[self.cfg.activation]
+        return act(w_in("wi")) * w_in("wi_gate") if self.cfg.activation == "swiglu" else act(w_in("wi"))
+
+    def linear(self, name, features, axes, std):
+        return dense(features, axes, self.cfg.use_bias, self.cfg.compute_dtype, std, name=name)
 
 
 def make_attention(cfg, cross: bool, name: str, sow_weights=False):
@@ -101,8 +88,6 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
         alibi=not cross and cfg.positional == "alibi",
         qk_norm=cfg.qk_norm,
-        decoding_layout=cfg.decoding_layout,
-        out_major=cfg.out_major_kernels,
         norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
         cross=cross,
@@ -154,38 +139,3 @@ class Block(nn.Module):
             t5 = ln("cross_attention")(t3 + drop(cross(t3))) if self.cross else t3
             h = ln("ffn")(t5 + drop(ffn(t5)))
         return h.astype(x_BxLxD.dtype), None
-
-
-def decoding_params(tree, out_major: bool = True):
-    """Parameters (unboxed, any nesting) -> those of decoding_layout=True, the same values rearranged: each
-    self-attention's query/key/value side by side as 'qkv' [D, H+2G, K] (their biases likewise; cross-attention's
-    stay apart: its keys and values read the encoder output), each SwiGLU FFN's wi/wi_gate as 'wi_fused' [D, 2F];
-    with out_major every kernel stored output axes first (Dense [in, out] -> [out, in]; attention's
-    query/key/value/qkv [D, H, K] -> [H, K, D], its out [H, K, D] -> [D, H, K]). What a decode step gains: 4 matrix
-    products per layer instead of 7, each reading its weights row by row when it decodes one row
-    (benchmarks/decode_profile.py)."""
-    if not isinstance(tree, Mapping):
-        return tree
-    out = {key: decoding_params(sub, out_major) for key, sub in tree.items()}
-    if "kernel" in out and out_major:  # a Dense
-        out["kernel"] = out["kernel"].T
-    for name in ("self_attention", "cross_attention"):
-        if "query" not in out.get(name, {}):
-            continue
-        attention, names = dict(out[name]), ("query", "key", "value")
-        if out_major:
-            for n in names:
-                attention[n] = jnp.moveaxis(attention[n], 0, -1)
-            attention["out"] = jnp.moveaxis(attention["out"], -1, 0)
-        if name == "self_attention":
-            attention["qkv"] = jnp.concatenate([attention.pop(n) for n in names], axis=0 if out_major else 1)
-            if "query_bias" in attention:
-                attention["qkv_bias"] = jnp.concatenate([attention.pop(f"{n}_bias") for n in names], axis=0)
-        out[name] = attention
-    ffn = dict(out.get("ffn", {}))
-    if "wi_gate" in ffn:  # SwiGLU: [W1 | W3], on the output axis (a bias's only axis)
-        wi, gate = ffn.pop("wi"), ffn.pop("wi_gate")
-        axis = 0 if out_major else -1
-        ffn["wi_fused"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=axis), wi, gate)
-        out["ffn"] = ffn
-    return out

@@ -59,8 +59,6 @@ class ModelConfig:
     matmul_precision: str = "highest"  # of float32 matmuls (txjax.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    decoding_layout: bool = False  # txjax.decode.for_decoding's: [W^Q|W^K|W^V], SwiGLU's [W1|W3], layers unrolled
-    out_major: bool = True  # in the decoding layout: kernels [out, in] (decoding one row) or [in, out] (a batch)
     remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
@@ -130,11 +128,6 @@ class ModelConfig:
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
-
-    @property
-    def out_major_kernels(self) -> bool:
-        """Kernels stored [out, in] (attention.out_major_product): the decoding layout's for one row at a time."""
-        return self.decoding_layout and self.out_major
 
     @property
     def width_multiplier(self) -> float:

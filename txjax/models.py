@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from txjax import positional, precision
 from txjax.attention import segment_mask
-from txjax.layers import Block, Dense, make_norm
+from txjax.layers import Block, dense, make_norm
 from txjax.model_config import ModelConfig
 
 
@@ -51,9 +51,7 @@ class Embedder(nn.Module):
                 ),
             )
         if not cfg.tie_embeddings:
-            self.lm_head = Dense(
-                cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std, cfg.out_major_kernels
-            )
+            self.lm_head = dense(cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std)
 
     def __call__(self, tokens_BxL, positions_BxL):
         cfg = self.cfg

@@ -11,24 +11,23 @@ import einops
 import jax
 import jax.numpy as jnp
 
+from txjax.decode import kernels
 from txjax.families import family_of
-from txjax.layers import decoding_params
 from txjax.models import unstack_layers
 from txjax.objective import init_params
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
-# attention.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
+# kernels.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
 ROW_LEAVES = ("cached_key", "cached_value", "cross_key", "cross_value", "cached_pos")
 # the target-length axis of the growing leaves, from the end
 LENGTH_AXIS = {"cached_key": -1, "cached_value": -2, "cached_pos": -1}
 
 
-def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
-    """An empty KV cache for `max_len` target tokens (encoder-decoder: and `src_len` source tokens).
-
-    The cache the family's first decode_step creates (flax makes a missing 'cache' variable), from shapes alone
-    (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0.
-    """
+def empty_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
+    """The model's own empty KV cache for `max_len` target tokens (encoder-decoder: and `src_len` source tokens):
+    the cache the family's first decode_step creates (flax makes a missing 'cache' variable), from shapes alone
+    (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0. Its layout is that of the
+    methods that run: the model's own [B, S, KV, K], or decoding's under `kernels.installed()` (init_cache)."""
     family = family_of(model)
 
     def created():
@@ -44,6 +43,12 @@ def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None)
     return jax.tree_util.tree_map_with_path(empty, jax.eval_shape(created))
 
 
+def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
+    """The empty KV cache that generation fills: `empty_cache` in decoding's layout (txjax.decode.kernels)."""
+    with kernels.installed():
+        return empty_cache(model, batch_size, max_len, src_len)
+
+
 def extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, *, context=None, prefill=False):
     """Append L tokens to the cache in one call (prefill: the prompt; a decode step: L = 1).
 
@@ -51,9 +56,10 @@ def extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None
     generation's sources (an LM: None); `prefill`: the generation's first call.
     """
     variables = {"params": params, "cache": cache}
-    logits, mutated = family_of(model).decode_step(
-        model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL, prefill
-    )
+    with kernels.installed():  # the decoding layout's parameters and cache read by its kernels
+        logits, mutated = family_of(model).decode_step(
+            model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL, prefill
+        )
     return logits[:, -1], mutated["cache"]
 
 
@@ -106,19 +112,18 @@ def filled(cache):
 
 
 def for_decoding(model, params, rows: int = 1):
-    """The same model in decoding's layout for `rows` rows decoded at once: its layers unrolled (scan_layers=False,
-    params via unstack_layers: under nn.scan each decode step copies every layer's cache slice out of and back into
-    the stacked cache), each layer's input projections side by side (one matrix product for W^Q, W^K, W^V and one
-    for SwiGLU's W1, W3) and, for one row on a CPU, every kernel stored output axes first (decoding_layout and
-    out_major, params via layers.decoding_params; attention.out_major_product says why one row only). Idempotent: a
-    decoding model comes back as it is, whatever `rows`."""
+    """The same model with decoding's parameters for `rows` rows decoded at once: its layers unrolled
+    (scan_layers=False, params via unstack_layers: under nn.scan each decode step copies every layer's cache slice
+    out of and back into the stacked cache), the input projections fused and, for one row on a CPU, every kernel
+    stored output axes first (kernels.decoding_params; kernels.out_major_product says why one row only). The cached
+    calls here (init_cache, extend) read them with txjax.decode.kernels installed. Idempotent: decoding parameters
+    come back as they are, whatever `rows`."""
     cfg = model.cfg
-    if cfg.decoding_layout:
+    if not cfg.scan_layers and kernels.is_decoding(params):
         return model, params
     out_major = rows == 1 and jax.default_backend() == "cpu"  # an XLA:CPU matrix-vector trick, unmeasured elsewhere
-    params = decoding_params(unstack_layers(params) if cfg.scan_layers else params, out_major)
-    new_cfg = dataclasses.replace(cfg, scan_layers=False, decoding_layout=True, out_major=out_major)
-    return model.clone(cfg=new_cfg), params
+    params = kernels.decoding_params(unstack_layers(params) if cfg.scan_layers else params, out_major=out_major)
+    return model.clone(cfg=dataclasses.replace(cfg, scan_layers=False)), params
 
 
 def gather_rows(cache, rows_C, leaves=ROW_LEAVES):

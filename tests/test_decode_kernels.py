@@ -1,0 +1,91 @@
+"""Tests of txjax.decode.kernels: the decoding layout (rearranged parameters read by intercepted methods) computes
+what the model's own methods compute on the trained parameters, in a full pass and in cached decoding."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.test_decode import lm, random_ids, seq2seq, teacher_forced_steps
+from txjax import decode
+from txjax.decode import kernels
+from txjax.decode.cache import empty_cache
+from txjax.families import family_of
+from txjax.models import EncoderDecoder
+
+
+@pytest.mark.parametrize("family", ["lm", "seq2seq"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
+    """for_decoding's parameters (layers unrolled; W^Q|W^K|W^V and SwiGLU's W1|W3 one matrix each; for one row on a
+    CPU every kernel output axes first) under the kernels: the same full forward pass as the scanned, unfused model,
+    with each option that adds parameters to the rearranged projections (q/k/v biases, QK-norm, SwiGLU,
+    grouped-query heads) or kernels (biases everywhere, an untied head)."""
+    options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
+    for extra in ({}, dict(use_bias=True, tie_embeddings=False)):
+        model, params = (lm if family == "lm" else seq2seq)("rope", **options, **extra)
+        decoding_model, decoding = decode.for_decoding(model, params, rows)
+        cfg, layer, t = model.cfg, decoding["decoder"]["layers_1"], "_t" if rows == 1 else ""
+        h, g, k, d, f = cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model, cfg.d_ff
+        out_first = lambda *shape: shape if rows == 1 else shape[-1:] + shape[:-1]  # [out..., in] or [in, out...]
+        assert set(layer["self_attention"]) >= {f"qkv{t}", "qkv_bias", f"out{t}", "query_norm", "key_norm"}
+        assert layer["self_attention"][f"qkv{t}"].shape == out_first(h + 2 * g, k, d)
+        assert layer["self_attention"][f"out{t}"].shape == ((d, h, k) if rows == 1 else (h, k, d))
+        assert layer["ffn"]["wi_fused"][f"kernel{t}"].shape == out_first(2 * f, d) and "wi_gate" not in layer["ffn"]
+        assert layer["ffn"]["wo"][f"kernel{t}"].shape == out_first(d, f)
+        if extra:
+            embedder = decoding["embed" if family == "lm" else "src_embed"]  # shared by source and target
+            assert embedder["lm_head"][f"kernel{t}"].shape == out_first(cfg.vocab_size, d)
+        inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
+        expected = model.apply({"params": params}, *inputs)
+        with kernels.installed():
+            got = decoding_model.apply({"params": decoding}, *inputs)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        again = decode.for_decoding(decoding_model, decoding, 9 - rows)
+        assert again == (decoding_model, decoding)  # already in the decoding layout
+
+
+def own_cached_logits(model, params, tokens_BxL, src_BxS=None):
+    """The model's own cached decoding (its methods and parameters, its [B, S, KV, K] cache, no kernels; Flax wmt
+    style: apply(decode=True) on a cache from init(decode=True)): logits [B, L, V] of the tokens fed one at a time."""
+    (b, n), logits = tokens_BxL.shape, []
+    cache = empty_cache(model, b, n, None if src_BxS is None else src_BxS.shape[1])
+    if src_BxS is not None:
+        src_seg_BxS = jnp.ones(src_BxS.shape, jnp.int32)
+        encoded_BxSxD = model.apply({"params": params}, src_BxS, None, src_seg_BxS, method=EncoderDecoder.encode)
+    for t in range(n):
+        token_Bx1, pos_Bx1 = tokens_BxL[:, t : t + 1], jnp.full((b, 1), t)
+        if src_BxS is None:
+            args, kwargs = (token_Bx1, pos_Bx1), {}
+        else:  # the first call caches the encoder's keys/values, the later ones reuse them
+            args = (token_Bx1, encoded_BxSxD if t == 0 else None, src_seg_BxS, pos_Bx1)
+            kwargs = {"method": EncoderDecoder.decode}
+        out, mutated = model.apply({"params": params, "cache": cache}, *args, decode=True, mutable=["cache"], **kwargs)
+        cache = mutated["cache"]
+        logits.append(out[:, -1])
+    return jnp.stack(logits, 1)
+
+
+@pytest.mark.parametrize("family", ["lm", "seq2seq"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernels_decode_what_the_model_own_cached_decoding_does(family, dtype):
+    """Cached decoding through txjax.decode (for_decoding's parameters, the kernels' cache layout and writes) gives
+    the logits and greedy tokens of the model's own cached decoding on its trained parameters, and both follow the
+    full forward pass; grouped-query heads (4 on 2), SwiGLU, in float32 and bfloat16."""
+    model, params = (lm if family == "lm" else seq2seq)("rope", dtype=dtype, activation="swiglu")
+    tokens_BxL, src_BxS = jnp.asarray(random_ids(0, (2, 6))), jnp.asarray(random_ids(1, (2, 5)))
+    src = None if family == "lm" else src_BxS
+    full_BxLxV = model.apply({"params": params}, *((tokens_BxL,) if src is None else (src, tokens_BxL)))
+    own_BxLxV = own_cached_logits(model, params, tokens_BxL, src)
+    decoding_model, decoding = decode.for_decoding(model, params, 2)
+    cache = decode.init_cache(decoding_model, 2, 6, None if src is None else 5)
+    source = None if src is None else (src, jnp.full(2, src.shape[1]))
+    context = family_of(decoding_model).encode(decoding_model, decoding, source)
+    prompt = (tokens_BxL[:, :1], jnp.zeros((2, 1), jnp.int32))  # the first token, at position 0
+    first = decode.extend(decoding_model, decoding, cache, *prompt, context=context, prefill=True)
+    steps = teacher_forced_steps(decoding_model, decoding, first[1], tokens_BxL, 1, context)
+    kernels_BxLxV = jnp.concatenate([first[0][:, None], steps.transpose(1, 0, 2)], 1)
+    tol = dict(atol=2e-5, rtol=1e-5) if dtype == "float32" else dict(atol=0.05 * float(jnp.abs(full_BxLxV).max()))
+    np.testing.assert_allclose(own_BxLxV, full_BxLxV, **tol)
+    np.testing.assert_allclose(kernels_BxLxV, own_BxLxV, **tol)
+    if dtype == "float32":  # bfloat16 rounding may tie two tokens
+        np.testing.assert_array_equal(kernels_BxLxV.argmax(-1), own_BxLxV.argmax(-1))
