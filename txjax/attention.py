@@ -20,10 +20,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax import positional, precision
+from txjax import blockwise, positional, precision
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
-ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn")  # auto: resolve_impl picks one of the other three
+ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -203,6 +203,8 @@ class MultiHeadAttention(nn.Module):
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
     impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' | 'cudnn' (jax.nn.dot_product_attention's)
+    # | 'blockwise' (txjax.blockwise, in blocks of block_sizes = (queries, keys); given the mask as Segments)
+    block_sizes: tuple[int, int] = (512, 512)
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
@@ -224,6 +226,11 @@ class MultiHeadAttention(nn.Module):
         which a fused kernel applies as is_causal (positions must grow along the sequence within a segment, as
         txjax's inputs do, so that it equals the index order the kernel uses). Returns [B, Lq, D]."""
         d_model = x_BxLxD.shape[-1]
+        use_dropout = self.dropout > 0 and not deterministic
+        blockwise_here = self.impl == "blockwise" and not (decode or self.sow_weights or use_dropout)
+        if isinstance(mask, blockwise.Segments) and not blockwise_here:  # the other paths read the dense mask
+            mask = segment_mask(*mask)
+        blockwise_here = blockwise_here and (mask is None or isinstance(mask, blockwise.Segments))
         kv = kv if self.cross else x_BxLxD
         k_pos = q_pos if k_pos is None else k_pos
         init = nn.initializers.normal(stddev=self.init_std)
@@ -273,16 +280,31 @@ class MultiHeadAttention(nn.Module):
             causal = False
 
         bias_BxHxLxS = None
-        if self.alibi:
+        if self.alibi and not blockwise_here:
             bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
         scale = {"sqrt": self.head_dim**-0.5, "none": 1.0, "linear": 1.0 / self.head_dim}[self.scale]
-        use_dropout = self.dropout > 0 and not deterministic
         # cuDNN's kernel serves training and whole-sequence passes; a decode step's few queries read the cache
         # with the reference einsums (no L x S score matrix to avoid there)
         fused = (self.impl == "fused" or self.impl == "cudnn" and not decode) and not (self.sow_weights or use_dropout)
-        if causal and not fused:  # the reference applies the causal order as part of the mask
+        if causal and not (fused or blockwise_here):  # the reference applies the causal order as part of the mask
             mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
-        out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, scale, use_dropout, fused)
+        if blockwise_here:  # masks and ALiBi's bias made block by block: no L x S array
+            slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
+            out_BxLxHxK = blockwise.attention(
+                q_BxLxHxK,
+                k,
+                v,
+                mask,
+                q_pos,
+                k_pos,
+                causal=causal,
+                slopes_H=slopes_H,
+                scale=scale,
+                block_q=self.block_sizes[0],
+                block_kv=self.block_sizes[1],
+            )
+        else:
+            out_BxLxHxK = self._attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, scale, use_dropout, fused)
 
         spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
         product = partial(precision.einsum, "blhk,hkd->bld")

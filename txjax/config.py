@@ -268,6 +268,8 @@ RESUMABLE_CHANGES = (
     "dropout",
     "attention_dropout",
     "attention_impl",
+    "attention_block_q",
+    "attention_block_kv",
     "matmul_precision",
     "remat",
 )  # the state's shapes stay
