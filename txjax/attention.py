@@ -204,7 +204,7 @@ class MultiHeadAttention(nn.Module):
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
     impl: str = "reference"  # 'reference' (einsum + vmap) | 'fused' | 'cudnn' (jax.nn.dot_product_attention's)
     # | 'blockwise' (txjax.blockwise, in blocks of block_sizes = (queries, keys); given the mask as Segments)
-    block_sizes: tuple[int, int] = (512, 512)
+    block_sizes: tuple[int, int] = (256, 256)
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)

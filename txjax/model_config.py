@@ -56,8 +56,8 @@ class ModelConfig:
     attention_dropout: float = 0.0
     dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
     attention_impl: str = "auto"  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
-    attention_block_q: int = 512  # attention_impl='blockwise': queries per block (txjax.blockwise)
-    attention_block_kv: int = 512  # and keys/values per block: the scores held at once are B x H x 512 x 512
+    attention_block_q: int = 256  # attention_impl='blockwise': queries per block (txjax.blockwise), and keys/values
+    attention_block_kv: int = 256  # per block (benchmarks/attention_time.py compares sizes)
     matmul_precision: str = "highest"  # of float32 matmuls (txjax.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
