@@ -14,6 +14,7 @@ import contextlib
 import functools
 import threading
 
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +24,7 @@ from txjax.decode.beam import beam_update, init_beam_state
 from txjax.decode.cache import bucket_lengths, extend, filled, gather_rows, grow, init_cache, tile_rows
 from txjax.decode.sampling import init_sample_state, sample_update
 from txjax.decode.strategy import Strategy
-from txjax.families import family_of
+from txjax.families import Prefill, family_of
 
 _listeners: dict[int, object] = {}  # key -> the function a streamed loop's steps go to (txjax.decode.stream)
 _thread = threading.local()  # .key: the listener of the generations this thread runs
@@ -77,6 +78,46 @@ def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_posit
     return state
 
 
+def pad_to_chunks(p: Prefill, chunk: int | None) -> Prefill:
+    """The prefill left-padded to a multiple of `chunk` tokens (None or one chunk: as it is): the pad slots are segment
+    0, which the cache stores as empty, so the rows generate what they would unpadded."""
+    length = p.tokens_BxL.shape[1]
+    pad = -length % chunk if chunk and chunk < length else 0
+    if not pad:
+        return p
+    left = lambda t: jnp.pad(t, ((0, 0), (pad, 0)))
+    segment_ids = jnp.ones(p.tokens_BxL.shape, jnp.int32) if p.segment_ids_BxL is None else p.segment_ids_BxL
+    tokens, positions, segments = map(left, (p.tokens_BxL, p.positions_BxL, segment_ids))
+    return p._replace(tokens_BxL=tokens, positions_BxL=positions, segment_ids_BxL=segments, cache_len=p.cache_len + pad)
+
+
+def prefill_in_chunks(model, params, cache, p: Prefill, chunk: int | None):
+    """`extend` over the prefill (padded by pad_to_chunks) `chunk` tokens at a time, in a lax.scan (one compiled
+    call whatever the prompt's length; None: one call): each chunk's queries attend over the cache written so far, so
+    attention holds chunk x cache scores instead of prompt x cache. -> (the last token's logits [B, V], cache)."""
+    length = p.tokens_BxL.shape[1]
+    fed = (p.tokens_BxL, p.positions_BxL, p.segment_ids_BxL)
+    if not chunk or chunk >= length:
+        return extend(
+            model, params, cache, *fed, src_segment_ids_CxS=p.src_segment_ids_BxS, encoded_CxSxD=p.encoded_BxSxD
+        )
+
+    def step(cache, chunk_inputs):
+        logits_BxV, cache = extend(
+            model,
+            params,
+            cache,
+            *chunk_inputs,
+            src_segment_ids_CxS=p.src_segment_ids_BxS,
+            encoded_CxSxD=p.encoded_BxSxD,
+        )
+        return cache, logits_BxV
+
+    chunks = [einops.rearrange(t, "b (n c) -> n b c", c=chunk) for t in fed]
+    cache, logits_NxBxV = jax.lax.scan(step, cache, chunks)
+    return logits_NxBxV[-1], cache
+
+
 def _emitting(update, listener, state, logits_CxV, cache):
     state, cache = update(state, logits_CxV, cache)
     io_callback(_emit, None, listener, state.last_C, ordered=True)
@@ -108,18 +149,10 @@ def generate_ids(
     """
     b, w = inputs_BxS.shape[0], strategy.rows_per_prompt
     p = family_of(model).prefill(model, params, inputs_BxS, lengths_B, strategy.max_new_tokens, bos_id)
+    p = pad_to_chunks(p, strategy.prefill_chunk)
     lengths = bucket_lengths(p.tokens_BxL.shape[1], p.cache_len, first_bucket)
     cache = init_cache(model, b, lengths[0], p.src_len)
-    first_logits_BxV, cache = extend(
-        model,
-        params,
-        cache,
-        p.tokens_BxL,
-        p.positions_BxL,
-        p.segment_ids_BxL,
-        src_segment_ids_CxS=p.src_segment_ids_BxS,
-        encoded_CxSxD=p.encoded_BxSxD,
-    )
+    first_logits_BxV, cache = prefill_in_chunks(model, params, cache, p, strategy.prefill_chunk)
     if w > 1:
         cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
     src_segment_ids_CxS = None if p.src_segment_ids_BxS is None else tile_rows(p.src_segment_ids_BxS, w)
