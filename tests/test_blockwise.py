@@ -11,7 +11,7 @@ import pytest
 
 from txjax import blockwise
 from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM
+from txjax.models import DecoderLM, EncoderDecoder
 from txjax.positional import alibi_slopes
 
 RNG = np.random.default_rng(0)
@@ -150,6 +150,19 @@ def test_a_model_trained_with_blockwise_attention_equals_the_reference():
     assert ref_losses[-1] < ref_losses[0]
     for a, b in zip(jax.tree.leaves(blk_params), jax.tree.leaves(ref_params)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_an_encoder_decoder_with_blockwise_attention_equals_the_reference():
+    """Padded sources: bidirectional self-attention, cross-attention (lengths 11 and 7) and the decoder's causal one."""
+    cfg = ModelConfig(vocab_size=13, d_model=32, num_heads=4, d_ff=64, num_layers=1, max_len=16, positional="alibi")
+    src, tgt = (jnp.asarray(RNG.integers(1, 13, size=(2, n)), jnp.int32) for n in (11, 7))
+    src_seg = jnp.asarray([[1] * 11, [1] * 6 + [0] * 5], jnp.int32)
+    params = EncoderDecoder(cfg).init(jax.random.key(0), src, tgt)["params"]
+    run = lambda cfg: EncoderDecoder(cfg).apply({"params": params}, src, tgt, src_segment_ids=src_seg)
+    blk = dataclasses.replace(cfg, attention_impl="blockwise", attention_block_q=4, attention_block_kv=3)
+    np.testing.assert_allclose(
+        run(blk), run(dataclasses.replace(cfg, attention_impl="reference")), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_config_refuses_attention_dropout_and_empty_blocks():

@@ -221,7 +221,8 @@ class MultiHeadAttention(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, causal=False, deterministic=True, decode=False):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
-        mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk] or None;
+        mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk] or None, or
+        blockwise.Segments (the segment ids, which blockwise attention reads block by block);
         q_pos [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi). causal: also causal_mask(q_pos, k_pos),
         which a fused kernel applies as is_causal (positions must grow along the sequence within a segment, as
         txjax's inputs do, so that it equals the index order the kernel uses). Returns [B, Lq, D]."""
