@@ -1,10 +1,14 @@
 """Peak memory of one training step against context length, with and without remat (activation checkpointing).
 
     python benchmarks/memory.py [--contexts=1024,4096,16384] [--shape=shakespeare_char] [--batch_size=1]
-        [--max_gb=8]
+        [--max_gb=8] [--attention=auto] [--remat=false,true] [--steps=2]
+    python benchmarks/memory.py --attention=blockwise --contexts=4096,16384,32768,65536 --max_gb=20 --steps=1
 
 Each (context, remat) case runs in a fresh subprocess that builds the shape's model at that context, compiles
-txjax's train_step and runs two steps. Measured: on CPU the subprocess's peak resident memory (ru_maxrss; it
+txjax's train_step and runs --steps steps (compiled before the first); tokens/s is the last step's.
+With --attention=blockwise (txjax.blockwise) the attention holds no context x context matrix, and the rows end with
+a least-squares line through the measured peaks (or XLA's figures where none ran): GB per 1k tokens of context.
+Measured: on CPU the subprocess's peak resident memory (ru_maxrss; it
 includes the ~0.5 GB of Python and jax, reported alone as 'base_gb'), on GPU the device's peak_bytes_in_use. XLA's
 own figure for the compiled step (arguments + outputs + temporaries, from `memory_analysis()`) is reported too; a
 case whose figure exceeds --max_gb is not run (it would push a shared machine into swap or the OOM killer).
@@ -20,6 +24,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 
 import common
 import jax
@@ -38,9 +43,9 @@ def max_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # Linux: KiB
 
 
-def case(shape: str, overrides: list[str], max_gb: float) -> dict:
+def case(shape: str, overrides: list[str], max_gb: float, steps: int) -> dict:
     """In this process: compile the step and read XLA's memory figure (arguments + outputs + temporaries); when it
-    is under max_gb, run two steps and measure the peak."""
+    is under max_gb, run `steps` steps and measure the peak."""
     base = max_rss_gb()  # Python, jax and txjax imported
     config = build_config(shape, overrides)
     model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
@@ -54,9 +59,11 @@ def case(shape: str, overrides: list[str], max_gb: float) -> dict:
         "peak_gb": None,
     }
     if out["xla_estimate_gb"] <= max_gb:
-        for _ in range(2):
+        for _ in range(steps):
+            start = time.perf_counter()
             state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
+            jax.block_until_ready(metrics)
+        out["tokens_per_s"] = batch["inputs"].size / (time.perf_counter() - start)
         device = jax.devices()[0]
         stats = device.memory_stats() if device.platform == "gpu" else None
         out["peak_gb"] = stats["peak_bytes_in_use"] / GB if stats else max_rss_gb()
@@ -69,7 +76,10 @@ def main():
     parser.add_argument("--shape", default="shakespeare_char", choices=[s for s in SHAPES if s != "marian_small"])
     parser.add_argument("--batch_size", type=int, default=1)
     parser.add_argument("--max_gb", type=float, default=8.0, help="skip running a case XLA puts above this")
-    parser.add_argument("--out", help="JSON path (default benchmarks/results/memory_PLATFORM.json)")
+    parser.add_argument("--attention", default="auto", help="model.attention_impl (blockwise: txjax.blockwise)")
+    parser.add_argument("--steps", type=int, default=2, help="steps per case; tokens/s is the last one's")
+    parser.add_argument("--remat", default="false,true", help="comma-separated model.remat values")
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/memory[_SHAPE_ATTENTION]_PLATFORM.json)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, JSON on stdout
     args = parser.parse_args()
     if args.case:
@@ -78,8 +88,9 @@ def main():
     common.warn_if_loaded()
     rows = []
     for context in map(int, args.contexts.split(",")):
-        for remat in (False, True):
+        for remat in (flag == "true" for flag in args.remat.split(",")):
             overrides = [
+                f"--config.model.attention_impl={args.attention}",
                 f"--config.model.max_len={context}",
                 f"--config.data.seq_len={context}",
                 f"--config.model.remat={remat}",
@@ -87,7 +98,12 @@ def main():
                 "--config.model.scan_layers=true",
             ]
             child = subprocess.run(
-                [sys.executable, __file__, f"--shape={args.shape}", f"--case={json.dumps([overrides, args.max_gb])}"],
+                [
+                    sys.executable,
+                    __file__,
+                    f"--shape={args.shape}",
+                    f"--case={json.dumps([overrides, args.max_gb, args.steps])}",
+                ],
                 capture_output=True,
                 text=True,
                 env={**common.os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
@@ -99,10 +115,33 @@ def main():
             )
             rows.append({"context": context, "remat": remat, **result})
             print(common.table(rows[-1:]), flush=True)
-    print(common.table(rows, ["context", "remat", "peak_gb", "base_gb", "xla_estimate_gb", "error"]))
-    print(
-        f"wrote {common.save('memory', {'shape': args.shape, 'batch_size': args.batch_size, 'rows': rows}, args.out)}"
+    print(common.table(rows, ["context", "remat", "peak_gb", "base_gb", "xla_estimate_gb", "tokens_per_s", "error"]))
+    payload = {"shape": args.shape, "batch_size": args.batch_size, "attention": args.attention, "rows": rows}
+    if args.attention == "blockwise":
+        payload["gb_per_1k_tokens"] = {str(remat): slope(rows, remat) for remat in {r["remat"] for r in rows}}
+        print(f"peak memory against context, GB per 1k tokens (remat: slope): {payload['gb_per_1k_tokens']}")
+    name = (
+        "memory"
+        if (args.shape, args.attention) == ("shakespeare_char", "auto")
+        else f"memory_{args.shape}_{args.attention}"
     )
+    print(f"wrote {common.save(name, payload, args.out)}")
+
+
+def slope(rows: list[dict], remat: bool) -> dict:
+    """The least-squares line peak = a + b * context of one remat setting, through the measured peaks where at
+    least two cases ran, else through XLA's figures; b in GB per 1k tokens."""
+    rows = [r for r in rows if r["remat"] == remat and "error" not in r]
+    measured = [r for r in rows if r.get("peak_gb") is not None]
+    key, rows = ("peak_gb", measured) if len(measured) >= 2 else ("xla_estimate_gb", rows)
+    if len(rows) < 2:
+        return {}
+    x = [r["context"] / 1024 for r in rows]
+    y = [r[key] for r in rows]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
+    worst = max(abs(yi - (my + b * (xi - mx))) for xi, yi in zip(x, y))
+    return {"of": key, "gb_per_1k": b, "intercept_gb": my - b * mx, "largest_residual_gb": worst}
 
 
 if __name__ == "__main__":

@@ -292,10 +292,42 @@ def gpu() -> list[str]:
     return table(header, rows)
 
 
+def long_context() -> list[str]:
+    """Peak memory and tokens/s of a batch-1 train step per context: blockwise attention (measured, or XLA's figure
+    where marked) against the reference attention's rows of memory_cpu.json; then the attention layer's time."""
+    ref = {(r["context"], r["remat"]): r for r in (bench("memory") or {"rows": []})["rows"]}
+    rows = []
+    for shape in ("shakespeare_char", "gpt2_small"):
+        d = bench(f"memory_{shape}_blockwise")
+        if d is None:
+            continue
+        slopes = d.get("gb_per_1k_tokens", {})
+        for r in d["rows"]:
+            gb = f"{n(r['peak_gb'])} GB" if r.get("peak_gb") is not None else f"{n(r['xla_estimate_gb'])} GB (XLA)"
+            theirs = ref.get((r["context"], r["remat"]), {}) if shape == "shakespeare_char" else {}
+            reference = theirs.get("peak_gb") or theirs.get("xla_estimate_gb")
+            ref_gb = "" if reference is None else f"{n(reference)} GB" + " (XLA)" * (theirs.get("peak_gb") is None)
+            slope = slopes.get(str(r["remat"]), {}).get("gb_per_1k")
+            rows.append([shape, f"{r['context']:,}", "on" if r["remat"] else "off", gb, ref_gb,
+                         n(r.get("tokens_per_s")), n(slope, 2), machine_label(d["machine"])])  # fmt: skip
+    header = ["shape", "context", "remat", "peak, blockwise", "peak, reference", "tokens/s", "GB per 1k tokens"]
+    return table(header + ["measured"], rows)
+
+
+def attention_time() -> list[str]:
+    """The shakespeare_char attention layer's forward and backward, blockwise against the reference."""
+    t = bench("attention_time_shakespeare_char")
+    rows = [[f"{r['context']:,}", r["blocks"], t["dtype"], n(r["reference_ms"]), n(r["blockwise_ms"]),
+             n(r["ratio"], 2), machine_label(t["machine"])] for r in (t or {"rows": []})["rows"]]  # fmt: skip
+    header = ["context", "blocks", "dtype", "reference ms", "blockwise ms", "blockwise / reference", "measured"]
+    return table(header, rows)
+
+
 TABLES = {
     f.__name__: f
     for f in (
-        *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval),
+        *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
+        attention_time,
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }

@@ -18,10 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax import positional, precision
+from txjax import blockwise, positional, precision
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
-ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn")  # auto: resolve_impl picks one of the other three
+ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,7 +194,8 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    impl: str = "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn'
+    impl: str = "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn' | 'blockwise' (txjax.blockwise)
+    block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
@@ -207,9 +208,13 @@ class MultiHeadAttention(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, causal=False, deterministic=True, decode=False):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
-        mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk] or None;
-        q_pos [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order. -> [B, Lq, D]."""
+        mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk], None or
+        blockwise.Segments (segment ids, read block by block); q_pos [B, Lq], k_pos [B, Lk] explicit positions
+        (RoPE, ALiBi); causal: also the causal order. -> [B, Lq, D]."""
         k_pos = q_pos if k_pos is None else k_pos
+        in_blocks = blockwise.serves(self.impl, mask, decode or self.sow_weights)
+        if isinstance(mask, blockwise.Segments) and not in_blocks:  # the other paths read the dense mask
+            mask = segment_mask(*mask)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
         if self.rope_base is not None:
             q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
@@ -217,6 +222,14 @@ class MultiHeadAttention(nn.Module):
         if decode:  # the cache's mask holds the causal order of its slots
             k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask)
             causal = False
+        if in_blocks:  # masks and ALiBi made block by block
+            slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
+            scale = score_scale(self.scale, self.head_dim)
+            out_BxLxHxK = blockwise.attention(
+                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale,
+                block_q=self.block_sizes[0], block_kv=self.block_sizes[1],
+            )  # fmt: skip
+            return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
         bias_BxHxLxS = None
         if self.alibi:
             bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))

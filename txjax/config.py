@@ -98,6 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "num_samples": 1,  # sample
                 "beam_size": 4,  # beam
                 "length_penalty": 0.6,  # beam
+                "prefill_chunk": 0,  # feed the prompt this many tokens per call (0 = all at once): long prompts
             },
         }
     )
@@ -263,6 +264,8 @@ RESUMABLE_CHANGES = (
     "dropout",
     "attention_dropout",
     "attention_impl",
+    "attention_block_q",
+    "attention_block_kv",
     "matmul_precision",
     "remat",
 )  # the state's shapes stay

@@ -85,6 +85,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         dropout=cfg.attention_dropout,
         scale=cfg.attention_scale,
         impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim),
+        block_sizes=(cfg.attention_block_q, cfg.attention_block_kv),
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
         alibi=not cross and cfg.positional == "alibi",
         qk_norm=cfg.qk_norm,

@@ -56,6 +56,8 @@ class ModelConfig:
     attention_dropout: float = 0.0
     dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
     attention_impl: str = "auto"  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
+    attention_block_q: int = 256  # attention_impl='blockwise': queries per block (txjax.blockwise), and keys/values
+    attention_block_kv: int = 256  # per block (benchmarks/attention_time.py compares sizes)
     matmul_precision: str = "highest"  # of float32 matmuls (txjax.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
@@ -74,7 +76,8 @@ class ModelConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "base_width"):
+        positive = ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "base_width")
+        for name in (*positive, "attention_block_q", "attention_block_kv"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
         for name in ("num_kv_heads", "num_encoder_layers", "d_head"):  # optional: None or a positive integer
@@ -96,6 +99,11 @@ class ModelConfig:
         if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(
                 "model.attention_impl='cudnn' needs model.dtype=bfloat16 (cuDNN's fused attention is 16-bit)"
+            )
+        if self.attention_impl == "blockwise" and self.attention_dropout > 0:
+            raise ValueError(
+                "model.attention_impl='blockwise' has no dropout on the attention weights: set "
+                "model.attention_dropout=0 or model.attention_impl=reference"
             )
         if self.logit_softcap < 0:
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")

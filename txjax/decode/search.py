@@ -14,6 +14,7 @@ import contextlib
 import functools
 import threading
 
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,6 +78,34 @@ def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_posit
     return state
 
 
+def pad_to_chunks(fed, chunk: int | None):
+    """The prompt's (tokens, positions, segment ids) [B, P] left-padded to a multiple of `chunk` tokens (None or one
+    chunk: as they are): the pad slots are segment 0, which the cache stores as empty, so the rows generate what they
+    would unpadded."""
+    length = fed[0].shape[1]
+    pad = -length % chunk if chunk and chunk < length else 0
+    return fed if not pad else tuple(jnp.pad(t, ((0, 0), (pad, 0))) for t in fed)
+
+
+def prefill_in_chunks(model, params, cache, fed, context, chunk: int | None):
+    """`extend` over the prompt (padded by pad_to_chunks) `chunk` tokens at a time (None: one call): the first chunk
+    is the generation's first call (an encoder-decoder caches its cross-attention keys/values there), the others a
+    lax.scan (one compiled call whatever the prompt's length); each chunk's queries attend over the cache written so
+    far, so attention holds chunk x cache scores instead of prompt x cache.
+    -> (the last token's logits [B, V], cache)."""
+    if not chunk or chunk >= fed[0].shape[1]:
+        return extend(model, params, cache, *fed, context=context, prefill=True)
+    _, cache = extend(model, params, cache, *(t[:, :chunk] for t in fed), context=context, prefill=True)
+
+    def step(cache, chunk_inputs):
+        logits_BxV, cache = extend(model, params, cache, *chunk_inputs, context=context)
+        return cache, logits_BxV
+
+    chunks = [einops.rearrange(t[:, chunk:], "b (n c) -> n b c", c=chunk) for t in fed]
+    cache, logits_NxBxV = jax.lax.scan(step, cache, chunks)
+    return logits_NxBxV[-1], cache
+
+
 def _emitting(update, listener, state, logits_CxV, cache):
     state, cache = update(state, logits_CxV, cache)
     io_callback(_emit, None, listener, state.last_C, ordered=True)
@@ -112,11 +141,11 @@ def generate_ids(
     first_real_B = p - lengths_B
     positions_BxP = jnp.maximum(jnp.arange(p)[None, :] - first_real_B[:, None], 0)
     segment_ids_BxP = (jnp.arange(p)[None, :] >= first_real_B[:, None]).astype(jnp.int32)
-    lengths = bucket_lengths(p, p + strategy.max_new_tokens - 1, first_bucket)
+    fed = pad_to_chunks((prompt_BxP, positions_BxP, segment_ids_BxP), strategy.prefill_chunk)
+    filled_p = fed[0].shape[1]
+    lengths = bucket_lengths(filled_p, filled_p + strategy.max_new_tokens - 1, first_bucket)
     cache = init_cache(model, b, lengths[0], None if source is None else source[0].shape[1])
-    first_logits_BxV, cache = extend(
-        model, params, cache, prompt_BxP, positions_BxP, segment_ids_BxP, context=context, prefill=True
-    )
+    first_logits_BxV, cache = prefill_in_chunks(model, params, cache, fed, context, strategy.prefill_chunk)
     if w > 1:
         cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
     context_C = jax.tree_util.tree_map(lambda x: tile_rows(x, w), context)

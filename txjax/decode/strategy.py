@@ -41,6 +41,8 @@ class Strategy:
     beam_size: int | None = None
     length_penalty: float | None = None  # GNMT alpha
     eos_id: int | None = None
+    prefill_chunk: int | None = None  # not a choice of tokens: the prompt is fed this many tokens per call (None: all
+    # at once; search.prefill_in_chunks), so that a long prompt's attention scores are chunk x cache, not prompt x cache
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -53,6 +55,7 @@ class Strategy:
                 raise ValueError(f"{name} applies to method={owner!r}, not method={self.method!r}")
         checks = [
             (self.max_new_tokens >= 1, f"max_new_tokens={self.max_new_tokens} must be >= 1"),
+            (self.prefill_chunk is None or self.prefill_chunk >= 1, f"prefill_chunk={self.prefill_chunk} must be >= 1"),
             (self.option("temperature") > 0, f"temperature={self.temperature} must be >= 0 (0 = greedy)"),
             (self.option("top_k") >= 0, f"top_k={self.top_k} must be >= 0 (0 = off)"),
             (0 < self.option("top_p") <= 1, f"top_p={self.top_p} must be in (0, 1]"),

@@ -25,7 +25,11 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
     method = given.pop("method", None) or (implied.pop() if implied else decode_config.method)
     options = {name: decode_config[name] for name in METHOD_OPTIONS[method]} | given
     max_new_tokens = given.get("max_new_tokens", decode_config.max_new_tokens)
-    strategy = Strategy(**dict(options, method=method, max_new_tokens=max_new_tokens, eos_id=eos_id))
+    chunk = given.get("prefill_chunk", decode_config.get("prefill_chunk", 0)) or None  # 0 (or a config saved before
+    # the field): the whole prompt in one call
+    strategy = Strategy(
+        **dict(options, method=method, max_new_tokens=max_new_tokens, eos_id=eos_id, prefill_chunk=chunk)
+    )
     return {
         name: value for name, value in dataclasses.asdict(strategy).items() if value is not None or name == "eos_id"
     }

@@ -1,0 +1,163 @@
+"""Blockwise (flash) attention: softmax(mask(q k^T * scale + bias)) v without an L x S matrix, O(L) memory.
+
+Queries in blocks of block_q; for each, a loop over the key/value blocks of block_kv keeps the online softmax
+(Milakov & Gimelshein 2018; Dao et al. 2022, Algorithm 1) of the block's scores s_j:
+    m' = max(m, rowmax(s_j)),  l' = e^(m - m') l + rowsum(e^(s_j - m')),  o' = e^(m - m') o + e^(s_j - m') v_j
+and returns o / l, saving logsumexp = m + log l. Under a causal mask a query block's loop stops at the key block
+holding its last query: the blocks above the diagonal are never computed. The backward pass (a custom VJP; Dao
+2023, Algorithm 2) recomputes each block's probabilities p = exp(s - logsumexp) from q, k and the saved logsumexp:
+    dv_j += p^T do,  dp = do v_j^T,  ds = p * (dp - rowsum(do * o)),  dq += ds k_j * scale,  dk_j += ds^T q * scale
+so that training holds q, k, v, o and logsumexp per layer, never the probabilities.
+
+The mask is made block by block from segment ids (`Segments`, as attention.segment_mask: the same nonzero segment)
+and, when causal, positions (key position <= query position); ALiBi's bias -m_h |i - j| from the positions too.
+Skipping by block index assumes positions grow along the sequence within a segment (as txjax's inputs do, and as
+the fused kernels' is_causal assumes). A query with no key to attend to returns zeros, as the reference does.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import einops
+import jax
+import jax.numpy as jnp
+
+from txjax import precision
+
+NEG_INF = -1e30  # as attention.NEG_INF: exp() of it underflows to 0
+
+
+class Segments(NamedTuple):
+    """A mask in O(L) values: query and key segment ids [B, L], [B, S] (0 = padding); dense it is
+    attention.segment_mask(q, k)."""
+
+    q: jax.Array
+    k: jax.Array
+
+
+def serves(impl: str, mask, needs_scores: bool) -> bool:
+    """Whether blockwise attention runs: asked for, with the mask as Segments (or none), and no one needing the
+    dense scores (a decode step reads its cache, sown weights are L x S) — those take the reference."""
+    return impl == "blockwise" and not needs_scores and (mask is None or isinstance(mask, Segments))
+
+
+class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
+    causal: bool
+    scale: float
+    block_q: int
+    block_kv: int
+
+
+def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv):
+    """softmax(mask(q k^T * scale + bias)) v in blocks: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of G: query
+    head h reads K/V head h // (H/G)); segments: Segments or None (all attend); q_pos [B, L], k_pos [B, S];
+    slopes_H: ALiBi's slopes [H] or None. Returns [B, L, H, K] in v's dtype. A last block shorter than block_q
+    (block_kv) is padded with segment 0, which nothing attends to."""
+    b, l, h, _ = q_BxLxHxK.shape
+    s, g = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
+    if segments is None:
+        segments = Segments(jnp.ones((b, l), jnp.int32), jnp.ones((b, s), jnp.int32))
+    bq, bk = min(block_q, l), min(block_kv, s)
+    nq, nk = -(-l // bq), -(-s // bk)
+
+    def blocks(t, n, size, pattern, **axes):  # pad the sequence axis (1) to n * size and put the block axis first
+        t = jnp.pad(t, [(0, 0), (0, n * size - t.shape[1])] + [(0, 0)] * (t.ndim - 2))
+        return einops.rearrange(t, pattern, n=n, **axes)
+
+    q = blocks(q_BxLxHxK, nq, bq, "b (n q) (g r) k -> n b q g r k", g=g)
+    k, v = (blocks(t, nk, bk, "b (n s) g k -> n b s g k") for t in (k_BxSxGxK, v_BxSxGxK))
+    q_seg, q_p = (blocks(t, nq, bq, "b (n q) -> n b q") for t in (segments.q, q_pos))
+    k_seg, k_p = (blocks(t, nk, bk, "b (n s) -> n b s") for t in (segments.k, k_pos))
+    slopes = None if slopes_H is None else slopes_H.reshape(g, h // g)
+    out = _flash(_Plan(causal, scale, bq, bk), q, k, v, q_seg, k_seg, q_p, k_p, slopes)
+    return einops.rearrange(out, "n b q g r k -> b (n q) (g r) k")[:, :l]
+
+
+def _kv_blocks(plan: _Plan, i, nk: int):
+    """How many key blocks query block i reads: all, or under a causal mask those up to its last query's."""
+    return jnp.minimum(nk, ((i + 1) * plan.block_q - 1) // plan.block_kv + 1) if plan.causal else nk
+
+
+def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes):
+    """One block's scores and mask: q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk] float32,
+    allowed [B, 1, 1, bq, bk]."""
+    s = precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32) * plan.scale
+    if slopes is not None:  # ALiBi: -m_h |i - j|
+        dist = jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]).astype(jnp.float32)
+        s = s - slopes[None, :, :, None, None] * dist[:, None, None]
+    ok = (q_seg[:, :, None] == k_seg[:, None, :]) & (q_seg[:, :, None] > 0) & (k_seg[:, None, :] > 0)
+    if plan.causal:
+        ok = ok & (k_pos[:, None, :] <= q_pos[:, :, None])
+    return s, ok[:, None, None]
+
+
+def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
+    """o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32."""
+    nk = k.shape[0]
+
+    def query_block(xs):
+        i, q_i, seg_i, pos_i = xs
+
+        def step(j, carry):
+            m, l, o = carry  # running max and sum [B, G, R, bq], unnormalized output [B, G, R, bq, K]
+            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes)
+            m_new = jnp.maximum(m, jnp.where(ok, s, NEG_INF).max(-1))
+            p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
+            correction = jnp.exp(m - m_new)
+            pv = precision.einsum("bgrqs,bsgk->bgrqk", p.astype(v.dtype), v[j], out_dtype=jnp.float32)
+            return m_new, correction * l + p.sum(-1), correction[..., None] * o + pv
+
+        shape = (q_i.shape[0], *q_i.shape[2:4], q_i.shape[1])
+        init = (jnp.full(shape, NEG_INF), jnp.zeros(shape), jnp.zeros((*shape, v.shape[-1])))
+        m, l, o = jax.lax.fori_loop(0, _kv_blocks(plan, i, nk), step, init)
+        attended = l > 0  # False: no key to attend to -> zeros
+        o = o / jnp.where(attended, l, 1.0)[..., None]
+        lse = jnp.where(attended, m + jnp.log(jnp.where(attended, l, 1.0)), 0.0)
+        return einops.rearrange(o, "b g r q k -> b q g r k").astype(v.dtype), lse
+
+    return jax.lax.map(query_block, (jnp.arange(q.shape[0]), q, q_seg, q_pos))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
+    return _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes)[0]
+
+
+def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
+    o, lse = _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes)
+    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, o, lse)
+
+
+def _flash_bwd(plan, saved, do):
+    """dq, dk, dv, each block's probabilities recomputed from the saved logsumexp (the equations above)."""
+    q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, o, lse = saved
+    nk, f32 = k.shape[0], jnp.float32
+    delta = einops.rearrange((do.astype(f32) * o.astype(f32)).sum(-1), "n b q g r -> n b g r q")  # rowsum(do * o)
+    mm = partial(precision.einsum, out_dtype=f32)
+
+    def query_block(carry, xs):
+        i, q_i, do_i, lse_i, delta_i, seg_i, pos_i = xs
+        do_i = do_i.astype(q.dtype)
+
+        def step(j, c):
+            dq_i, dk, dv = c
+            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes)
+            p = jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
+            dv_j = mm("bgrqs,bqgrk->bsgk", p.astype(q.dtype), do_i)
+            dp = mm("bqgrk,bsgk->bgrqs", do_i, v[j].astype(q.dtype))
+            ds = (p * (dp - delta_i[..., None]) * plan.scale).astype(q.dtype)
+            dq_i = dq_i + mm("bgrqs,bsgk->bqgrk", ds, k[j])
+            return dq_i, dk.at[j].add(mm("bgrqs,bqgrk->bsgk", ds, q_i)), dv.at[j].add(dv_j)
+
+        dq_i, dk, dv = jax.lax.fori_loop(0, _kv_blocks(plan, i, nk), step, (jnp.zeros(q_i.shape, f32), *carry))
+        return (dk, dv), dq_i
+
+    zeros = jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32)
+    xs = (jnp.arange(q.shape[0]), q, do, lse, delta, q_seg, q_pos)
+    (dk, dv), dq = jax.lax.scan(query_block, zeros, xs)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
