@@ -392,10 +392,7 @@ def test_profile_steps_write_a_trace_of_those_steps_and_print_its_top_ops(tmp_pa
         tiny_config("--config.train.profile_steps=4:2")
 
 
-def test_a_config_saved_before_the_decoding_layout_was_renamed_still_loads():
-    """experiments/results/bible_en_es/config.json was written with model.fused_projections (since renamed
-    decoding_layout, then retired with out_major: decoding layouts are txjax.decode.kernels'): it loads, without
-    those keys, and validates."""
+def test_a_config_saved_with_retired_decoding_keys_still_loads():  # fused_projections, later decoding_layout
     saved = Path(__file__).resolve().parents[1] / "experiments" / "results" / "bible_en_es"
     assert "fused_projections" in json.loads((saved / config_lib.CONFIG_FILE).read_text())["model"]
     loaded = config_lib.load(saved)

@@ -85,5 +85,6 @@ def build(name: str, cfg, sow_weights: bool = False) -> nn.Module:
 
 def batch_lengths(family: Family, batch) -> tuple[int, int, int]:
     """(rows B, source length S (0 without an encoder), target length T) of a training batch."""
-    b, t = batch[family.labels[0]].shape
+    decoder_input = next(k for k in family.inputs if k != family.source)  # labels may be absent (shapes only)
+    b, t = batch[decoder_input].shape
     return b, batch[family.source].shape[1] if family.source else 0, t
