@@ -1,4 +1,5 @@
-"""Time of one causal self-attention layer, forward and backward, blockwise (txjax.blockwise) against the reference.
+"""Time of one causal self-attention layer, forward and backward, blockwise (txjax.model.blockwise) against the
+reference.
 
     python benchmarks/attention_time.py [--shape=shakespeare_char] [--contexts=1024,4096] [--batch_size=1]
         [--blocks=512x512] [--repeats=5]
@@ -21,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from train import SHAPES, build_config
 
-from txjax.blockwise import Segments
 from txjax.config import model_config
-from txjax.layers import make_attention
+from txjax.model.blockwise import Segments
+from txjax.model.layers import make_attention
 
 
 def layer_seconds(cfg, batch: int, context: int, repeats: int) -> float:

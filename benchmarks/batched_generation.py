@@ -41,7 +41,7 @@ import transformers
 from txjax.convert import gpt2 as gpt2_convert
 from txjax.convert.gguf import load_gguf
 from txjax.decode import for_decoding, generate, pad_batch
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 
 def gpt2_small(**config):

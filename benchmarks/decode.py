@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from txjax import decode
 from txjax.convert.gpt2 import GPT2_SMALL
 from txjax.decode import init_cache
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM
 
 SHAPES = {
     # nanoGPT's shakespeare_char model, with a context long enough for 1024 new tokens

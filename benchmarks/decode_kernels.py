@@ -30,7 +30,7 @@ from decode import SHAPES
 
 from txjax.decode import kernels
 from txjax.decode.cache import empty_cache
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 STEPS = 32
 

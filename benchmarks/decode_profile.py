@@ -32,7 +32,7 @@ from decode import STEPS_TIMED, build, cached_steps
 from txjax import profiling
 from txjax.convert.gguf import load_gguf
 from txjax.decode import for_decoding
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 
 def smollm2(dtype: str, batch: int):

@@ -6,8 +6,8 @@
 
 Each (context, remat) case runs in a fresh subprocess that builds the shape's model at that context, compiles
 txjax's train_step and runs --steps steps (compiled before the first); tokens/s is the last step's.
-With --attention=blockwise (txjax.blockwise) the attention holds no context x context matrix, and the rows end with
-a least-squares line through the measured peaks (or XLA's figures where none ran): GB per 1k tokens of context.
+With --attention=blockwise (txjax.model.blockwise) the attention holds no context x context matrix, and the rows
+end with a least-squares line through the measured peaks (or XLA's figures where none ran): GB per 1k tokens of context.
 Measured: on CPU the subprocess's peak resident memory (ru_maxrss; it
 includes the ~0.5 GB of Python and jax, reported alone as 'base_gb'), on GPU the device's peak_bytes_in_use. XLA's
 own figure for the compiled step (arguments + outputs + temporaries, from `memory_analysis()`) is reported too; a
@@ -76,7 +76,7 @@ def main():
     parser.add_argument("--shape", default="shakespeare_char", choices=[s for s in SHAPES if s != "marian_small"])
     parser.add_argument("--batch_size", type=int, default=1)
     parser.add_argument("--max_gb", type=float, default=8.0, help="skip running a case XLA puts above this")
-    parser.add_argument("--attention", default="auto", help="model.attention_impl (blockwise: txjax.blockwise)")
+    parser.add_argument("--attention", default="auto", help="model.attention_impl (blockwise: txjax.model.blockwise)")
     parser.add_argument("--steps", type=int, default=2, help="steps per case; tokens/s is the last one's")
     parser.add_argument("--remat", default="false,true", help="comma-separated model.remat values")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/memory[_SHAPE_ATTENTION]_PLATFORM.json)")

@@ -27,7 +27,7 @@ import transformers
 
 from txjax.convert.gguf import load_gguf
 from txjax.decode import generate
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 from txjax.score_text import score_tokens
 
 TEXT = common.REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"

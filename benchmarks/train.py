@@ -35,8 +35,8 @@ import numpy as np
 
 from txjax import config as config_lib
 from txjax import families
-from txjax.attention import resolve_impl
 from txjax.experiment import build_dataset, build_model, build_tokenizer
+from txjax.model.attention import resolve_impl
 from txjax.optim import OptimConfig, make_optimizer
 from txjax.summary import train_flops_per_batch
 from txjax.train_state import init_state

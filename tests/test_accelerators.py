@@ -17,9 +17,9 @@ import pytest
 from conftest import _accepted
 from jax import export
 
-from txjax import attention
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, EncoderDecoder
+from txjax.model import attention
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = dict(vocab_size=50, d_model=64, num_heads=4, num_kv_heads=2, d_ff=96, num_layers=2, max_len=32)

@@ -9,10 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from txjax import blockwise
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, EncoderDecoder
-from txjax.positional import alibi_slopes
+from txjax.model import blockwise
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder
+from txjax.model.positional import alibi_slopes
 
 RNG = np.random.default_rng(0)
 

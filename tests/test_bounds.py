@@ -19,7 +19,7 @@ from txjax.config import ConfigError
 from txjax.data import CharTokenizer
 from txjax.decode.stream import generate_stream, stream_steps
 from txjax.experiment import TrainedRun
-from txjax.models import ModelConfig
+from txjax.model.models import ModelConfig
 
 CFG = ModelConfig(vocab_size=65, max_len=100_000, d_model=64, num_heads=4, d_ff=256, num_layers=2)
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from txjax import decode
-from txjax.attention import NEG_INF
 from txjax.decode import init_cache
 from txjax.families import family_of
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, EncoderDecoder
-from txjax.positional import KINDS
+from txjax.model.attention import NEG_INF
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder
+from txjax.model.positional import KINDS
 
 VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
 

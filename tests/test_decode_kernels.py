@@ -10,7 +10,7 @@ from txjax import decode
 from txjax.decode import kernels
 from txjax.decode.cache import empty_cache
 from txjax.families import family_of
-from txjax.models import EncoderDecoder
+from txjax.model.models import EncoderDecoder
 
 
 @pytest.mark.parametrize("family", ["lm", "seq2seq"])

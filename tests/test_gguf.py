@@ -20,7 +20,7 @@ from test_llama_convert import COMMON, randomized  # noqa: E402
 import run  # noqa: E402
 from txjax.convert.gguf import _NAMES, load_gguf  # noqa: E402
 from txjax.decode import generate  # noqa: E402
-from txjax.models import DecoderLM  # noqa: E402
+from txjax.model.models import DecoderLM  # noqa: E402
 
 TEXT = "the quick brown fox jumps over the lazy dog; ROMEO: what light through yonder window breaks?\n" * 20
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from txjax.convert import load_gpt2, load_gpt2_tokenizer, save_gpt2
 from txjax.convert.gpt2 import GPT2_SMALL
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 CFG = dataclasses.replace(GPT2_SMALL, vocab_size=50, d_model=16, num_heads=2, d_ff=64, num_layers=2, max_len=12)
 

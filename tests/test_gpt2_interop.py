@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from txjax.convert import load_gpt2, load_gpt2_tokenizer, save_gpt2  # noqa: E402
 from txjax.data import load_tokenizer  # noqa: E402
 from txjax.decode import generate  # noqa: E402
-from txjax.models import DecoderLM  # noqa: E402
+from txjax.model.models import DecoderLM  # noqa: E402
 
 VOCAB, CTX = 300, 64
 

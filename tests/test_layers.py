@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from test_attention import np_mha, random_params
 
-from txjax.attention import causal_mask, segment_mask
-from txjax.layers import Block, FeedForward, make_norm
-from txjax.model_config import ModelConfig
+from txjax.model.attention import causal_mask, segment_mask
+from txjax.model.config import ModelConfig
+from txjax.model.layers import Block, FeedForward, make_norm
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 

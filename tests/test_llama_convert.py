@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from txjax.convert.llama import config_from_hf, load_llama, pairs, save_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402
-from txjax.models import DecoderLM  # noqa: E402
-from txjax.positional import apply_rope  # noqa: E402
+from txjax.model.models import DecoderLM  # noqa: E402
+from txjax.model.positional import apply_rope  # noqa: E402
 
 VOCAB, CTX = 96, 64
 COMMON = dict(

@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txjax.attention import MultiHeadAttention
-from txjax.layers import FeedForward
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM
+from txjax.model.attention import MultiHeadAttention
+from txjax.model.config import ModelConfig
+from txjax.model.layers import FeedForward
+from txjax.model.models import DecoderLM
 from txjax.objective import token_sums
 
 RNG = np.random.default_rng(0)

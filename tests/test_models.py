@@ -11,8 +11,8 @@ import pytest
 from test_attention import random_params
 
 from txjax.decode.cache import empty_cache as init_cache  # the model's own layout (Flax wmt style)
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, EncoderDecoder, stack_layers, unstack_layers
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder, stack_layers, unstack_layers
 
 POSITIONALS = ("none", "sinusoidal", "learned", "rope", "alibi")
 V, D, H, KV, F, NL, MAXLEN = 13, 16, 4, 2, 24, 2, 16

@@ -13,8 +13,8 @@ import optax
 import pytest
 
 from txjax import config as config_lib
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM
 from txjax.objective import init_params, token_sums
 from txjax.optim import OptimConfig, is_decayed, is_hidden, learning_rate_at, make_optimizer, mup_lr_multipliers
 

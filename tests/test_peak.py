@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from txjax import peak
-from txjax.model_config import ModelConfig
+from txjax.model.config import ModelConfig
 from txjax.summary import train_flops_per_batch
 
 TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32, num_layers=2, max_len=12)

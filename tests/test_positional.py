@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txjax import positional as P
+from txjax.model import positional as P
 
 
 @pytest.mark.parametrize("d_model", [8, 7])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from txjax import attention
-from txjax.ring_attention import ring_attention, unzigzag, zigzag
+from txjax.model import attention
+from txjax.model.ring_attention import ring_attention, unzigzag, zigzag
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)")
 B, L, H, G, K = 2, 32, 4, 2, 8

@@ -18,8 +18,8 @@ from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_t
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
 from txjax.evaluate import evaluate, make_eval_step
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM
 from txjax.objective import init_params
 from txjax.training.loop import train
 

@@ -12,8 +12,8 @@ from test_train import tiny_config
 
 import run
 from txjax.data import CharTokenizer
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, EncoderDecoder, unstack_layers
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder, unstack_layers
 from txjax.summary import param_shapes
 from txjax.training.loop import train
 from txjax.viz import attention_maps, capture_attention, select_panels, token_labels

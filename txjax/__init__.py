@@ -13,7 +13,8 @@ Axes are joined by "x". Letters written together multiply (`_BxWV`: W*V candidat
 multiplies (`_Bx2W`, `_Dx3D`), a digit after one adds (`_BxL1`: L + 1 tokens), a digit alone is that size (`_Ex2`).
 """
 
-from txjax.attention import (
+from txjax.decode.cache import init_cache
+from txjax.model.attention import (
     MultiHeadAttention,
     attention_weights,
     causal_mask,
@@ -21,9 +22,8 @@ from txjax.attention import (
     scaled_dot_product_attention,
     segment_mask,
 )
-from txjax.decode.cache import init_cache
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, EncoderDecoder
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder
 
 __all__ = [
     "DecoderLM",

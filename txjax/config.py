@@ -19,7 +19,7 @@ import ml_collections
 
 from txjax import families, optim, profiling, unread
 from txjax.decode.strategy import METHODS
-from txjax.model_config import ModelConfig
+from txjax.model.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"

@@ -48,10 +48,10 @@ from lm_eval.api.registry import register_model  # noqa: E402
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from txjax.attention import segment_mask  # noqa: E402
 from txjax.decode import decode_all  # noqa: E402
 from txjax.families import family_of  # noqa: E402
-from txjax.models import Stack  # noqa: E402
+from txjax.model.attention import segment_mask  # noqa: E402
+from txjax.model.models import Stack  # noqa: E402
 from txjax.objective import hits  # noqa: E402
 
 AUTO_TOKENS = 2048  # batch_size=auto: rows * row length about this many tokens

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from txjax import families
-from txjax.attention import resolve_impl
 from txjax.config import ConfigError
-from txjax.models import ModelConfig
+from txjax.model.attention import resolve_impl
+from txjax.model.models import ModelConfig
 from txjax.summary import summarize
 
 GB = 1e9

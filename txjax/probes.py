@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from txjax.data import TextLMDataset
 from txjax.evaluate import eval_batches, evaluate, make_eval_step
 from txjax.experiment import build_dataset, data_file, load_workdir
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 CONTEXT_FACTORS = (2, 4)
 

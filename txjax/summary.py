@@ -26,7 +26,7 @@ import jax
 
 from txjax import families
 from txjax.decode.cache import init_cache
-from txjax.model_config import ModelConfig
+from txjax.model.config import ModelConfig
 from txjax.objective import init_params
 
 

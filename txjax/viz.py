@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 from txjax.decode import check_inputs, generate  # noqa: E402
 from txjax.families import family_of  # noqa: E402
-from txjax.models import stack_layers  # noqa: E402
+from txjax.model.models import stack_layers  # noqa: E402
 
 
 def capture_attention(model, params, *inputs, method=None) -> dict[str, np.ndarray]:

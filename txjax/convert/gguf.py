@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from txjax.convert.llama import config_from_hf, params_from_hf
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.extras import require
-from txjax.model_config import ModelConfig
+from txjax.model.config import ModelConfig
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> Hugging Face model_type
 _PAIRS_LAYOUT = {"llama": True, "qwen2": False}  # Q/K rows already in txjax's (2i, 2i+1) order

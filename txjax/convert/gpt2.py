@@ -28,7 +28,7 @@ from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
 from txjax.data.tokenizers import ByteLevelBPETokenizer
-from txjax.model_config import ModelConfig
+from txjax.model.config import ModelConfig
 
 # Hugging Face activation_function -> txjax activation (gelu_new is GPT-2's tanh approximation)
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}

@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.extras import require
-from txjax.model_config import ModelConfig
-from txjax.models import DecoderLM, stack_layers, unstack_layers
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, stack_layers, unstack_layers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

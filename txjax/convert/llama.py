@@ -30,7 +30,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
-from txjax.model_config import ModelConfig
+from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -30,8 +30,8 @@ from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, w
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
-from txjax.model_config import ModelConfig
-from txjax.models import unstack_layers
+from txjax.model.config import ModelConfig
+from txjax.model.models import unstack_layers
 from txjax.optim import OptimConfig, make_optimizer
 from txjax.train_state import TrainState, init_state
 

@@ -8,9 +8,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from txjax.attention import NEG_INF
 from txjax.decode.cache import LENGTH_AXIS, gather_rows
 from txjax.decode.strategy import Strategy, is_eos
+from txjax.model.attention import NEG_INF
 
 
 def length_penalty(length, alpha):

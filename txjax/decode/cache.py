@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from txjax.decode import kernels
 from txjax.families import family_of
-from txjax.models import unstack_layers
+from txjax.model.models import unstack_layers
 from txjax.objective import init_params
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in

@@ -18,7 +18,7 @@ from txjax.decode.cache import for_decoding
 from txjax.decode.search import generate_ids, listener_key
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Decoding's kernels: the model's own parameters and methods rearranged for fast cached decoding, from outside.
 
-The model (txjax.attention, txjax.layers) is the equations in one parameter layout. A decoding layout is two
+The model (txjax.model.attention, txjax.model.layers) is the equations in one parameter layout. A decoding layout is two
 transformations applied to a trained model, never a config: `decoding_params` rewrites its parameters under new
 names (so nothing guesses a layout from shapes), and `installed()` is a flax.linen.intercept_methods context in
 which a module holding such a parameter runs the method here that reads it; every other call runs the model's own.
@@ -24,10 +24,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax import attention, precision
-from txjax.activations import ACTIVATIONS
-from txjax.attention import MultiHeadAttention
-from txjax.layers import FeedForward
+from txjax.model import attention, precision
+from txjax.model.activations import ACTIVATIONS
+from txjax.model.attention import MultiHeadAttention
+from txjax.model.layers import FeedForward
 
 DECODING_NAMES = ("qkv", "qkv_t", "wi_fused", "kernel_t", "out_t")  # parameters no trained model has
 

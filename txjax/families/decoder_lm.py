@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from txjax import families
-from txjax.models import DecoderLM
+from txjax.model.models import DecoderLM
 
 
 class DecoderOnly(families.Family):

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from txjax import families
-from txjax.models import EncoderDecoder
+from txjax.model.models import EncoderDecoder
 
 
 class Source(NamedTuple):

@@ -1,6 +1,6 @@
 """Ring attention (Liu et al. 2023): attention over a sequence sharded along a mesh axis, the key/value shards
 passed around the ring of devices with jax.lax.ppermute inside jax.shard_map while each device attends its queries
-to the shard it holds, merging the partial results with the online softmax (as txjax.blockwise):
+to the shard it holds, merging the partial results with the online softmax (as txjax.model.blockwise):
     m' = max(m, rowmax(s)),  l' = e^(m - m') l + rowsum(e^(s - m')),  o' = e^(m - m') o + e^(s - m') v
 After n steps (n devices on the axis) every query has seen every key, and no device held more than its shard of
 keys and values at once.
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from txjax import precision
+from txjax.model import precision
 
 NEG_INF = -1e30  # as attention.NEG_INF
 

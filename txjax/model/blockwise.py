@@ -24,7 +24,7 @@ import einops
 import jax
 import jax.numpy as jnp
 
-from txjax import precision
+from txjax.model import precision
 
 NEG_INF = -1e30  # as attention.NEG_INF: exp() of it underflows to 0
 

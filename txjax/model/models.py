@@ -1,4 +1,4 @@
-"""The two model families: a decoder-only LM and an encoder-decoder (their frozen config: txjax/model_config.py).
+"""The two model families: a decoder-only LM and an encoder-decoder (their frozen config: txjax/model/config.py).
 
 DecoderLM:       logits = Head(LN(Blocks(Embed(tokens) + PE(positions))))            (GPT-2 / nanoGPT)
 EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(DecoderBlocks(Embed(tgt) + PE, enc)))
@@ -24,11 +24,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax import positional, precision
-from txjax.attention import segment_mask
-from txjax.blockwise import Segments
-from txjax.layers import Block, dense, make_norm
-from txjax.model_config import ModelConfig
+from txjax.model import positional, precision
+from txjax.model.attention import segment_mask
+from txjax.model.blockwise import Segments
+from txjax.model.config import ModelConfig
+from txjax.model.layers import Block, dense, make_norm
 
 
 class Embedder(nn.Module):
@@ -61,7 +61,9 @@ class Embedder(nn.Module):
             x_BxLxD = x_BxLxD + self.positions(positions_BxL)
         elif cfg.positional == "sinusoidal":
             x_BxLxD = x_BxLxD + positional.sinusoidal(positions_BxL, cfg.d_model)
-        return x_BxLxD  # float32: the residual stream stays float32, each matmul casts its inputs (txjax.precision)
+        return (
+            x_BxLxD  # float32: the residual stream stays float32, each matmul casts its inputs (txjax.model.precision)
+        )
 
     def logits(self, x_BxLxD):
         """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product

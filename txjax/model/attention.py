@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax import blockwise, positional, precision
+from txjax.model import blockwise, positional, precision
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
 ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
@@ -194,7 +194,9 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    impl: str = "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn' | 'blockwise' (txjax.blockwise)
+    impl: str = (
+        "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn' | 'blockwise' (txjax.model.blockwise)
+    )
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False

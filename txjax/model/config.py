@@ -12,9 +12,9 @@ import difflib
 
 import jax.numpy as jnp
 
-from txjax import positional, precision
-from txjax.activations import ACTIVATIONS
-from txjax.attention import ATTENTION_IMPLS
+from txjax.model import positional, precision
+from txjax.model.activations import ACTIVATIONS
+from txjax.model.attention import ATTENTION_IMPLS
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -56,9 +56,11 @@ class ModelConfig:
     attention_dropout: float = 0.0
     dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
     attention_impl: str = "auto"  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
-    attention_block_q: int = 256  # attention_impl='blockwise': queries per block (txjax.blockwise), and keys/values
+    attention_block_q: int = (
+        256  # attention_impl='blockwise': queries per block (txjax.model.blockwise), and keys/values
+    )
     attention_block_kv: int = 256  # per block (benchmarks/attention_time.py compares sizes)
-    matmul_precision: str = "highest"  # of float32 matmuls (txjax.precision): 'high'/'default' allow TF32 on GPUs
+    matmul_precision: str = "highest"  # of float32 matmuls (txjax.model.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
     remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers

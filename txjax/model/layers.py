@@ -14,15 +14,15 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txjax import precision as precision_lib
-from txjax.activations import ACTIVATIONS
-from txjax.attention import MultiHeadAttention, resolve_impl
-from txjax.model_config import ModelConfig
+from txjax.model import precision as precision_lib
+from txjax.model.activations import ACTIVATIONS
+from txjax.model.attention import MultiHeadAttention, resolve_impl
+from txjax.model.config import ModelConfig
 
 
 def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: float, name=None) -> nn.Dense:
     """y = x W + b, W [in, out] ~ N(0, std^2): flax's nn.Dense ('kernel', 'bias'), its axes named (`axes`: in, out;
-    for the sharding rules), the product through txjax.precision (float32 sums for 16-bit operands)."""
+    for the sharding rules), the product through txjax.model.precision (float32 sums for 16-bit operands)."""
     return nn.Dense(
         features,
         use_bias=use_bias,
@@ -35,7 +35,7 @@ def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: floa
 
 
 def _dense_product(x, w, dimension_numbers, precision=None):
-    """nn.Dense's dot_general (x's last axis against w's first) as txjax.precision.einsum."""
+    """nn.Dense's dot_general (x's last axis against w's first) as txjax.model.precision.einsum."""
     return precision_lib.einsum("...i,io->...o", x, w)
 
 
