@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from txjax.config import from_command_line
-from txjax.distributed import run_mesh
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.objective import init_params, params_shardings
-from txjax.sharding import global_batch
+from txjax.parallel.distributed import run_mesh
+from txjax.parallel.sharding import global_batch
 from txjax.training.loop import train
 
 pytestmark = [

@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 
 from txjax import storage
 from txjax.config import ConfigError
-from txjax.distributed import barrier, is_lead
+from txjax.parallel.distributed import barrier, is_lead
 
 CHECKSUM_FILE = "sha256sums.txt"
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"

@@ -22,10 +22,11 @@ import sacrebleu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax import decode, distributed, provenance
+from txjax import decode, provenance
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.objective import forward, hits, params_shardings, token_sums
-from txjax.sharding import batch_sharding, global_batch, process_rows
+from txjax.parallel import distributed
+from txjax.parallel.sharding import batch_sharding, global_batch, process_rows
 
 
 def make_eval_step(model, mesh: Mesh | None = None):

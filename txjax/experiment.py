@@ -19,8 +19,8 @@ from jax.sharding import Mesh
 from txjax import config as config_lib
 from txjax import data, families
 from txjax.checkpoint import Checkpointer
-from txjax.distributed import first_device_mesh
 from txjax.optim import OptimConfig, eval_params, make_optimizer
+from txjax.parallel.distributed import first_device_mesh
 from txjax.train_state import init_state, state_shardings
 
 TOKENIZER_DIR = "tokenizer"

@@ -18,7 +18,7 @@ import optax
 from jax.sharding import Mesh
 
 from txjax.families import family_of
-from txjax.sharding import shardings_for
+from txjax.parallel.sharding import shardings_for
 
 
 def init_params(model, key, boxed: bool = False):

@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh
 
 from txjax.objective import init_params
-from txjax.sharding import shardings_for
+from txjax.parallel.sharding import shardings_for
 
 
 @flax.struct.dataclass

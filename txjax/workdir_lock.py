@@ -25,7 +25,7 @@ from jax.experimental import multihost_utils
 
 from txjax import storage
 from txjax.config import ConfigError
-from txjax.distributed import is_lead
+from txjax.parallel.distributed import is_lead
 from txjax.storage import StorageError
 
 LOCK_FILE = "writer.lock"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from txjax import distributed
+from txjax.parallel import distributed
 
 # the commands whose compiled steps the persistent compilation cache keeps (enable_compilation_cache)
 COMPILING_COMMANDS = ("train", "eval", "generate", "sweep", "lm-eval")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from txjax import config as config_lib
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
-from txjax.distributed import is_lead
+from txjax.parallel.distributed import is_lead
 from txjax.training.loop import train
 
 

@@ -18,13 +18,13 @@ from jax.sharding import Mesh
 from txjax import config as config_lib
 from txjax import families, init_from, memory, preemption, workdir_lock
 from txjax.checkpoint import Checkpointer
-from txjax.distributed import barrier, is_lead
 from txjax.evaluate import read_recorded, write_metrics
 from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fill_model_sizes
 from txjax.metrics_log import MetricsLog
 from txjax.optim import make_optimizer
+from txjax.parallel.distributed import barrier, is_lead
+from txjax.parallel.sharding import global_batch, process_rows
 from txjax.peak import peak_gflops
-from txjax.sharding import global_batch, process_rows
 from txjax.summary import train_flops_per_batch
 from txjax.train_state import init_state, state_shardings, with_hyperparams
 from txjax.training import resume

@@ -19,10 +19,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax.distributed import first_device_mesh
 from txjax.objective import forward, token_sums
 from txjax.optim import current_learning_rate
-from txjax.sharding import batch_sharding
+from txjax.parallel.distributed import first_device_mesh
+from txjax.parallel.sharding import batch_sharding
 from txjax.train_state import TrainState, run_keys, state_shardings
 from txjax.training.config import TrainConfig
 

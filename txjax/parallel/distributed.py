@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from txjax.config import ConfigError
-from txjax.sharding import make_mesh
+from txjax.parallel.sharding import make_mesh
 
 
 def initialize(
