@@ -37,10 +37,10 @@ from txjax import config as config_lib
 from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.model.attention import resolve_impl
-from txjax.optim import OptimConfig, make_optimizer
 from txjax.summary import train_flops_per_batch
-from txjax.train_state import init_state
 from txjax.training.config import TrainConfig
+from txjax.training.optim import OptimConfig, make_optimizer
+from txjax.training.state import init_state
 from txjax.training.step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"

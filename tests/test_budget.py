@@ -12,13 +12,13 @@ from test_optim import tiny
 import txjax.training.loop
 import txjax.training.run
 from txjax import config as config_lib
-from txjax.checkpoint import Checkpointer
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.metrics_log import read_metrics
-from txjax.optim import OptimConfig, make_optimizer
-from txjax.train_state import init_state
 from txjax.training import budget
+from txjax.training.checkpoint import Checkpointer
+from txjax.training.optim import OptimConfig, make_optimizer
 from txjax.training.stack import train_runs
+from txjax.training.state import init_state
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

@@ -12,8 +12,8 @@ import pytest
 from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
-from txjax.checkpoint import Checkpointer
 from txjax.experiment import load_workdir
+from txjax.training.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

@@ -20,9 +20,9 @@ from fault_driver import inject, run
 from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
-from txjax.checkpoint import Checkpointer
 from txjax.experiment import load_workdir
 from txjax.metrics_log import read_metrics
+from txjax.training.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from txjax.model.attention import MultiHeadAttention
 from txjax.model.config import ModelConfig
 from txjax.model.layers import FeedForward
 from txjax.model.models import DecoderLM
-from txjax.objective import token_sums
+from txjax.training.objective import token_sums
 
 RNG = np.random.default_rng(0)
 

@@ -15,8 +15,15 @@ import pytest
 from txjax import config as config_lib
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
-from txjax.objective import init_params, token_sums
-from txjax.optim import OptimConfig, is_decayed, is_hidden, learning_rate_at, make_optimizer, mup_lr_multipliers
+from txjax.training.objective import init_params, token_sums
+from txjax.training.optim import (
+    OptimConfig,
+    is_decayed,
+    is_hidden,
+    learning_rate_at,
+    make_optimizer,
+    mup_lr_multipliers,
+)
 
 BASE, STD = 16, 0.02
 HIDDEN = {"query", "key", "value", "out", "wi", "wo"}  # Table 8's hidden weights: both dimensions grow with width

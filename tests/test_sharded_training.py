@@ -15,10 +15,10 @@ from txjax.config import from_command_line
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.metrics_log import read_metrics
-from txjax.objective import init_params, params_shardings
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import global_batch
 from txjax.training.loop import train
+from txjax.training.objective import init_params, params_shardings
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),

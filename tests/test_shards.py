@@ -13,15 +13,15 @@ from test_train import assert_trees_equal, params_of
 
 import run
 from txjax import config as config_lib
-from txjax.checkpoint import Checkpointer
 from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_tokenizer
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
-from txjax.objective import init_params
+from txjax.training.checkpoint import Checkpointer
 from txjax.training.loop import train
+from txjax.training.objective import init_params
 
 L = 24  # seq_len: the documents are ~5-60 tokens, so packed rows hold several
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

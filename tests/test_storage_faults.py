@@ -12,8 +12,8 @@ from test_train import TINY_FLAGS
 
 import run
 import txjax.cli.eval
-from txjax.checkpoint import Checkpointer
 from txjax.metrics_log import read_metrics
+from txjax.training.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

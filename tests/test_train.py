@@ -14,18 +14,18 @@ import txjax.training.loop
 import txjax.training.run
 from txjax import config as config_lib
 from txjax import families, profiling
-from txjax.checkpoint import Checkpointer
 from txjax.data import prefetch
 from txjax.evaluate import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
-from txjax.objective import token_sums
-from txjax.optim import OptimConfig, make_optimizer
-from txjax.train_state import init_state
+from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
 from txjax.training.loop import train
+from txjax.training.objective import token_sums
+from txjax.training.optim import OptimConfig, make_optimizer
 from txjax.training.run import Diverged
 from txjax.training.stack import train_runs
+from txjax.training.state import init_state
 from txjax.training.step import make_train_step
 
 REPO = Path(__file__).parents[1]

@@ -24,9 +24,9 @@ from jax.sharding import PartitionSpec as P
 
 from txjax import decode, provenance
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
-from txjax.objective import forward, hits, params_shardings, token_sums
 from txjax.parallel import distributed
 from txjax.parallel.sharding import batch_sharding, global_batch, process_rows
+from txjax.training.objective import forward, hits, params_shardings, token_sums
 
 
 def make_eval_step(model, mesh: Mesh | None = None):

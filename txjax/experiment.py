@@ -18,10 +18,10 @@ from jax.sharding import Mesh
 
 from txjax import config as config_lib
 from txjax import data, families
-from txjax.checkpoint import Checkpointer
-from txjax.optim import OptimConfig, eval_params, make_optimizer
 from txjax.parallel.distributed import first_device_mesh
-from txjax.train_state import init_state, state_shardings
+from txjax.training.checkpoint import Checkpointer
+from txjax.training.optim import OptimConfig, eval_params, make_optimizer
+from txjax.training.state import init_state, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
 BUILT_WITH = "built_with.json"  # in TOKENIZER_DIR: the data fields the tokenizer was built from

@@ -27,7 +27,7 @@ import jax
 from txjax import families
 from txjax.decode.cache import init_cache
 from txjax.model.config import ModelConfig
-from txjax.objective import init_params
+from txjax.training.objective import init_params
 
 
 @dataclasses.dataclass(frozen=True)

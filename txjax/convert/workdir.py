@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.checkpoint import Checkpointer
 from txjax.convert import gguf, gpt2, llama
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
@@ -32,8 +31,9 @@ from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
-from txjax.optim import OptimConfig, make_optimizer
-from txjax.train_state import TrainState, init_state
+from txjax.training.checkpoint import Checkpointer
+from txjax.training.optim import OptimConfig, make_optimizer
+from txjax.training.state import TrainState, init_state
 
 
 def read_checkpoint(source) -> tuple[ModelConfig, dict, object]:

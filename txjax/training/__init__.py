@@ -1,11 +1,16 @@
-"""The training wing: one run's loop and the R stacked runs that reuse it.
+"""The training wing: the objective, the optimizer and the loop that drives one run or R stacked runs.
 
-loop.py    train(config, workdir): the one loop (resume, checkpoints, evals, logs, time budget, signals)
-run.py     Run: one run's workdir, checkpoints, logs, evaluations and program, as the loop drives it
-stack.py   train_runs(configs, workdirs): R runs vmapped on one device, each with its own Run (the one place
-           that knows R)
-step.py    the pure train step, jitted on a mesh or vmapped over runs
-config.py  TrainConfig: config.train as a frozen value, made once from the validated section
-budget.py  WSD sized by a time budget
-resume.py  what a resumed run may change
+objective.py   the loss (label-weighted cross-entropy, label smoothing, z-loss) of a batch, as token sums
+optim.py       optimizers and learning-rate schedules (OptimConfig)
+state.py       TrainState: parameters, optimizer state, step and keys, and where each lives on the mesh
+checkpoint.py  Checkpointer: save every N steps, keep the last K, restore the newest whole one (orbax)
+init_from.py   train.init_from=WORKDIR: another workdir's parameters with a fresh optimizer (fine-tuning)
+config.py      TrainConfig: config.train as a frozen value, made once from the validated section
+step.py        the pure train step, jitted on a mesh or vmapped over runs
+run.py         Run: one run's workdir, checkpoints, logs, evaluations and program, as the loop drives it
+loop.py        train(config, workdir): the one loop (resume, checkpoints, evals, logs, time budget, signals)
+stack.py       train_runs(configs, workdirs): R runs vmapped on one device, each with its own Run (the one place
+               that knows R)
+budget.py      WSD sized by a time budget
+resume.py      what a resumed run may change
 """

@@ -9,7 +9,7 @@ r the seconds per step measured in this process (its first step, which compiles,
 t_s >= (1 - f) B fixes
     D = s,   n = max(1, min(round((B - t_s) / r), S - s))          S = train.steps: the most steps the run takes
 and the learning rate is lr through step D, then falls linearly to min_lr_ratio lr at D + n, the run's last step
-(txjax.optim.learning_rate_at). Until then the plan is the WSD sized by S (D = S - f (S - w), n = S - D), which the
+(optim.learning_rate_at). Until then the plan is the WSD sized by S (D = S - f (S - w), n = S - D), which the
 run follows if its steps run out before the budget (S set too small for the machine).
 The plan (D, n) and the clock t_s live in the optimizer state's injected hyperparameters (optim.BUDGET_PLAN), so
 every checkpoint holds them: a run resumed after the decay started takes the learning rates of a run never stopped
@@ -24,9 +24,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from txjax.optim import BUDGET_PLAN
-from txjax.train_state import with_hyperparams
 from txjax.training.config import TrainConfig
+from txjax.training.optim import BUDGET_PLAN
+from txjax.training.state import with_hyperparams
 
 
 class BudgetPlan:

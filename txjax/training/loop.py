@@ -32,10 +32,10 @@ from txjax import preemption, storage
 from txjax.data import prefetch
 from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step
 from txjax.experiment import TrainedRun, build_model
-from txjax.optim import eval_params
 from txjax.parallel.distributed import InFlight, agree, run_mesh
 from txjax.profiling import StepProfiler
 from txjax.training import budget
+from txjax.training.optim import eval_params
 from txjax.training.run import Run, common_step
 
 

@@ -16,19 +16,19 @@ import ml_collections
 from jax.sharding import Mesh
 
 from txjax import config as config_lib
-from txjax import families, init_from, memory, preemption, workdir_lock
-from txjax.checkpoint import Checkpointer
+from txjax import families, memory, preemption, workdir_lock
 from txjax.evaluate import read_recorded, write_metrics
 from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fill_model_sizes
 from txjax.metrics_log import MetricsLog
-from txjax.optim import make_optimizer
 from txjax.parallel.distributed import barrier, is_lead
 from txjax.parallel.sharding import global_batch, process_rows
 from txjax.peak import peak_gflops
 from txjax.summary import train_flops_per_batch
-from txjax.train_state import init_state, state_shardings, with_hyperparams
-from txjax.training import resume
+from txjax.training import init_from, resume
+from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
+from txjax.training.optim import make_optimizer
+from txjax.training.state import init_state, state_shardings, with_hyperparams
 from txjax.training.step import make_train_step
 
 
@@ -209,7 +209,7 @@ def peak_flops_per_s(dtype: str, devices: int) -> float | None:
 
 def common_step(ckpts: list[Checkpointer]) -> int:
     """The last step every run has a finished, undamaged checkpoint of (0: start afresh); ConfigError when there are
-    checkpoints and all are damaged (txjax.checkpoint: each damaged step gets one warning line)."""
+    checkpoints and all are damaged (txjax.training.checkpoint: each damaged step gets one warning line)."""
     steps = sorted(set.intersection(*(set(c.manager.all_steps()) for c in ckpts)), reverse=True)
     whole = next((s for s in steps if all([c.verified(s) for c in ckpts])), None)
     if steps and whole is None:

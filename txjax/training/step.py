@@ -3,7 +3,7 @@
 train_step(state, batch, dropout_key) -> (state, metrics):
     g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
                                                        lax.scan before the one division: the full batch's gradient
-    theta, opt_state <- AdamW(clip(g))                 (txjax.train_state)
+    theta, opt_state <- AdamW(clip(g))                 (txjax.training.state)
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
 vmapped for stacked runs (txjax.training.stack).
@@ -19,17 +19,17 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax.objective import forward, token_sums
-from txjax.optim import current_learning_rate
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding
-from txjax.train_state import TrainState, run_keys, state_shardings
 from txjax.training.config import TrainConfig
+from txjax.training.objective import forward, token_sums
+from txjax.training.optim import current_learning_rate
+from txjax.training.state import TrainState, run_keys, state_shardings
 
 
 def make_train_step(model, tx: optax.GradientTransformation, t: TrainConfig, mesh: Mesh | None = None):
     """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and the settings `t`, on `mesh` (default: the
-    first device): the state laid out as train_state.state_shardings, the batch's rows split over data x fsdp."""
+    first device): the state laid out as state.state_shardings, the batch's rows split over data x fsdp."""
     mesh = mesh or first_device_mesh()
     state_sharding = state_shardings(model, tx, t.seed, mesh)
     train_step = train_step_function(model, tx, t)

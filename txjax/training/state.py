@@ -1,4 +1,4 @@
-"""What an optimizer step updates: the TrainState pytree (the optimizer itself: txjax.optim), its initial value
+"""What an optimizer step updates: the TrainState pytree (the optimizer itself: txjax.training.optim), its initial value
 and where its arrays live on a mesh."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from txjax.objective import init_params
 from txjax.parallel.sharding import shardings_for
+from txjax.training.objective import init_params
 
 
 @flax.struct.dataclass
