@@ -33,8 +33,8 @@ from lm_eval.tasks import TaskManager
 
 import run
 from txjax import peak as txjax_peak
+from txjax.evaluate.lm_eval_model import TxjaxLM
 from txjax.experiment import load_workdir
-from txjax.lm_eval_model import TxjaxLM
 
 TASKS = common.REPO / "experiments" / "lm_eval"
 

@@ -6,7 +6,7 @@ side by side in one run.
 - score: tinyshakespeare's valid split as shakespeare_char cuts it (the last 10% of input.txt's characters),
   tokenized once by txjax's tokenizer from the GGUF metadata; both models score the same ids in the same
   non-overlapping windows of `--context` tokens (every token but the first predicted once): loss, perplexity,
-  nats per character, bits per byte (txjax.score_text.score_tokens; transformers: log_softmax of its logits).
+  nats per character, bits per byte (txjax.evaluate.score_text.score_tokens; transformers: log_softmax of its logits).
 - decode: greedy decoding at batch 1, a 16-token prompt, exactly `--new_tokens` new tokens (no EOS stop), each
   timed `--repeats` times after one warm-up call (txjax's compilation, torch's first call): tokens/s of the
   median, prefill included in both. transformers: `generate(do_sample=False)` with its KV cache, float32.
@@ -27,8 +27,8 @@ import transformers
 
 from txjax.convert.gguf import load_gguf
 from txjax.decode import generate
+from txjax.evaluate.score_text import score_tokens
 from txjax.model.models import DecoderLM
-from txjax.score_text import score_tokens
 
 TEXT = common.REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and"

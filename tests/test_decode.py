@@ -420,8 +420,9 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
     import txjax.cli.eval
     import txjax.cli.generate
     from txjax import config as config_lib
-    from txjax import evaluate, experiment
+    from txjax import experiment
     from txjax.data import CharTokenizer, ParallelDataset
+    from txjax.evaluate import split as evaluate
 
     tokenizer = CharTokenizer.from_text(pairs_tsv.read_text().replace("\t", "").replace("\n", ""), specials=True)
     config = config_lib.base_config()

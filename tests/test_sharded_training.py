@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from txjax.config import from_command_line
-from txjax.evaluate import evaluate, make_eval_step
+from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.parallel.distributed import run_mesh

@@ -16,7 +16,7 @@ from txjax import config as config_lib
 from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_tokenizer
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
-from txjax.evaluate import evaluate, make_eval_step
+from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
 from txjax.training.checkpoint import Checkpointer

@@ -15,7 +15,7 @@ import txjax.training.run
 from txjax import config as config_lib
 from txjax import families, profiling
 from txjax.data import prefetch
-from txjax.evaluate import evaluate, make_eval_step
+from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
 from txjax.metrics_log import read_metrics
 from txjax.training.checkpoint import Checkpointer

@@ -12,11 +12,11 @@ from test_train import tiny_config
 
 import run
 from txjax.data import CharTokenizer
+from txjax.evaluate.viz import attention_maps, capture_attention, select_panels, token_labels
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM, EncoderDecoder, unstack_layers
 from txjax.summary import param_shapes
 from txjax.training.loop import train
-from txjax.viz import attention_maps, capture_attention, select_panels, token_labels
 
 TOK = CharTokenizer.from_text("abc de\n$", specials=True)
 CFG = ModelConfig(vocab_size=TOK.vocab_size, d_model=16, num_heads=2, d_ff=32, num_layers=2, max_len=16)

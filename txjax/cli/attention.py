@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from txjax.config import user_errors
+from txjax.evaluate.viz import attention_inputs, attention_maps
 from txjax.experiment import load_workdir
-from txjax.viz import attention_inputs, attention_maps
 
 
 def main(argv: list[str]) -> None:

@@ -11,10 +11,10 @@ from txjax import storage
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import ConfigError, user_errors
 from txjax.data import read_text, resolve_path
-from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
+from txjax.evaluate.score_text import score_text
+from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import build_dataset, load_workdir
 from txjax.parallel import distributed
-from txjax.score_text import score_text
 
 
 def main(argv: list[str]) -> None:
@@ -28,7 +28,9 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
-    parser.add_argument("--text", help="score this text file instead (txjax.score_text): loss, nats/char, bits/byte")
+    parser.add_argument(
+        "--text", help="score this text file instead (txjax.evaluate.score_text): loss, nats/char, bits/byte"
+    )
     parser.add_argument("--max_tokens", type=int, default=0, help="--text: its first N tokens only (0: all)")
     parser.add_argument("--context", type=int, default=0, help="--text: tokens per window (0: the model's max_len)")
     parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")

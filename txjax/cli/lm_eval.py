@@ -1,4 +1,4 @@
-"""`run.py lm-eval`: a workdir's language model on lm-evaluation-harness tasks (txjax.lm_eval_model)."""
+"""`run.py lm-eval`: a workdir's language model on lm-evaluation-harness tasks (txjax.evaluate.lm_eval_model)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def harness_command(args) -> str:
     for name in ("num_fewshot", "include_path", "limit", "batch_size", "output"):
         if getattr(args, name) is not None:
             flags += [f"--{name}" if name != "output" else "--output_path", str(getattr(args, name))]
-    return shlex.join(["python", "-m", "txjax.lm_eval_model", *flags])
+    return shlex.join(["python", "-m", "txjax.evaluate.lm_eval_model", *flags])
 
 
 def task_manager(names: list[str], include_path: str | None):
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     lm_eval = require("lm_eval", "run.py lm-eval")
     from lm_eval.utils import handle_non_serializable, make_table
 
-    from txjax.lm_eval_model import TxjaxLM
+    from txjax.evaluate.lm_eval_model import TxjaxLM
 
     if args.include_path and not Path(args.include_path).is_dir():
         raise ConfigError(f"--include_path={args.include_path} is not a folder: give the folder of your task YAMLs")

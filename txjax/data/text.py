@@ -41,7 +41,7 @@ class TextLMDataset:
 
     @classmethod
     def from_tokens(cls, tokens: np.ndarray, seq_len: int) -> TextLMDataset:
-        """A corpus tokenized elsewhere (txjax.score_text scores any file with the eval windows below)."""
+        """A corpus tokenized elsewhere (txjax.evaluate.score_text scores any file with the eval windows below)."""
         dataset = cls.__new__(cls)
         dataset.path, dataset.tokenizer, dataset.seq_len, dataset.split = None, None, seq_len, "valid"
         dataset.tokens = np.asarray(tokens, np.int32)

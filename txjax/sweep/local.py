@@ -20,8 +20,8 @@ import traceback
 from pathlib import Path
 
 from txjax import preemption, workdir_lock
+from txjax.evaluate.probes import run_probes
 from txjax.extras import require
-from txjax.probes import run_probes
 from txjax.sweep import search as search_lib
 from txjax.sweep.report import final_metric, write_report
 from txjax.sweep.spec import SweepRun, claim, expand, finish, read_result

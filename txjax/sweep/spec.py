@@ -12,7 +12,7 @@ A sweep file `experiments/ablations/NAME.py` defines get_sweep() -> dict with th
     scheduler   early stopping on Ray (txjax.sweep.ray_launcher): {"kind": "asha", "metric": "valid_loss",
                 "grace_steps": G, "reduction_factor": 3}; an in-process sweep trains every run to the end
     metrics     the results the plot shows as bars per setting (default ["valid_loss"])
-    probes      measurements after training (txjax.probes), their results join the table (default [])
+    probes      measurements after training (txjax.evaluate.probes), their results join the table (default [])
     lines       {"x": field, "series": field, "panels": field (optional)}: also results_lines.png, the first
                 metric's mean over seeds against x (log scale), one line per series value, one panel per panels
                 value, and results.md's best x per line (e.g. loss against learning rate per width, muP)

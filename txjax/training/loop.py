@@ -30,7 +30,7 @@ import ml_collections
 
 from txjax import preemption, storage
 from txjax.data import prefetch
-from txjax.evaluate import eval_batches, evaluate, generation_metrics, make_eval_step
+from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step
 from txjax.experiment import TrainedRun, build_model
 from txjax.parallel.distributed import InFlight, agree, run_mesh
 from txjax.profiling import StepProfiler

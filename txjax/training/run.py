@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from txjax import config as config_lib
 from txjax import families, memory, preemption, workdir_lock
-from txjax.evaluate import read_recorded, write_metrics
+from txjax.evaluate.split import read_recorded, write_metrics
 from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fill_model_sizes
 from txjax.metrics_log import MetricsLog
 from txjax.parallel.distributed import barrier, is_lead

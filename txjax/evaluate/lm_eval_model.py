@@ -1,10 +1,10 @@
 """txjax as an EleutherAI lm-evaluation-harness model (`lm-eval` 0.4, the lmeval extra), registered as "txjax":
 
-    import txjax.lm_eval_model, lm_eval
+    import txjax.evaluate.lm_eval_model, lm_eval
     lm_eval.simple_evaluate(model="txjax", model_args="workdir=runs/smollm2", tasks=["hellaswag"])
 
-`run.py lm-eval` (txjax.cli.lm_eval) runs it; `python -m txjax.lm_eval_model --model txjax --model_args workdir=W
---tasks ...` is the harness's own CLI with the model registered.
+`run.py lm-eval` (txjax.cli.lm_eval) runs it; `python -m txjax.evaluate.lm_eval_model --model txjax
+--model_args workdir=W --tasks ...` is the harness's own CLI with the model registered.
 
 Tokenization is the harness's TemplateLM's, as its `hf` model does: the context/continuation split at the token
 boundary of the encoded whole, an empty context replaced by the prefix token (BOS, else EOS); `tok_encode` puts the
@@ -19,10 +19,10 @@ compiles a handful of programs, not one per length. The continuation's tokens gi
 
     logprob = sum_t (z_t[y_t] - logsumexp(z_t)),   is_greedy = all_t z_t[y_t] = max_v z_t[v]
 
-loglikelihood_rolling (perplexity tasks): the windows of `run.py eval --text` (txjax.score_text): the text after the
-tokenizer's prefix in non-overlapping windows of max_length tokens, every token after the prefix predicted once,
-each window scored as a request above (its first token the context). A tokenizer without a prefix (no BOS) gets the
-harness's prefix token instead, so that the text's first token is scored as by the `hf` model, whose windows
+loglikelihood_rolling (perplexity tasks): the windows of `run.py eval --text` (txjax.evaluate.score_text): the
+text after the tokenizer's prefix in non-overlapping windows of max_length tokens, every token after the prefix
+predicted once, each window scored as a request above (its first token the context). A tokenizer without a prefix (no BOS)
+gets the harness's prefix token instead, so that the text's first token is scored as by the `hf` model, whose windows
 differ only in the last one of a text longer than the context (it sees a full context).
 
 generate_until: txjax.decode.decode_all over the requests of one set of generation kwargs (greedy, or sampling at

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.data import TextLMDataset
-from txjax.evaluate import eval_batches, evaluate, make_eval_step
+from txjax.evaluate.split import eval_batches, evaluate, make_eval_step
 from txjax.experiment import build_dataset, data_file, load_workdir
 from txjax.model.models import DecoderLM
 

@@ -3,7 +3,7 @@ tokenizers (`run.py eval --workdir=DIR --text=FILE`).
 
 The text is tokenized whole (after BOS when the model expects one), cut into non-overlapping windows of the
 model's context (TextLMDataset's eval windows: every token but the first predicted exactly once, each from the
-tokens before it in its window) and run through the jitted eval step (txjax.evaluate):
+tokens before it in its window) and run through the jitted eval step (txjax.evaluate.split):
 
     loss = sum_t CE_t / T  (nats per token),  perplexity = exp(loss),
     nats_per_char = sum_t CE_t / C,  bits_per_byte = sum_t CE_t / (B ln 2)
@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from txjax.data import TextLMDataset
-from txjax.evaluate import eval_batches, evaluate, make_eval_step
+from txjax.evaluate.split import eval_batches, evaluate, make_eval_step
 
 
 def score_tokens(model, params, ids, *, context: int, batch_size: int, mesh: Mesh | None = None) -> dict:
