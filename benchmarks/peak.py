@@ -2,7 +2,7 @@
 
     python benchmarks/peak.py [--repeats=N] [--quick]
 
-The measurement is txjax.peak.measure (variants and formula there), here over every size: CPU n = 1024, 2048,
+The measurement is txjax.ops.peak.measure (variants and formula there), here over every size: CPU n = 1024, 2048,
 4096; GPU 8192, 16384. The peak of a dtype (used as the MFU denominator by benchmarks/train.py, which
 prefers results/peak_PLATFORM.json to the training loop's quick cached measurement) is the best median over sizes.
 """
@@ -13,7 +13,7 @@ import argparse
 
 import common  # first: puts the repo on sys.path
 
-from txjax.peak import measure
+from txjax.ops.peak import measure
 
 
 def main():

@@ -9,7 +9,7 @@ that does not start with "|"). Its figures come from:
     benchmarks/results/*.json                    the benchmarks (common.save)
     experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep/report.py; results.json)
     experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
-and every row says on which machine and day they were measured (txjax/provenance.py). Figures of different CPU
+and every row says on which machine and day they were measured (txjax/ops/provenance.py). Figures of different CPU
 models stay in different rows: these machines change kind between days and timings move by 2x between kinds.
 To change a figure, re-run its command; to change a table's shape, edit its function here (the experiments' in
 experiment_tables.py).

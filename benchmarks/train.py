@@ -12,7 +12,7 @@ steps. The batches are built once and live on the device, so this measures the s
 (the training loop prefetches batches in a background thread).
 
     MFU = model FLOPs per step / step time / measured peak (benchmarks/peak.py) of the variant's compute dtype
-    model FLOPs per step = txjax.summary.train_flops_per_batch (the training loop's count): (6N + 12·L·d·T) per
+    model FLOPs per step = txjax.ops.summary.train_flops_per_batch (the training loop's count): (6N + 12·L·d·T) per
     token x the positions of the batch
 Encoder-decoder (marian_small): 6·N_enc per source and 6·N_dec per target position, plus 12·d·(S² per encoder layer
 + T² + T·S per decoder layer) per row; target_tokens_per_s counts the target tokens that are not padding (what the
@@ -37,7 +37,7 @@ from txjax import config as config_lib
 from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.model.attention import resolve_impl
-from txjax.summary import train_flops_per_batch
+from txjax.ops.summary import train_flops_per_batch
 from txjax.training.config import TrainConfig
 from txjax.training.optim import OptimConfig, make_optimizer
 from txjax.training.state import init_state

@@ -1,6 +1,7 @@
 """Test session setup: 8 simulated CPU devices (for the sharding tests) and XLA:CPU's cheapest code generation, all
 set in XLA_FLAGS before anything imports jax (and inherited by run.py subprocesses); the measured matmul peak
-(txjax.peak) cached in a temporary folder; a per-module persistent compilation cache fixture; a tiny parallel corpus.
+(txjax.ops.peak) cached in a temporary folder; a per-module persistent compilation cache fixture; a tiny parallel
+corpus.
 
 The suite compiles some hundred small programs and runs each for a few steps: at LLVM's -O0
 (--xla_backend_optimization_level=0) compiling a toy model's train step takes about a third less time, its few steps

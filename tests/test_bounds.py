@@ -1,4 +1,4 @@
-"""Bounds: a train step that cannot fit the device is refused before compiling (txjax.memory), XLA's out of memory
+"""Bounds: a train step that cannot fit the device is refused before compiling (txjax.ops.memory), XLA's out of memory
 is one line, and generation streams its tokens as they are produced (txjax.decode.stream)."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from test_decode import EOS, LM_PROMPTS, lm
 import run
 import txjax.cli.generate
 from txjax import config as config_lib
-from txjax import decode, memory
+from txjax import decode
 from txjax.config import ConfigError
 from txjax.data import CharTokenizer
 from txjax.decode.stream import generate_stream, stream_steps
 from txjax.experiment import TrainedRun
 from txjax.model.models import ModelConfig
+from txjax.ops import memory
 
 CFG = ModelConfig(vocab_size=65, max_len=100_000, d_model=64, num_heads=4, d_ff=256, num_layers=2)
 

@@ -13,7 +13,7 @@ import txjax.training.loop
 import txjax.training.run
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_model, load_workdir
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 from txjax.training import budget
 from txjax.training.checkpoint import Checkpointer
 from txjax.training.optim import OptimConfig, make_optimizer

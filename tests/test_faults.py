@@ -21,7 +21,7 @@ from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 from txjax.training.checkpoint import Checkpointer
 from txjax.training.loop import train
 
@@ -112,7 +112,7 @@ def test_sigkill_at_random_points_then_rerun_gives_the_uninterrupted_parameters(
 def test_a_second_writer_is_refused_and_readers_read(reference, capsys):
     """While a writer holds the workdir (here: a lock taken in this process, another open file to flock), `run.py
     train` on it ends at once with one line naming the holder's pid and host and changes nothing; eval reads it."""
-    from txjax.workdir_lock import hold
+    from txjax.ops.workdir_lock import hold
 
     before = (reference / "metrics.jsonl").read_text()
     with hold(reference):

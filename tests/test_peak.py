@@ -1,4 +1,5 @@
-"""The MFU terms: model FLOPs of a training step (txjax.summary) and the measured matmul peak, cached (txjax.peak)."""
+"""The MFU terms: model FLOPs of a training step (txjax.ops.summary) and the measured matmul peak, cached
+(txjax.ops.peak)."""
 
 import dataclasses
 import json
@@ -6,9 +7,9 @@ import json
 import jax
 import numpy as np
 
-from txjax import peak
 from txjax.model.config import ModelConfig
-from txjax.summary import train_flops_per_batch
+from txjax.ops import peak
+from txjax.ops.summary import train_flops_per_batch
 
 TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32, num_layers=2, max_len=12)
 D, FF, L, V = TINY.d_model, TINY.d_ff, TINY.num_layers, TINY.vocab_size

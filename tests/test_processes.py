@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import run
-from txjax import preemption
+from txjax.ops import preemption
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")

@@ -9,7 +9,7 @@ from test_train import tiny_config
 
 from txjax import config as config_lib
 from txjax.experiment import build_tokenizer
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 from txjax.training.loop import train
 from txjax.training.optim import learning_rate_at
 

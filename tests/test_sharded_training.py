@@ -14,7 +14,7 @@ import pytest
 from txjax.config import from_command_line
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import global_batch
 from txjax.training.loop import train

@@ -1,4 +1,4 @@
-"""Storage faults are one `error:` line (txjax.storage): a checkpoint save that fails stops the run at that step,
+"""Storage faults are one `error:` line (txjax.ops.storage): a checkpoint save that fails stops the run at that step,
 naming the folder and the last good checkpoint; a workdir that is a file, read-only or full is refused before
 anything compiles; `run.py eval` prints its result when it cannot write it. A full or read-only disk is a small
 tmpfs where this process may mount one (root on a plain machine), else a patched writer raising the same OSError."""
@@ -12,7 +12,7 @@ from test_train import TINY_FLAGS
 
 import run
 import txjax.cli.eval
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 from txjax.training.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

@@ -8,7 +8,7 @@ from txjax.convert.gpt2 import GPT2_SMALL  # noqa: E402
 from txjax.decode import init_cache
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM, EncoderDecoder
-from txjax.summary import summarize
+from txjax.ops.summary import summarize
 
 TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32, num_layers=2, max_len=12)
 

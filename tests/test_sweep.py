@@ -13,7 +13,7 @@ import txjax.sweep.local
 from experiments.ablations import baseline
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
-from txjax.metrics_log import MetricsLog, read_metrics
+from txjax.ops.metrics_log import MetricsLog, read_metrics
 from txjax.sweep.local import run_sweep
 from txjax.sweep.report import write_report
 from txjax.sweep.spec import SweepRun, expand, load_sweep

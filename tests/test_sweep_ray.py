@@ -16,7 +16,7 @@ from test_sweep import TINY, params_of, results, sweep_file
 
 import txjax.sweep.local
 from txjax import config as config_lib
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 from txjax.sweep.local import run_sweep
 from txjax.sweep.spec import expand
 

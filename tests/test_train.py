@@ -13,11 +13,12 @@ import pytest
 import txjax.training.loop
 import txjax.training.run
 from txjax import config as config_lib
-from txjax import families, profiling
+from txjax import families
 from txjax.data import prefetch
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
-from txjax.metrics_log import read_metrics
+from txjax.ops import profiling
+from txjax.ops.metrics_log import read_metrics
 from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
 from txjax.training.loop import train
@@ -224,7 +225,7 @@ def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
     is installed, tensorboardX would import it: seconds of every run's start-up) yet importable afterwards."""
     script = (
         "import importlib.util, sys\n"
-        "from txjax.metrics_log import _summary_writer_class\n"
+        "from txjax.ops.metrics_log import _summary_writer_class\n"
         "writer = _summary_writer_class()(sys.argv[1])\n"
         "writer.add_scalar('train/loss', 1.5, 3)\n"
         "writer.close()\n"

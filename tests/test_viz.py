@@ -15,7 +15,7 @@ from txjax.data import CharTokenizer
 from txjax.evaluate.viz import attention_maps, capture_attention, select_panels, token_labels
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM, EncoderDecoder, unstack_layers
-from txjax.summary import param_shapes
+from txjax.ops.summary import param_shapes
 from txjax.training.loop import train
 
 TOK = CharTokenizer.from_text("abc de\n$", specials=True)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import ml_collections
 
-from txjax import families, profiling, unread
+from txjax import families, unread
 from txjax.decode.strategy import METHODS
 from txjax.model.config import ModelConfig
+from txjax.ops import profiling
 from txjax.training import optim
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
                 # checkpoint + final eval
                 "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
-                "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (txjax.profiling)
+                "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (ops.profiling)
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
                 "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
             },

@@ -18,7 +18,7 @@ def enable_compilation_cache() -> None:
     in txjax's cache folder ($TXJAX_CACHE_DIR, default ~/.cache/txjax)/jax; TXJAX_COMPILATION_CACHE=0 turns it off."""
     import jax
 
-    from txjax.peak import cache_dir
+    from txjax.ops.peak import cache_dir
 
     if os.environ.get("TXJAX_COMPILATION_CACHE", "1") != "0" and not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))

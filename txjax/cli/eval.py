@@ -7,13 +7,13 @@ import json
 import sys
 
 from txjax import config as config_lib
-from txjax import storage
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import ConfigError, user_errors
 from txjax.data import read_text, resolve_path
 from txjax.evaluate.score_text import score_text
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import build_dataset, load_workdir
+from txjax.ops import storage
 from txjax.parallel import distributed
 
 

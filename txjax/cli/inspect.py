@@ -7,7 +7,7 @@ import tempfile
 
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
-from txjax.summary import summarize
+from txjax.ops.summary import summarize
 
 
 def _config(args, overrides):

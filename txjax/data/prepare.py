@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from txjax import preemption
 from txjax.data import documents as docs_lib
 from txjax.data import tokenizers as tok_lib
 from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
+from txjax.ops import preemption
 
 TOKENIZERS = ("char", "byte", "sentencepiece")  # or the path of a workdir / tokenizer folder
 SPLITS = ("train", "valid")

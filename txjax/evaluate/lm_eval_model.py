@@ -19,11 +19,11 @@ compiles a handful of programs, not one per length. The continuation's tokens gi
 
     logprob = sum_t (z_t[y_t] - logsumexp(z_t)),   is_greedy = all_t z_t[y_t] = max_v z_t[v]
 
-loglikelihood_rolling (perplexity tasks): the windows of `run.py eval --text` (txjax.evaluate.score_text): the
-text after the tokenizer's prefix in non-overlapping windows of max_length tokens, every token after the prefix
-predicted once, each window scored as a request above (its first token the context). A tokenizer without a prefix (no BOS)
-gets the harness's prefix token instead, so that the text's first token is scored as by the `hf` model, whose windows
-differ only in the last one of a text longer than the context (it sees a full context).
+loglikelihood_rolling (perplexity tasks): the windows of `run.py eval --text` (txjax.evaluate.score_text): the text
+after the tokenizer's prefix in non-overlapping windows of max_length tokens, every token after the prefix predicted
+once, each window scored as a request above (its first token the context). A tokenizer without a prefix (no BOS) gets
+the harness's prefix token instead, so that the text's first token is scored as by the `hf` model, whose windows differ
+only in the last one of a text longer than the context (it sees a full context).
 
 generate_until: txjax.decode.decode_all over the requests of one set of generation kwargs (greedy, or sampling at
 the request's temperature), max_gen_toks new tokens, stopped at EOS, the text cut at the first stop string.

@@ -22,8 +22,9 @@ import sacrebleu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax import decode, provenance
+from txjax import decode
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
+from txjax.ops import provenance
 from txjax.parallel import distributed
 from txjax.parallel.sharding import batch_sharding, global_batch, process_rows
 from txjax.training.objective import forward, hits, params_shardings, token_sums
@@ -138,7 +139,7 @@ def read_recorded(workdir: str | Path, split: str) -> dict:
 
 def write_metrics(workdir: str | Path, split: str, metrics: dict) -> Path:
     """Writes DIR/eval_<split>.json: the metrics and, under "machine", where, when and by what command
-    (txjax.provenance)."""
+    (txjax.ops.provenance)."""
     path = metrics_file(workdir, split)
     machine = provenance.machine(shlex.join(["python", *sys.argv]))
     path.write_text(json.dumps({**metrics, "machine": machine}, indent=1) + "\n")

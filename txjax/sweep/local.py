@@ -4,8 +4,8 @@ python run.py sweep --sweep=experiments/ablations/NAME.py --workdir=DIR [--no-vm
 
 DIR/results.csv, results.md and results.png (txjax.sweep.report) are rewritten after every group. Running the same
 command again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed run,
-a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.preemption) leaves a sweep that one
-more command finishes; one sweep at a time writes DIR (txjax.workdir_lock). Runs that differ only in the seed and
+a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.ops.preemption) leaves a sweep that one
+more command finishes; one sweep at a time writes DIR (txjax.ops.workdir_lock). Runs that differ only in the seed and
 the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless --no-vmap. An
 optuna search asks Optuna for one point at a time and tells it the point's mean final metric (txjax.sweep.search);
 its rerun asks the same seeded sampler again and gets the same points, whose finished runs it skips. A scheduler
@@ -19,9 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
-from txjax import preemption, workdir_lock
 from txjax.evaluate.probes import run_probes
 from txjax.extras import require
+from txjax.ops import preemption, workdir_lock
 from txjax.sweep import search as search_lib
 from txjax.sweep.report import final_metric, write_report
 from txjax.sweep.spec import SweepRun, claim, expand, finish, read_result

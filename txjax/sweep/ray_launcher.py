@@ -8,17 +8,17 @@ scheduler or an optuna search, one setting and its seeds (what the scheduler com
 mean). The trial calls txjax.sweep.local.train_group, as the in-process sweep does, so the run folders
 DIR/<run>/ (checkpoints, metrics, result.json) are those of an in-process sweep and its report is the same; DIR
 must be on storage every node reads and writes at the same path (a shared filesystem), as must the repository.
-Each eval the loop logs (txjax.metrics_log.observe) is reported to Tune as {"step", "valid_<metric>"}, the mean
+Each eval the loop logs (txjax.ops.metrics_log.observe) is reported to Tune as {"step", "valid_<metric>"}, the mean
 over the trial's runs, once every run of the trial has logged that step.
 
 Early stopping is Tune's ASHAScheduler on "step": a stopped trial's process ends where it reported; its runs keep
 their last checkpoint, and the driver writes their result.json with status "stopped" and that step. Faults: a
-trial whose process dies (SIGKILL, a lost node) is retried up to --max_failures times
-(tune.FailureConfig) and train_runs resumes each run from its last txjax checkpoint, so it ends as an uninterrupted
-run would (bit for bit on CPU). A killed driver: the same command starts a new Tune experiment in which every run
-with a result.json is skipped (txjax's rerun, not Tune's restore). SIGINT or SIGTERM to the driver (txjax.preemption)
-writes DIR/stop.request; every trial polls it, its runs save their current step and stop, trials not yet started
-end at once, and the command ends as an interrupted in-process sweep does.
+trial whose process dies (SIGKILL, a lost node) is retried up to --max_failures times (tune.FailureConfig) and
+train_runs resumes each run from its last txjax checkpoint, so it ends as an uninterrupted run would (bit for bit on
+CPU). A killed driver: the same command starts a new Tune experiment in which every run with a result.json is skipped
+(txjax's rerun, not Tune's restore). SIGINT or SIGTERM to the driver (txjax.ops.preemption) writes DIR/stop.request;
+every trial polls it, its runs save their current step and stop, trials not yet started end at once, and the command
+ends as an interrupted in-process sweep does.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from txjax import config as config_lib
-from txjax import metrics_log, preemption, workdir_lock
 from txjax.extras import require
+from txjax.ops import metrics_log, preemption, workdir_lock
 from txjax.sweep import search as search_lib
 from txjax.sweep.local import groups_of, objective_metric, pending, train_group
 from txjax.sweep.report import final_metric, write_report

@@ -1,5 +1,5 @@
 """A sweep's report, built from its run folders alone: results.csv, results.md, results.png and results.json (the
-per-setting summary with the machine, date, command and commit: txjax.provenance).
+per-setting summary with the machine, date, command and commit: txjax.ops.provenance).
 
 Per run: its settings, status (done | failed | stopped | unfinished | pending), steps (a stopped run's: the step
 the scheduler stopped it at), final train loss (last logged interval), final valid metrics (eval_valid.json: the
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from txjax import provenance
-from txjax.metrics_log import read_metrics
+from txjax.ops import provenance
+from txjax.ops.metrics_log import read_metrics
 
 RESULTS_CSV, RESULTS_MD, RESULTS_PNG, RESULTS_JSON = "results.csv", "results.md", "results.png", "results.json"
 RESULTS_LINES_PNG = "results_lines.png"  # with a sweep's `lines` spec

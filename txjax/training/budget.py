@@ -14,7 +14,7 @@ run follows if its steps run out before the budget (S set too small for the mach
 The plan (D, n) and the clock t_s live in the optimizer state's injected hyperparameters (optim.BUDGET_PLAN), so
 every checkpoint holds them: a run resumed after the decay started takes the learning rates of a run never stopped
 and ends at its step; one resumed before goes on counting from the checkpoint's t_s. The decision is a wall-clock
-one: with several processes, process 0 makes it at the log steps (where txjax.preemption combines its flags) and
+one: with several processes, process 0 makes it at the log steps (where txjax.ops.preemption combines its flags) and
 broadcasts it, so every process changes the plan at the same step. Stacked runs share the loop, its clock and plan.
 """
 

@@ -1,10 +1,9 @@
 """Checkpoints with orbax: save a pytree every N steps and at the end, keep the last K, restore the newest whole one.
 
-`save` returns once the step is on disk (orbax writes it from background threads; the training loop must know
-before it takes another step): a save that fails for want of space, a read-only filesystem or a quota is one
-StorageError line naming the folder and the last good checkpoint (txjax.storage), nothing trained after it. A process
-killed during a save leaves a `STEP.orbax-checkpoint-tmp` folder that orbax ignores on restore and removes on the
-next save.
+`save` returns once the step is on disk (orbax writes it from background threads; the training loop must know before it
+takes another step): a save that fails for want of space, a read-only filesystem or a quota is one StorageError line
+naming the folder and the last good checkpoint (txjax.ops.storage), nothing trained after it. A process killed during a
+save leaves a `STEP.orbax-checkpoint-tmp` folder that orbax ignores on restore and removes on the next save.
 
 Damage: orbax 0.12.8 stores no checksum of the array data (a byte flipped in
 `STEP/default/ocdbt.process_0/d/*` restores silently as a different value), so every save also writes
@@ -28,8 +27,8 @@ from pathlib import Path
 
 import orbax.checkpoint as ocp
 
-from txjax import storage
 from txjax.config import ConfigError
+from txjax.ops import storage
 from txjax.parallel.distributed import barrier, is_lead
 
 CHECKSUM_FILE = "sha256sums.txt"

@@ -10,13 +10,13 @@ records ms_per_step, target_tokens_per_s (tokens predicted with weight > 0), slo
 padding included) and
     mfu = model FLOPs per step / seconds per step / (devices x peak FLOP/s of one device in model.dtype)
 with the FLOPs from the batch shape (summary.train_flops_per_batch; R stacked runs: R times one run's, since they
-share the device) and the peak measured once per device kind (txjax.peak.peak_gflops, cached).
+share the device) and the peak measured once per device kind (txjax.ops.peak.peak_gflops, cached).
 train.decay_start="budget" sizes the WSD decay by the time budget and ends the run where it ends
 (txjax.training.budget). A run whose loss or parameters become non-finite stops (Diverged); in a stacked group the
-others go on. A run holds its workdir's writer lock (txjax.workdir_lock); SIGTERM or SIGINT stop it after the
-current step with a checkpoint of that step (txjax.preemption). Settings changed on resume are refused or applied
+others go on. A run holds its workdir's writer lock (txjax.ops.workdir_lock); SIGTERM or SIGINT stop it after the
+current step with a checkpoint of that step (txjax.ops.preemption). Settings changed on resume are refused or applied
 from the resume step and recorded (txjax.training.resume); a file of the workdir that cannot be written (no space,
-read-only, quota) ends the run in one StorageError line, a checkpoint save at the step it was for (txjax.storage).
+read-only, quota) ends the run in one StorageError line, a checkpoint save at the step it was for (txjax.ops.storage).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from time import monotonic
 
 import ml_collections
 
-from txjax import preemption, storage
 from txjax.data import prefetch
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step
 from txjax.experiment import TrainedRun, build_model
+from txjax.ops import preemption, storage
+from txjax.ops.profiling import StepProfiler
 from txjax.parallel.distributed import InFlight, agree, run_mesh
-from txjax.profiling import StepProfiler
 from txjax.training import budget
 from txjax.training.optim import eval_params
 from txjax.training.run import Run, common_step

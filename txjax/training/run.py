@@ -16,14 +16,15 @@ import ml_collections
 from jax.sharding import Mesh
 
 from txjax import config as config_lib
-from txjax import families, memory, preemption, workdir_lock
+from txjax import families
 from txjax.evaluate.split import read_recorded, write_metrics
 from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fill_model_sizes
-from txjax.metrics_log import MetricsLog
+from txjax.ops import memory, preemption, workdir_lock
+from txjax.ops.metrics_log import MetricsLog
+from txjax.ops.peak import peak_gflops
+from txjax.ops.summary import train_flops_per_batch
 from txjax.parallel.distributed import barrier, is_lead
 from txjax.parallel.sharding import global_batch, process_rows
-from txjax.peak import peak_gflops
-from txjax.summary import train_flops_per_batch
 from txjax.training import init_from, resume
 from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
@@ -158,7 +159,7 @@ class Run:
         self.log.close()
 
     def owed_eval(self, start: int, state, valid) -> None:
-        """The periodic eval of the resumed step `start` when a signal cut it short (txjax.preemption.owed_eval)."""
+        """The periodic eval of the resumed step `start` when a signal cut it short (txjax.ops.preemption.owed_eval)."""
         if preemption.owed_eval(self.workdir, start, self.t.eval_every, self.t.steps):
             self.log.write(start, "valid", valid(self.config, state, start, self.t.eval_batches))
 
@@ -195,7 +196,7 @@ class Run:
 
 def peak_flops_per_s(dtype: str, devices: int) -> float | None:
     """The MFU denominator: `devices` x the measured matmul ceiling of one device in the compute `dtype`
-    (txjax.peak.peak_gflops, FLOP/s); None, with a warning, when measuring it fails (the run then logs no mfu)."""
+    (txjax.ops.peak.peak_gflops, FLOP/s); None, with a warning, when measuring it fails (the run then logs no mfu)."""
     try:
         return 1e9 * peak_gflops()[dtype] * devices
     except Exception as e:  # a diagnostic: never a reason to stop training

@@ -2,7 +2,7 @@
 errors are one line.
 
 `train_step_bytes` is a lower bound of what one training step holds at its peak, in closed form: parameters,
-gradients and optimizer state (txjax.summary), the activations the backward pass reads (per layer about
+gradients and optimizer state (txjax.ops.summary), the activations the backward pass reads (per layer about
 B·T·(4·d_model + 2·d_ff) values of the compute dtype; with model.remat only each layer's input) and, for the
 reference attention, the B·H·T² float32 probabilities per attention layer, and the float32 logits B·T·V. A lower
 bound, so that a refusal is never wrong: `check_train_step` refuses when it exceeds what the device has
@@ -19,7 +19,7 @@ from txjax import families
 from txjax.config import ConfigError
 from txjax.model.attention import resolve_impl
 from txjax.model.models import ModelConfig
-from txjax.summary import summarize
+from txjax.ops.summary import summarize
 
 GB = 1e9
 

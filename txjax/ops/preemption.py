@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from txjax.metrics_log import read_metrics
+from txjax.ops.metrics_log import read_metrics
 
 EXIT_STATUS = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

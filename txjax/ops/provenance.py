@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jax
 
-from txjax.peak import peak_gflops
+from txjax.ops.peak import peak_gflops
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,10 +23,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from txjax import storage
 from txjax.config import ConfigError
+from txjax.ops import storage
+from txjax.ops.storage import StorageError
 from txjax.parallel.distributed import is_lead
-from txjax.storage import StorageError
 
 LOCK_FILE = "writer.lock"
 

@@ -81,7 +81,7 @@ class MetricsLog:
             kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
             self.file = (self.workdir / METRICS_FILE).open("w")
             self.file.writelines(json.dumps(r) + "\n" for r in kept)
-            self.file.flush()  # on disk at once: a resumed run reads which evals it owes (txjax.preemption)
+            self.file.flush()  # on disk at once: a resumed run reads which evals it owes (txjax.ops.preemption)
             self.tb = _summary_writer_class()(str(self.workdir / "tb"))
         self.steps = steps
         self.bar = tqdm(
