@@ -176,6 +176,31 @@ def cache_positions(cpos, cidx, q_pos, mask):
     return cpos.value, (cpos.value[:, None, None, :] >= 0) & causal_mask(q_pos, cpos.value)
 
 
+def cross_kv_cache(module, k_new, v_new):
+    """Cross-attention's cache: the encoder's keys/values, stored by the first decode call, read by the later ones
+    (k_new None)."""
+    if k_new is not None:
+        module.put_variable("cache", "cross_key", k_new)
+        module.put_variable("cache", "cross_value", v_new)
+    return module.get_variable("cache", "cross_key"), module.get_variable("cache", "cross_value")
+
+
+def append_kv_cache(module, k_new, v_new, q_pos, mask):
+    """Self-attention's cache: write the new keys/values [B, L, KV, K] at cache_index of the cache [B, max_len, KV, K]
+    (`cached_pos` [B, max_len]: each slot's position, -1 = empty) -> the whole cache, its positions and mask (a filled
+    slot at a position <= the query's that `mask`, the new tokens' [B, 1, L, L], does not exclude)."""
+    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
+    ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
+    cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
+    cpos = module.variable("cache", "cached_pos", lambda: jnp.full((b, l), -1, jnp.int32))
+    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+    if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
+        return k_new, v_new, q_pos, mask
+    ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, cidx.value, 0, 0))
+    cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, cidx.value, 0, 0))
+    return ck.value, cv.value, *cache_positions(cpos, cidx, q_pos, mask)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
 
@@ -194,9 +219,7 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    impl: str = (
-        "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn' | 'blockwise' (txjax.model.blockwise)
-    )
+    impl: str = "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn' | 'blockwise'
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
@@ -267,25 +290,10 @@ class MultiHeadAttention(nn.Module):
         return q_BxLxHxK, k_BxSxGxK, self.heads_in("value", self.num_kv_heads, kv_BxSxD)
 
     def update_cache(self, k_new, v_new, q_pos, k_pos, mask):
-        """Self-attention: write the new keys/values [B, L, KV, K] at cache_index of the cache [B, max_len, KV, K]
-        (`cached_pos` [B, max_len]: each slot's position, -1 = empty) -> the whole cache, its positions and mask (a
-        filled slot at a position <= the query's that `mask`, the new tokens' [B, 1, L, L], does not exclude).
-        Cross-attention: the encoder's keys/values, stored by the first call, read by the later ones (k_new None)."""
+        """Decode mode: the keys/values to attend over, their positions and mask (cross_kv_cache, append_kv_cache)."""
         if self.cross:
-            if k_new is not None:
-                self.put_variable("cache", "cross_key", k_new)
-                self.put_variable("cache", "cross_value", v_new)
-            return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value"), k_pos, mask
-        (b, l), is_init = q_pos.shape, not self.has_variable("cache", "cached_key")
-        ck = self.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
-        cv = self.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
-        cpos = self.variable("cache", "cached_pos", lambda: jnp.full((b, l), -1, jnp.int32))
-        cidx = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-        if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
-            return k_new, v_new, q_pos, mask
-        ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, cidx.value, 0, 0))
-        cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, cidx.value, 0, 0))
-        return ck.value, cv.value, *cache_positions(cpos, cidx, q_pos, mask)
+            return *cross_kv_cache(self, k_new, v_new), k_pos, mask
+        return append_kv_cache(self, k_new, v_new, q_pos, mask)
 
     def attend(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic):
         """The heads' attention (the module-level `attend`) with dropout on the weights and their sowing."""
