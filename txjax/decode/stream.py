@@ -88,7 +88,7 @@ def streams(run, strategy: dict) -> bool:
     """Whether `run.py generate` streams with these Strategy fields: one row (greedy or one sample) of an output
     that continues its input (no source; it slides past the context as generate_windowed does)."""
     one_row = strategy["method"] != "beam" and strategy.get("num_samples", 1) == 1
-    return family_of(run.model).source is None and one_row
+    return family_of(run.model).continues_prompt and one_row
 
 
 def stream_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> Iterator[str]:

@@ -51,8 +51,8 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, 
     at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
     tokenizer = run.tokenizer
     ids, shown, strategy = workdir_prompt(run, text, chat=chat, **overrides)
-    # greedy and sampled outputs that continue their input (no source) may run past the context
-    if family_of(run.model).source is None and strategy["method"] != "beam":
+    # greedy and sampled outputs that continue their input may run past the context
+    if family_of(run.model).continues_prompt and strategy["method"] != "beam":
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
     else:
         out = generate(

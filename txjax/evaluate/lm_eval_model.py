@@ -152,7 +152,7 @@ class TxjaxLM(TemplateLM):
             from txjax.experiment import load_workdir
 
             run = load_workdir(Path(workdir))
-        if family_of(run.model).source is not None:
+        if not family_of(run.model).continues_prompt:
             raise ConfigError(f"{workdir or 'the run'} is an encoder-decoder: lm-eval scores decoder-only LMs")
         self.run, self.model, self.params, self.tokenizer = run, run.model, run.params, run.tokenizer
         self.workdir = str(workdir or "")

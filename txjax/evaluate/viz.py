@@ -110,7 +110,7 @@ def attention_maps(
     """PNGs of every attention kind for one example: DecoderLM over `ids` -> `out`; EncoderDecoder over source `ids`
     and decoder inputs `target_ids` -> out with -encoder, -decoder and -cross before the suffix."""
     model = model.clone(sow_weights=True)
-    continues = family_of(model).source is None  # one sequence; with a source: source and target
+    continues = family_of(model).continues_prompt  # one sequence; else source and target
     if not continues and not target_ids:
         raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
     inputs = [np.asarray([ids], np.int32)] + ([] if continues else [np.asarray([target_ids], np.int32)])
@@ -138,7 +138,7 @@ def attention_inputs(run, text: str, target: str | None) -> tuple[list[int], lis
     reads (source ids + EOS as in training, decoder inputs BOS + target): the given target, else the greedy
     translation (at most max_len - 1 tokens, so that BOS + translation fits the decoder's context)."""
     tok = run.tokenizer
-    if family_of(run.model).source is None:
+    if family_of(run.model).continues_prompt:
         ids = tok.encode(text)
         check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
         return ids, None

@@ -27,6 +27,9 @@ class Family:
     inputs: ClassVar[tuple[str, ...]]  # batch keys of the full forward pass, in the order of the module's __call__
     labels: ClassVar[tuple[str, str]]  # batch keys of the targets and of their weights
     source: ClassVar[str | None]  # batch key of the encoder's input (None: no encoder, the output continues its input)
+    # True: the output continues its one input sequence (an LM: it may slide past the context, lm-eval can score
+    # it, its attention is one map); False: the output is a new sequence read from a source (encoder-decoder)
+    continues_prompt: ClassVar[bool]
     data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
 
     def encode(self, model, params, source: tuple | None) -> Any:

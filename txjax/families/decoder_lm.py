@@ -12,6 +12,7 @@ class DecoderOnly(families.Family):
     inputs = ("inputs", "positions", "segment_ids")
     labels = ("targets", "weights")
     source = None
+    continues_prompt = True
     data_kinds = {"text": "text", "synthetic": "lm", "shards": "shards"}
 
     def encode(self, model, params, source):
