@@ -11,7 +11,6 @@ import optax
 import pytest
 
 import txjax.training.loop
-import txjax.training.run
 from txjax import config as config_lib
 from txjax import families
 from txjax.data import prefetch
@@ -394,8 +393,8 @@ def test_profile_steps_write_a_trace_of_those_steps_and_print_its_top_ops(tmp_pa
 
 
 def test_a_config_saved_with_retired_decoding_keys_still_loads():  # fused_projections, later decoding_layout
-    saved = Path(__file__).resolve().parents[1] / "experiments" / "results" / "bible_en_es"
+    saved = REPO / "experiments" / "results" / "bible_en_es"
     assert "fused_projections" in json.loads((saved / config_lib.CONFIG_FILE).read_text())["model"]
-    loaded = config_lib.load(saved)
-    assert "fused_projections" not in loaded.model and "decoding_layout" not in loaded.model
-    config_lib.model_config(loaded.model.to_dict())
+    model = config_lib.load(saved).model
+    assert "fused_projections" not in model and "decoding_layout" not in model
+    config_lib.model_config(model.to_dict())

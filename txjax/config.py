@@ -1,4 +1,4 @@
-"""Experiment configs: `experiments/NAME.py` files with `get_config()`, `--config.a.b=value` overrides, validation.
+"""Experiment configs, top-level as every wing's settings meet here: `experiments/NAME.py` files, overrides, checks.
 
 An experiment file starts from `base_config()` (every field that exists, with its default) and changes a few; the
 ConfigDict is locked, so a misspelt field fails in the file as on the command line. Everything a user can get wrong

@@ -1,4 +1,4 @@
-"""From a validated config to the objects of a run (tokenizer, datasets, model), and from a workdir back to them.
+"""Config to run objects (tokenizer, datasets, model) and workdir back; top-level as training, decode, evaluate use it.
 
 A workdir holds config.json (the resolved config), tokenizer/, checkpoints/ (orbax), metrics.jsonl, tb/,
 curves.png and eval_<split>.json.

@@ -1,5 +1,5 @@
-"""Optional dependencies (pyproject.toml's extras): `require(module, what)` imports one, or fails with one line
-that names the package, what needs it and the install command, e.g.
+"""Optional dependencies (pyproject.toml's extras), top-level as any wing may need one: `require(module, what)` imports
+one, or fails with one line that names the package, what needs it and the install command, e.g.
 
     error: reading a .gguf file needs the 'gguf' package (the interop extra): pip install -e '.[interop]'
 

@@ -1,4 +1,5 @@
-"""The fields a run's settings leave unread (issue 48: every setting is either applied or refused, never ignored).
+"""The fields a run's settings leave unread, top-level as config and families both ask (every setting is either applied
+or refused, never ignored: issue 48).
 
 A data kind reads some of config.data's fields (txjax.experiment's build_tokenizer and build_dataset), and the
 optimizer and schedule read some of config.train's (txjax.training.optim). txjax.config.validate refuses a field none of
