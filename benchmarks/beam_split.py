@@ -34,7 +34,7 @@ from transformers import MarianMTModel
 from txjax import config as config_lib
 from txjax.decode import decode_all, pad_batch
 from txjax.experiment import build_dataset, build_model, build_tokenizer
-from txjax.training.objective import init_params
+from txjax.families import init_params
 
 
 def test_sources(config) -> tuple[list[list[int]], object]:

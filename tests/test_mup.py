@@ -13,9 +13,10 @@ import optax
 import pytest
 
 from txjax import config as config_lib
+from txjax.families import init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
-from txjax.training.objective import init_params, token_sums
+from txjax.training.objective import token_sums
 from txjax.training.optim import (
     OptimConfig,
     is_decayed,

@@ -17,11 +17,11 @@ from txjax.data import ByteTokenizer, ParallelDataset, ShardPairsDataset, load_t
 from txjax.data.prepare import prepare
 from txjax.data.shards import ShardLMDataset
 from txjax.evaluate.split import evaluate, make_eval_step
+from txjax.families import init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
 from txjax.training.checkpoint import Checkpointer
 from txjax.training.loop import train
-from txjax.training.objective import init_params
 
 L = 24  # seq_len: the documents are ~5-60 tokens, so packed rows hold several
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

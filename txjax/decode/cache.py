@@ -12,9 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from txjax.decode import kernels
-from txjax.families import family_of
+from txjax.families import family_of, init_params
 from txjax.model.models import unstack_layers
-from txjax.training.objective import init_params
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
 # kernels.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 
 class Family:
@@ -84,6 +85,14 @@ def family_of(model) -> Family:
 def build(name: str, cfg, sow_weights: bool = False) -> nn.Module:
     """The module of family `name` for a ModelConfig."""
     return get(name).module(cfg, sow_weights=sow_weights)
+
+
+def init_params(model, key, boxed: bool = False):
+    """Float32 parameters from model.init on a dummy [1, 1] batch of the family's inputs, unboxed from their
+    logical-axis metadata unless `boxed` (to derive shardings from; their shapes do not depend on the length)."""
+    dummies = [jnp.ones((1, 1), jnp.int32) for _ in family_of(model).inputs]  # token 1 at position 1, segment 1
+    params = model.init(key, *dummies)["params"]
+    return params if boxed else nn.meta.unbox(params)
 
 
 def batch_lengths(family: Family, batch) -> tuple[int, int, int]:

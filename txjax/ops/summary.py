@@ -26,8 +26,8 @@ import jax
 
 from txjax import families
 from txjax.decode.cache import init_cache
+from txjax.families import init_params
 from txjax.model.config import ModelConfig
-from txjax.training.objective import init_params
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from txjax.families import family_of
+from txjax.families import family_of, init_params
 from txjax.parallel.sharding import shardings_for
-
-
-def init_params(model, key, boxed: bool = False):
-    """Float32 parameters, unboxed from their logical-axis metadata unless `boxed` (to derive shardings from; their
-    shapes do not depend on the length, nor their values on the dummy [1, 1] batch)."""
-    dummies = [jnp.ones((1, 1), jnp.int32) for _ in family_of(model).inputs]  # token 1 at position 1, segment 1
-    params = model.init(key, *dummies)["params"]
-    return params if boxed else nn.meta.unbox(params)
 
 
 def params_shardings(model, mesh: Mesh):

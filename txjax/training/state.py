@@ -13,8 +13,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from txjax.families import init_params
 from txjax.parallel.sharding import shardings_for
-from txjax.training.objective import init_params
 
 
 @flax.struct.dataclass
