@@ -37,12 +37,6 @@ class Segments(NamedTuple):
     k: jax.Array
 
 
-def serves(impl: str, mask, needs_scores: bool) -> bool:
-    """Whether blockwise attention runs: asked for, with the mask as Segments (or none), and no one needing the
-    dense scores (a decode step reads its cache, sown weights are L x S) — those take the reference."""
-    return impl == "blockwise" and not needs_scores and (mask is None or isinstance(mask, Segments))
-
-
 class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
     causal: bool
     scale: float
