@@ -24,7 +24,7 @@ from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fil
 from txjax.metrics_log import MetricsLog
 from txjax.optim import make_optimizer
 from txjax.peak import peak_gflops
-from txjax.sharding import global_batch, process_rows
+from txjax.sharding import SEQUENCE_AXIS, global_batch, process_rows
 from txjax.summary import train_flops_per_batch
 from txjax.train_state import init_state, state_shardings, with_hyperparams
 from txjax.training import resume
@@ -128,7 +128,8 @@ class Run:
         family = self.config.family
         flops = train_flops_per_batch(model.cfg, family, first)
         b, s, l = families.batch_lengths(families.get(family), first)
-        memory.check_train_step(model.cfg, family, b // self.t.grad_accum, s, l, mesh.devices.size)
+        rows = b // self.t.grad_accum
+        memory.check_train_step(model.cfg, family, rows, s, l, mesh.devices.size, mesh.shape[SEQUENCE_AXIS])
         return flops, peak_flops_per_s(self.config.model.dtype, mesh.devices.size), b * (s + l)
 
     def open_log(self, start: int, changes: dict, flops: float, peak: float | None, slots: int) -> None:
