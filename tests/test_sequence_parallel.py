@@ -2,8 +2,7 @@
 (and data = 2 x sequence = 4) the model's attention runs as ring attention over the zig-zag layout, and a tiny
 decoder LM's losses, gradients and parameters over a few train steps of packed, padded rows equal the one-device
 run's; a checkpoint written under mesh.sequence = 4 resumes under data = 2 (no sequence axis), the run continuing as
-the uninterrupted one-device run. Not here: the sequence axis across two processes (tests/test_multiprocess.py's
-runs take minutes; global_batch hands each process whole rows)."""
+the uninterrupted run. The sequence axis across two processes: tests/test_multiprocess.py."""
 
 from __future__ import annotations
 

@@ -93,8 +93,7 @@ def mesh_shape(mesh_config) -> tuple[int, int, int, int]:
 
 def run_mesh(mesh_config) -> Mesh:
     """The (data, fsdp, sequence, tensor) mesh of `config.mesh` over the run's devices. One process may use fewer
-    devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all, and
-    each sequence axis lies within one process."""
+    devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all."""
     shape = mesh_shape(mesh_config)
     if min(shape) < 1:
         raise ConfigError(f"config.mesh (data, fsdp, sequence, tensor) = {shape}: every size must be positive")
@@ -102,16 +101,9 @@ def run_mesh(mesh_config) -> Mesh:
     if jax.process_count() == 1:
         devices = devices[: math.prod(shape)]
     try:
-        mesh = make_mesh(*shape, devices=devices)
+        return make_mesh(*shape, devices=devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    rings = np.moveaxis(mesh.devices, 2, -1).reshape(-1, shape[2])  # the devices of each sequence ring
-    if any(len({d.process_index for d in ring}) > 1 for ring in rings):
-        raise ConfigError(
-            f"config.mesh.sequence={shape[2]} spans processes (each process feeds whole rows of the batch): keep it "
-            f"within the {jax.local_device_count()} devices of a process"
-        )
-    return mesh
 
 
 def fitting_mesh(mesh_config) -> Mesh:

@@ -116,10 +116,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def global_batch(local_batch: dict, mesh: Mesh) -> dict:
-    """Assemble the global batch from this process's rows (jax.make_array_from_process_local_data). With one
-    process the local batch is the global one."""
-    sharding = batch_sharding(mesh)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch)
+    """Assemble the global batch from this process's rows (jax.make_array_from_process_local_data): whole rows, so
+    that where the sequence axis crosses processes each device reads its stretch of them. With one process the
+    local batch is the global one."""
+    sharding, shards = batch_sharding(mesh), math.prod(mesh.shape[a] for a in BATCH_AXES)
+    index = NamedSharding(mesh, P(BATCH_AXES)).addressable_devices_indices_map((shards,))
+    mine = len({idx[0].start for idx in index.values()})  # the row shards this process holds
+
+    def one(x):
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(sharding, x, (x.shape[0] * shards // mine, *x.shape[1:]))
+
+    return jax.tree.map(one, local_batch)
 
 
 def process_rows(mesh: Mesh, global_batch_size: int) -> slice:
