@@ -1,8 +1,9 @@
 """Peak memory of one training step against context length, with and without remat (activation checkpointing).
 
     python benchmarks/memory.py [--contexts=1024,4096,16384] [--shape=shakespeare_char] [--batch_size=1]
-        [--max_gb=8] [--attention=auto] [--remat=false,true] [--steps=2]
+        [--max_gb=8] [--attention=auto] [--remat=false,true] [--sequence=1] [--steps=2]
     python benchmarks/memory.py --attention=blockwise --contexts=4096,16384,32768,65536 --max_gb=20 --steps=1
+    python benchmarks/memory.py --attention=blockwise --sequence=1,4 --contexts=16384,32768 --max_gb=0
 
 Each (context, remat) case runs in a fresh subprocess that builds the shape's model at that context, compiles
 txjax's train_step and runs --steps steps (compiled before the first); tokens/s is the last step's.
@@ -12,6 +13,8 @@ Measured: on CPU the subprocess's peak resident memory (ru_maxrss; it
 includes the ~0.5 GB of Python and jax, reported alone as 'base_gb'), on GPU the device's peak_bytes_in_use. XLA's
 own figure for the compiled step (arguments + outputs + temporaries, from `memory_analysis()`) is reported too; a
 case whose figure exceeds --max_gb is not run (it would push a shared machine into swap or the OOM killer).
+--sequence=1,4: each case also on a mesh of N devices on the sequence axis (mesh.sequence = N: ring attention; a CPU
+child simulates N host devices), where XLA's figure is one device's share (against 1 device: about 1/N).
 The layers are stacked with nn.scan in every case: XLA:CPU schedules the recomputation of a remat'ed Python-loop
 stack early and keeps its activations anyway (8 layers at context 2048: 1.77 GB of temporaries without remat, 1.80
 with; scanned: 1.51 and 0.37).
@@ -31,9 +34,11 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
+from txjax.parallel.distributed import run_mesh
+from txjax.parallel.sharding import global_batch
 from txjax.training.config import TrainConfig
 from txjax.training.optim import OptimConfig, make_optimizer
-from txjax.training.state import init_state
+from txjax.training.state import init_state, state_shardings
 from txjax.training.step import make_train_step
 
 GB = 2**30
@@ -48,10 +53,11 @@ def case(shape: str, overrides: list[str], max_gb: float, steps: int) -> dict:
     is under max_gb, run `steps` steps and measure the peak."""
     base = max_rss_gb()  # Python, jax and txjax imported
     config = build_config(shape, overrides)
-    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
-    state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
-    batch = jax.device_put(lm_batches(config, 1)[0])
-    step = make_train_step(model, tx, TrainConfig.of(config.train)).lower(state, batch).compile()
+    model, tx, mesh = build_model(config), make_optimizer(OptimConfig.of(config.train)), run_mesh(config.mesh)
+    shardings = state_shardings(model, tx, config.train.seed, mesh)
+    state = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)()
+    batch = global_batch(lm_batches(config, 1)[0], mesh)
+    step = make_train_step(model, tx, TrainConfig.of(config.train), mesh).lower(state, batch).compile()
     m = step.memory_analysis()
     out = {
         "xla_estimate_gb": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / GB,
@@ -79,6 +85,7 @@ def main():
     parser.add_argument("--attention", default="auto", help="model.attention_impl (blockwise: txjax.model.blockwise)")
     parser.add_argument("--steps", type=int, default=2, help="steps per case; tokens/s is the last one's")
     parser.add_argument("--remat", default="false,true", help="comma-separated model.remat values")
+    parser.add_argument("--sequence", default="1", help="comma-separated mesh.sequence values (ring attention)")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/memory[_SHAPE_ATTENTION]_PLATFORM.json)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, JSON on stdout
     args = parser.parse_args()
@@ -87,35 +94,50 @@ def main():
         return
     common.warn_if_loaded()
     rows = []
-    for context in map(int, args.contexts.split(",")):
-        for remat in (flag == "true" for flag in args.remat.split(",")):
-            overrides = [
-                f"--config.model.attention_impl={args.attention}",
-                f"--config.model.max_len={context}",
-                f"--config.data.seq_len={context}",
-                f"--config.model.remat={remat}",
-                f"--config.train.batch_size={args.batch_size}",
-                "--config.model.scan_layers=true",
-            ]
-            child = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    f"--shape={args.shape}",
-                    f"--case={json.dumps([overrides, args.max_gb, args.steps])}",
-                ],
-                capture_output=True,
-                text=True,
-                env={**common.os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
-            )
-            result = (
-                json.loads(child.stdout.splitlines()[-1])
-                if child.returncode == 0
-                else {"error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:120]}
-            )
-            rows.append({"context": context, "remat": remat, **result})
-            print(common.table(rows[-1:]), flush=True)
-    print(common.table(rows, ["context", "remat", "peak_gb", "base_gb", "xla_estimate_gb", "tokens_per_s", "error"]))
+    cases = [
+        (context, remat, sequence)
+        for context in map(int, args.contexts.split(","))
+        for remat in (flag == "true" for flag in args.remat.split(","))
+        for sequence in map(int, args.sequence.split(","))
+    ]
+    for context, remat, sequence in cases:
+        overrides = [
+            f"--config.model.attention_impl={args.attention}",
+            f"--config.model.max_len={context}",
+            f"--config.data.seq_len={context}",
+            f"--config.model.remat={remat}",
+            f"--config.train.batch_size={args.batch_size}",
+            "--config.model.scan_layers=true",
+            f"--config.mesh.sequence={sequence}",
+        ]
+        devices = f"--xla_force_host_platform_device_count={sequence}"  # a CPU's simulated devices; else no effect
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                f"--shape={args.shape}",
+                f"--case={json.dumps([overrides, args.max_gb, args.steps])}",
+            ],
+            capture_output=True,
+            text=True,
+            env={
+                **common.os.environ,
+                "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                "XLA_FLAGS": f"{common.os.environ.get('XLA_FLAGS', '')} {devices}".strip(),
+            },
+        )
+        result = (
+            json.loads(child.stdout.splitlines()[-1])
+            if child.returncode == 0
+            else {"error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:120]}
+        )
+        rows.append({"context": context, "remat": remat, "sequence": sequence, **result})
+        print(common.table(rows[-1:]), flush=True)
+    print(
+        common.table(
+            rows, ["context", "remat", "sequence", "peak_gb", "base_gb", "xla_estimate_gb", "tokens_per_s", "error"]
+        )
+    )
     payload = {"shape": args.shape, "batch_size": args.batch_size, "attention": args.attention, "rows": rows}
     if args.attention == "blockwise":
         payload["gb_per_1k_tokens"] = {str(remat): slope(rows, remat) for remat in {r["remat"] for r in rows}}
@@ -124,14 +146,14 @@ def main():
         "memory"
         if (args.shape, args.attention) == ("shakespeare_char", "auto")
         else f"memory_{args.shape}_{args.attention}"
-    )
+    ) + ("_sequence" if args.sequence != "1" else "")
     print(f"wrote {common.save(name, payload, args.out)}")
 
 
 def slope(rows: list[dict], remat: bool) -> dict:
     """The least-squares line peak = a + b * context of one remat setting, through the measured peaks where at
-    least two cases ran, else through XLA's figures; b in GB per 1k tokens."""
-    rows = [r for r in rows if r["remat"] == remat and "error" not in r]
+    least two cases ran, else through XLA's figures; b in GB per 1k tokens. One device's cases only."""
+    rows = [r for r in rows if r["remat"] == remat and r.get("sequence", 1) == 1 and "error" not in r]
     measured = [r for r in rows if r.get("peak_gb") is not None]
     key, rows = ("peak_gb", measured) if len(measured) >= 2 else ("xla_estimate_gb", rows)
     if len(rows) < 2:

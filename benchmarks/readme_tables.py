@@ -294,8 +294,10 @@ def gpu() -> list[str]:
 
 def long_context() -> list[str]:
     """Peak memory and tokens/s of a batch-1 train step per context: blockwise attention (measured, or XLA's figure
-    where marked) against the reference attention's rows of memory_cpu.json; then the attention layer's time."""
+    where marked) against the reference attention (memory_cpu.json) and XLA's figure per device on mesh.sequence=4."""
     ref = {(r["context"], r["remat"]): r for r in (bench("memory") or {"rows": []})["rows"]}
+    ring = bench("memory_shakespeare_char_blockwise_sequence") or {"rows": []}
+    split = {("shakespeare_char", r["context"], r["remat"], r["sequence"]): r["xla_estimate_gb"] for r in ring["rows"]}
     rows = []
     for shape in ("shakespeare_char", "gpt2_small"):
         d = bench(f"memory_{shape}_blockwise")
@@ -308,9 +310,12 @@ def long_context() -> list[str]:
             reference = theirs.get("peak_gb") or theirs.get("xla_estimate_gb")
             ref_gb = "" if reference is None else f"{n(reference)} GB" + " (XLA)" * (theirs.get("peak_gb") is None)
             slope = slopes.get(str(r["remat"]), {}).get("gb_per_1k")
-            rows.append([shape, f"{r['context']:,}", "on" if r["remat"] else "off", gb, ref_gb,
+            one, four = (split.get((shape, r["context"], r["remat"], k)) for k in (1, 4))
+            ring_gb = f"{n(one)} / {n(four)} GB" if one and four else ""
+            rows.append([shape, f"{r['context']:,}", "on" if r["remat"] else "off", gb, ref_gb, ring_gb,
                          n(r.get("tokens_per_s")), n(slope, 2), machine_label(d["machine"])])  # fmt: skip
-    header = ["shape", "context", "remat", "peak, blockwise", "peak, reference", "tokens/s", "GB per 1k tokens"]
+    header = ["shape", "context", "remat", "peak, blockwise", "peak, reference", "XLA: 1 / 4 devices (sequence)"]
+    header += ["tokens/s", "GB per 1k tokens"]
     return table(header + ["measured"], rows)
 
 

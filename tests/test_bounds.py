@@ -45,6 +45,7 @@ def test_a_step_that_cannot_fit_is_refused_with_the_largest_that_fit(monkeypatch
     fits = lambda b, t: memory.train_step_bytes(CFG, "decoder_lm", b, 0, t) <= 2 * 10**9
     assert fits(32, longest) and not fits(32, longest + 1)
     assert batch == 0 and not fits(1, 100_000)
+    memory.check_train_step(CFG, "decoder_lm", 1, 0, longest * 4, devices=4, sequence=4)  # a quarter each: fits
     with pytest.raises(ConfigError, match=r"at length 2048 the largest batch is (\d+);") as e:
         memory.check_train_step(CFG, "decoder_lm", 256, 0, 2048)
     batch = int(e.value.args[0].split("the largest batch is ")[1].split(";")[0])

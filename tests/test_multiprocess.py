@@ -1,8 +1,8 @@
 """Multi-process training on loopback: 2 CPU processes x 2 simulated devices, joined by jax.distributed (gloo
 collectives), train like 1 process x 4 devices on a (2 data, 2 fsdp) mesh (each process holds half of the batch and
-half of every parameter); the checkpoint the 2 processes write together resumes in 1 process x 4 devices and in 1
-process x 1 device, training continuing identically. The processes run `run.py train` exactly as a user would (see
-docs/scaling.md)."""
+half of every parameter), and on a sequence axis of 4 across both; the checkpoint the 2 processes write together
+resumes in 1 process x 4 devices and in 1 process x 1 device, training continuing identically. The processes run
+`run.py train` exactly as a user would (see docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -83,9 +83,10 @@ def outputs(procs, logs) -> str:
     )
 
 
-def train_on_loopback(text_path, mesh, workdir) -> None:
+def train_on_loopback(text_path, mesh, workdir, sequence: int = 1) -> None:
     """The char LM trained by 2 processes x 2 devices; fails with their output if any fails or hangs."""
-    procs, logs = start_on_loopback([f"--config={EXPERIMENT}", *char_lm_flags(text_path, mesh)], workdir)
+    flags = [f"--config={EXPERIMENT}", *char_lm_flags(text_path, mesh), f"--config.mesh.sequence={sequence}"]
+    procs, logs = start_on_loopback(flags, workdir)
     try:
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     except subprocess.TimeoutExpired:
@@ -110,6 +111,12 @@ def root(tmp_path_factory):
 
 def test_two_processes_train_like_one(root):
     assert_same_run(root / "two_processes", root / "one_process")
+
+
+def test_the_sequence_axis_across_two_processes_trains_like_one(root):
+    """mesh.sequence = 4 over 2 processes x 2 devices: ring attention's key/value shards pass between processes."""
+    train_on_loopback(root / "text.txt", (1, 1, 1), root / "sequence", sequence=4)
+    assert_same_run(root / "sequence", root / "one_process")
 
 
 @pytest.mark.parametrize("mesh", [(4, 1, 1), (1, 1, 1)], ids=["1x4_devices", "1x1_device"])

@@ -90,7 +90,12 @@ def base_config() -> ml_collections.ConfigDict:
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
                 "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
             },
-            "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
+            "mesh": {
+                "data": 1,
+                "fsdp": 1,
+                "sequence": 1,
+                "tensor": 1,
+            },  # txjax.parallel.sharding; sequence: ring attention
             "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
                 "method": "greedy",
                 "max_new_tokens": 64,
@@ -236,9 +241,32 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     if config.data.kind not in families.get(config.family).data_kinds:
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
+    validate_sequence_axis(config)
     refused = unread.refusal(config, defaults or base_config())
     if refused:
         raise ConfigError(refused)
+
+
+def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
+    """mesh.sequence = n > 1 (ring attention over n devices, txjax.model.ring_attention): a decoder LM whose context
+    splits into the zig-zag layout's 2n chunks, with no attention dropout and no ALiBi (the ring has neither)."""
+    n, m = config.mesh.sequence, config.model
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"config.mesh.sequence={n!r} must be a positive integer")
+    if n == 1:
+        return
+    if config.family != "decoder_lm":
+        raise ConfigError(f"config.mesh.sequence={n} (ring attention) serves family decoder_lm, not {config.family!r}")
+    if config.data.kind in ("text", "shards") and config.data.seq_len % (2 * n):
+        raise ConfigError(
+            f"config.data.seq_len={config.data.seq_len} must divide into 2 * mesh.sequence = {2 * n} chunks "
+            "(ring attention's zig-zag layout)"
+        )
+    if m.attention_dropout > 0 or m.positional == "alibi":
+        raise ConfigError(
+            f"config.mesh.sequence={n} (ring attention) has no attention dropout and no ALiBi: set "
+            "model.attention_dropout=0 and another model.positional"
+        )
 
 
 def resolve_data_path(path: str) -> Path:

@@ -26,14 +26,14 @@ from txjax import decode
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.ops import provenance
 from txjax.parallel import distributed
-from txjax.parallel.sharding import batch_sharding, global_batch, process_rows
+from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh, process_rows
 from txjax.training.objective import forward, hits, params_shardings, token_sums
 
 
 def make_eval_step(model, mesh: Mesh | None = None):
     """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples; on `mesh`
     (default: the first device) the params laid out by their logical axes, the batch's rows split over the data and
-    fsdp axes, the sums replicated."""
+    fsdp axes and its length over sequence, the sums replicated; traced under the mesh (sharding.on_mesh)."""
     mesh = mesh or distributed.first_device_mesh()
 
     def eval_step(params, batch):
@@ -44,7 +44,7 @@ def make_eval_step(model, mesh: Mesh | None = None):
         return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
 
     return jax.jit(
-        eval_step,
+        on_mesh(eval_step, mesh),
         in_shardings=(params_shardings(model, mesh), batch_sharding(mesh)),
         out_shardings=NamedSharding(mesh, P()),
     )

@@ -11,6 +11,7 @@ True meaning "may attend".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import einops
@@ -18,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import blockwise, positional, precision
+from txjax.model import blockwise, positional, precision, ring_attention
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
 ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
@@ -93,6 +94,21 @@ def resolve_impl(impl: str, dtype, head_dim: int) -> str:
         return impl
     fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
     return "cudnn" if fits and cuda_available() else "reference"
+
+
+def segment_backend(impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int]) -> Callable | None:
+    """The one choice of an attention backend that reads the mask as blockwise.Segments (O(L) values), with
+    blockwise.attention's signature: ring attention (txjax.model.ring_attention) while the mesh in context shards the
+    sequence, else blockwise attention (txjax.model.blockwise) when `impl` asks for it; None for the dense paths
+    (`attend`), and always when someone needs the dense scores (a decode step reads its cache, sown weights are
+    L x S) or the mask is dense already."""
+    if needs_scores or not (mask is None or isinstance(mask, blockwise.Segments)):
+        return None
+    if ring_attention.serves():
+        return functools.partial(ring_attention.attention, block_q=block_sizes[0])
+    if impl == "blockwise":
+        return functools.partial(blockwise.attention, block_q=block_sizes[0], block_kv=block_sizes[1])
+    return None
 
 
 def cuda_available() -> bool:
@@ -219,7 +235,7 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    impl: str = "reference"  # attend's: 'reference' (einsum + vmap) | 'fused' | 'cudnn' | 'blockwise'
+    impl: str = "reference"  # attend's: 'reference' | 'fused' | 'cudnn', or 'blockwise' (segment_backend)
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
@@ -234,11 +250,11 @@ class MultiHeadAttention(nn.Module):
     def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, causal=False, deterministic=True, decode=False):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
         mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk], None or
-        blockwise.Segments (segment ids, read block by block); q_pos [B, Lq], k_pos [B, Lk] explicit positions
-        (RoPE, ALiBi); causal: also the causal order. -> [B, Lq, D]."""
+        blockwise.Segments (segment ids: read as they are by segment_backend's choice, else made dense); q_pos
+        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order. -> [B, Lq, D]."""
         k_pos = q_pos if k_pos is None else k_pos
-        in_blocks = blockwise.serves(self.impl, mask, decode or self.sow_weights)
-        if isinstance(mask, blockwise.Segments) and not in_blocks:  # the other paths read the dense mask
+        by_segments = segment_backend(self.impl, mask, decode or self.sow_weights, self.block_sizes)
+        if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
             mask = segment_mask(*mask)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
         if self.rope_base is not None:
@@ -247,13 +263,12 @@ class MultiHeadAttention(nn.Module):
         if decode:  # the cache's mask holds the causal order of its slots
             k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask)
             causal = False
-        if in_blocks:  # masks and ALiBi made block by block
+        if by_segments is not None:  # masks and ALiBi made block by block (ring step by ring step)
             slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
             scale = score_scale(self.scale, self.head_dim)
-            out_BxLxHxK = blockwise.attention(
-                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale,
-                block_q=self.block_sizes[0], block_kv=self.block_sizes[1],
-            )  # fmt: skip
+            out_BxLxHxK = by_segments(
+                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale
+            )
             return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
         bias_BxHxLxS = None
         if self.alibi:

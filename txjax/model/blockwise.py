@@ -37,17 +37,12 @@ class Segments(NamedTuple):
     k: jax.Array
 
 
-def serves(impl: str, mask, needs_scores: bool) -> bool:
-    """Whether blockwise attention runs: asked for, with the mask as Segments (or none), and no one needing the
-    dense scores (a decode step reads its cache, sown weights are L x S) — those take the reference."""
-    return impl == "blockwise" and not needs_scores and (mask is None or isinstance(mask, Segments))
-
-
 class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
     causal: bool
     scale: float
     block_q: int
     block_kv: int
+    aligned: bool = True  # queries and keys are one sequence: causal skips the key blocks past a query block's last
 
 
 def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv):
@@ -76,8 +71,13 @@ def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal
 
 
 def _kv_blocks(plan: _Plan, i, nk: int):
-    """How many key blocks query block i reads: all, or under a causal mask those up to its last query's."""
-    return jnp.minimum(nk, ((i + 1) * plan.block_q - 1) // plan.block_kv + 1) if plan.causal else nk
+    """How many key blocks query block i reads: all, or under a causal mask over one sequence those up to its last
+    query's."""
+    if plan.causal and plan.aligned:
+        return jnp.minimum(nk, ((i + 1) * plan.block_q - 1) // plan.block_kv + 1)
+    return jnp.asarray(
+        nk
+    )  # a traced count: a while loop (XLA:CPU builds every block's mask ahead of a fixed-count loop)
 
 
 def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes):
@@ -94,7 +94,8 @@ def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes):
 
 
 def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
-    """o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32."""
+    """o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query has no
+    key to attend to: ring attention merges the results of key shards by their logsumexp)."""
     nk = k.shape[0]
 
     def query_block(xs):
@@ -114,7 +115,7 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
         m, l, o = jax.lax.fori_loop(0, _kv_blocks(plan, i, nk), step, init)
         attended = l > 0  # False: no key to attend to -> zeros
         o = o / jnp.where(attended, l, 1.0)[..., None]
-        lse = jnp.where(attended, m + jnp.log(jnp.where(attended, l, 1.0)), 0.0)
+        lse = jnp.where(attended, m + jnp.log(jnp.where(attended, l, 1.0)), NEG_INF)  # no mass: none to merge
         return einops.rearrange(o, "b g r q k -> b q g r k").astype(v.dtype), lse
 
     return jax.lax.map(query_block, (jnp.arange(q.shape[0]), q, q_seg, q_pos))

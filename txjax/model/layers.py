@@ -18,6 +18,7 @@ from txjax.model import precision as precision_lib
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.attention import MultiHeadAttention, resolve_impl
 from txjax.model.config import ModelConfig
+from txjax.parallel.sharding import BATCH_LENGTH, constrain
 
 
 def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: float, name=None) -> nn.Dense:
@@ -113,9 +114,12 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxLxD, ctx):
-        """ctx: dict with 'mask' [B,1,L,L] (segments; `causal` adds the causal order), 'pos' [B,L], and for cross
-        blocks 'enc' [B,S,D] (None on cached decode steps) and 'enc_mask' [B,1,L,S]."""
+        """ctx: dict with 'mask' (blockwise.Segments [B, L] twice; `causal` adds the causal order), 'pos' [B,L], and
+        for cross blocks 'enc' [B,S,D] (None on cached decode steps) and 'enc_mask' (Segments [B, L], [B, S]). The
+        hidden states are laid out as activations (rows over data x fsdp, the length over sequence) on the mesh in
+        context."""
         cfg, deterministic, decode = self.cfg, self.deterministic, self.decode
+        x_BxLxD = constrain(x_BxLxD, (*BATCH_LENGTH, None))
         dropout = nn.Dropout(cfg.dropout)
         drop = lambda y: dropout(y, deterministic=deterministic)  # on each residual branch, before the addition
         ln = lambda name: make_norm(cfg, f"{name}_norm")

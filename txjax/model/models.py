@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import positional, precision
-from txjax.model.attention import segment_mask
 from txjax.model.blockwise import Segments
 from txjax.model.config import ModelConfig
 from txjax.model.layers import Block, dense, make_norm
@@ -117,11 +116,6 @@ class Stack(nn.Module):
         return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement == "pre" else x_BxLxD
 
 
-def _mask(cfg: ModelConfig, q_seg, k_seg):
-    """The segment mask: dense [B, 1, Lq, Lk], or for blockwise attention the ids themselves (made per block)."""
-    return Segments(q_seg, k_seg) if cfg.attention_impl == "blockwise" else segment_mask(q_seg, k_seg)
-
-
 def _defaults(tokens_BxL, positions, segment_ids):
     """Positions 0..L-1 and one segment per row unless given."""
     if positions is None:
@@ -143,7 +137,7 @@ class DecoderLM(nn.Module):
         pos_BxL, seg_BxL = _defaults(tokens_BxL, positions, segment_ids)
         embedder = Embedder(cfg, name="embed")
         x_BxLxD = nn.Dropout(cfg.dropout)(embedder(tokens_BxL, pos_BxL), deterministic=deterministic)
-        ctx = {"mask": _mask(cfg, seg_BxL, seg_BxL), "pos": pos_BxL}  # the Stack adds the causal order
+        ctx = {"mask": Segments(seg_BxL, seg_BxL), "pos": pos_BxL}  # the Stack adds the causal order
         x_BxLxD = Stack(cfg, cfg.num_layers, causal=True, sow_weights=self.sow_weights, name="decoder")(
             x_BxLxD, ctx, deterministic, decode
         )
@@ -168,7 +162,7 @@ class EncoderDecoder(nn.Module):
         """Bidirectional self-attention with the source padding (segment) mask: -> [B, S, D]."""
         pos_BxS, seg_BxS = _defaults(src_BxS, src_positions, src_segment_ids)
         x_BxSxD = self.dropout(self.src_embed(src_BxS, pos_BxS), deterministic=deterministic)
-        ctx = {"mask": _mask(self.cfg, seg_BxS, seg_BxS), "pos": pos_BxS}
+        ctx = {"mask": Segments(seg_BxS, seg_BxS), "pos": pos_BxS}
         return self.encoder(x_BxSxD, ctx, deterministic)
 
     def decode(
@@ -190,10 +184,10 @@ class EncoderDecoder(nn.Module):
         pos_BxT, seg_BxT = _defaults(tgt_BxT, tgt_positions, tgt_segment_ids)
         x_BxTxD = self.dropout(self.tgt_embed(tgt_BxT, pos_BxT), deterministic=deterministic)
         ctx = {
-            "mask": _mask(self.cfg, seg_BxT, seg_BxT),  # the decoder Stack adds the causal order
+            "mask": Segments(seg_BxT, seg_BxT),  # the decoder Stack adds the causal order
             "pos": pos_BxT,
             "enc": encoded_BxSxD,
-            "enc_mask": _mask(self.cfg, seg_BxT, src_segment_ids),
+            "enc_mask": Segments(seg_BxT, src_segment_ids),
         }
         x_BxTxD = self.decoder(x_BxTxD, ctx, deterministic, decode)
         return self.tgt_embed.logits(x_BxTxD)

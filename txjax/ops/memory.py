@@ -62,15 +62,18 @@ def _largest(fits, high: int) -> int:
     return low
 
 
-def check_train_step(cfg: ModelConfig, family: str, b: int, s: int, t: int, devices: int = 1) -> None:
-    """ConfigError when a step of b rows (split over `devices` data-parallel devices) cannot fit one device."""
-    rows, state, have = -(-b // devices), state_bytes(cfg, family), device_bytes()
-    fits = lambda b, s, t: train_step_bytes(cfg, family, b, s, t, state) <= have
+def check_train_step(
+    cfg: ModelConfig, family: str, b: int, s: int, t: int, devices: int = 1, sequence: int = 1
+) -> None:
+    """ConfigError when a step of b rows x length t cannot fit one device: the rows split over devices / sequence
+    data-parallel devices, the length over `sequence` of them (mesh.sequence: each holds t / sequence tokens)."""
+    rows, state, have = -(-b // (devices // sequence)), state_bytes(cfg, family), device_bytes()
+    fits = lambda b, s, t: train_step_bytes(cfg, family, b, s, -(-t // sequence), state) <= have
     if fits(rows, s, t):
         return
-    need = train_step_bytes(cfg, family, rows, s, t, state)
+    need = train_step_bytes(cfg, family, rows, s, -(-t // sequence), state)
     longest = _largest(lambda n: fits(rows, n * s // t, n), t)  # a source scaled with the target
-    batch = _largest(lambda n: fits(n, s, t), rows) * devices
+    batch = _largest(lambda n: fits(n, s, t), rows) * (devices // sequence)
     where = f"{jax.devices()[0].platform} device" + ("" if jax.devices()[0].platform != "cpu" else " (MemAvailable)")
     at_length = f"the largest batch is {batch}" if batch else "not even one row fits"
     raise ConfigError(

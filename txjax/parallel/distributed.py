@@ -86,12 +86,17 @@ def agree(flags: list[bool], sync: bool) -> list[bool]:
     return [bool(v) for v in multihost_utils.broadcast_one_to_all(np.array(flags, np.int32))]
 
 
+def mesh_shape(mesh_config) -> tuple[int, int, int, int]:
+    """(data, fsdp, sequence, tensor) of `config.mesh`."""
+    return mesh_config.data, mesh_config.fsdp, mesh_config.sequence, mesh_config.tensor
+
+
 def run_mesh(mesh_config) -> Mesh:
-    """The (data, fsdp, tensor) mesh of `config.mesh` over the run's devices. One process may use fewer devices
-    than it sees (its first ones: the default all-1 mesh trains on one device); several processes must use all."""
-    shape = (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
+    """The (data, fsdp, sequence, tensor) mesh of `config.mesh` over the run's devices. One process may use fewer
+    devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all."""
+    shape = mesh_shape(mesh_config)
     if min(shape) < 1:
-        raise ConfigError(f"config.mesh (data, fsdp, tensor) = {shape}: every size must be a positive integer")
+        raise ConfigError(f"config.mesh (data, fsdp, sequence, tensor) = {shape}: every size must be positive")
     devices = jax.devices()
     if jax.process_count() == 1:
         devices = devices[: math.prod(shape)]
@@ -104,13 +109,13 @@ def run_mesh(mesh_config) -> Mesh:
 def fitting_mesh(mesh_config) -> Mesh:
     """A reader's mesh (eval): the run's own when the devices present can hold it, else the first device, with a
     note; a checkpoint restores under any mesh, so a workdir trained on 8 devices reads on a laptop as it is."""
-    shape = (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
+    shape = mesh_shape(mesh_config)
     present = len(jax.devices())
     if jax.process_count() > 1 or math.prod(shape) <= present:
         return run_mesh(mesh_config)
     print(
-        f"note: the run's mesh (data, fsdp, tensor) = {shape} needs {math.prod(shape)} devices and {present} are "
-        "present: reading it on one device (--config.mesh.* flags choose another mesh)",
+        f"note: the run's mesh (data, fsdp, sequence, tensor) = {shape} needs {math.prod(shape)} devices and "
+        f"{present} are present: reading it on one device (--config.mesh.* flags choose another mesh)",
         file=sys.stderr,
         flush=True,
     )

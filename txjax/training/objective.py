@@ -17,6 +17,7 @@ import optax
 from jax.sharding import Mesh
 
 from txjax.families import family_of, init_params
+from txjax.model import ring_attention
 from txjax.parallel.sharding import shardings_for
 
 
@@ -26,11 +27,11 @@ def params_shardings(model, mesh: Mesh):
 
 
 def forward(model, params, batch, dropout_rng=None):
-    """(logits f32[B, L, V], targets i32[B, L], weights f32[B, L]) of an LM or seq2seq batch.
-
-    Dropout is on iff a dropout rng is given.
+    """(logits f32[B, L, V], targets i32[B, L], weights f32[B, L]) of an LM or seq2seq batch, in the batch's order,
+    or in ring attention's zig-zag order when the mesh in context shards the sequence (ring_attention.layout; the
+    sums over tokens are the same). Dropout is on iff a dropout rng is given.
     """
-    family = family_of(model)
+    family, batch = family_of(model), ring_attention.layout(batch)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     logits_BxLxV = family.logits(model, params, batch, deterministic=dropout_rng is None, rngs=rngs)
     targets, weights = family.labels

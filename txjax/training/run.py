@@ -24,7 +24,7 @@ from txjax.ops.metrics_log import MetricsLog
 from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
 from txjax.parallel.distributed import barrier, is_lead
-from txjax.parallel.sharding import global_batch, process_rows
+from txjax.parallel.sharding import SEQUENCE_AXIS, global_batch, process_rows
 from txjax.training import init_from, resume
 from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
@@ -129,7 +129,8 @@ class Run:
         family = self.config.family
         flops = train_flops_per_batch(model.cfg, family, first)
         b, s, l = families.batch_lengths(families.get(family), first)
-        memory.check_train_step(model.cfg, family, b // self.t.grad_accum, s, l, mesh.devices.size)
+        rows = b // self.t.grad_accum
+        memory.check_train_step(model.cfg, family, rows, s, l, mesh.devices.size, mesh.shape[SEQUENCE_AXIS])
         return flops, peak_flops_per_s(self.config.model.dtype, mesh.devices.size), b * (s + l)
 
     def open_log(self, start: int, changes: dict, flops: float, peak: float | None, slots: int) -> None:

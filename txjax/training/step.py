@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from txjax.parallel.distributed import first_device_mesh
-from txjax.parallel.sharding import batch_sharding
+from txjax.parallel.sharding import batch_sharding, on_mesh
 from txjax.training.config import TrainConfig
 from txjax.training.objective import forward, token_sums
 from txjax.training.optim import current_learning_rate
@@ -29,13 +29,14 @@ from txjax.training.state import TrainState, run_keys, state_shardings
 
 def make_train_step(model, tx: optax.GradientTransformation, t: TrainConfig, mesh: Mesh | None = None):
     """jit(train_step, donate_argnums=0) for `model`, optimizer `tx` and the settings `t`, on `mesh` (default: the
-    first device): the state laid out as state.state_shardings, the batch's rows split over data x fsdp."""
+    first device): the state laid out as train_state.state_shardings, the batch's rows split over data x fsdp and
+    its length over sequence, traced under the mesh (sharding.on_mesh: ring attention when it shards the sequence)."""
     mesh = mesh or first_device_mesh()
     state_sharding = state_shardings(model, tx, t.seed, mesh)
     train_step = train_step_function(model, tx, t)
     dropout_key = run_keys(t.seed)[1]
     return jax.jit(
-        functools.partial(train_step, dropout_key=dropout_key),  # named jit_train_step in profiles and logs
+        functools.partial(on_mesh(train_step, mesh), dropout_key=dropout_key),  # jit_train_step in profiles, logs
         in_shardings=(state_sharding, batch_sharding(mesh)),
         out_shardings=(state_sharding, NamedSharding(mesh, P())),
         donate_argnums=0,
