@@ -8,16 +8,19 @@ from pathlib import Path
 
 from table_format import RUNS, machine_label, n, table
 
+COMMANDS = {
+    "reverse": "python run.py train",
+    "add_seq2seq": "python run.py train --config=experiments/add_seq2seq.py",
+    "shakespeare_char": "python run.py train --config=experiments/shakespeare_char.py",
+    "bible_en_es": "python run.py train --config=experiments/bible_en_es.py",
+    "passkey": "python run.py train --config=experiments/passkey.py --config.train.init_from=C512",
+}  # passkey: the last run of its curriculum (experiments/passkey.py, docs/long_context.md)
+
 
 def experiments() -> list[str]:
     """The experiments' final evals, copied from their workdirs into experiments/results/NAME/."""
     rows = []
-    for name, command in (
-        ("reverse", "python run.py train"),
-        ("add_seq2seq", "python run.py train --config=experiments/add_seq2seq.py"),
-        ("shakespeare_char", "python run.py train --config=experiments/shakespeare_char.py"),
-        ("bible_en_es", "python run.py train --config=experiments/bible_en_es.py"),
-    ):
+    for name, command in COMMANDS.items():
         for split in ("valid", "test"):
             path = RUNS / name / f"eval_{split}.json"
             if not path.is_file():
@@ -29,6 +32,24 @@ def experiments() -> list[str]:
             rows.append([name, f"`{command}`", split, e.get("step", ""), ", ".join(shown),
                          minutes, machine_label(e["machine"])])  # fmt: skip
     header = ["experiment", "command", "split", "step", "result (whole split)", "training minutes", "measured"]
+    return table(header, rows)
+
+
+def passkey() -> list[str]:
+    """The passkey curriculum (experiments/passkey.py): each run's final evals, the last run's copied into
+    experiments/results/passkey/ and the runs before it into experiments/results/passkey/stages/CONTEXT/."""
+    folders = sorted((RUNS / "passkey" / "stages").glob("*/"), key=lambda p: int(p.name)) + [RUNS / "passkey"]
+    rows = []
+    for folder in folders:
+        for split in ("valid", "test"):
+            path = folder / f"eval_{split}.json"
+            if not path.is_file():
+                continue
+            e, config = json.loads(path.read_text()), flat_config(folder)
+            rows.append([f"{config['data.max_digits']:,}", f"`{e['machine']['command']}`", split, e["step"],
+                         f"{e['exact_match']:.3f}", e["examples"], n(train_minutes(folder)),
+                         machine_label(e["machine"])])  # fmt: skip
+    header = ["context", "command", "split", "step", "exact match", "examples", "training minutes", "measured"]
     return table(header, rows)
 
 

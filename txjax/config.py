@@ -48,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "path": "",  # text / parallel training file, or the shards folder; relative: see resolve_data_path
                 "valid_path": "",  # parallel: validation TSV
                 "test_path": "",  # parallel: test TSV
-                "task": "reverse",  # synthetic: copy | reverse | sort | add
+                "task": "reverse",  # synthetic: copy | reverse | sort | add | passkey (max_digits: its context)
                 "min_digits": 1,
                 "max_digits": 8,
                 "eval_size": 512,  # synthetic: examples in the valid (and test) set

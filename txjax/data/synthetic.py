@@ -1,7 +1,10 @@
-"""Algorithmic tasks generated in code (copy, reverse, sort, addition), as LM or seq2seq batches.
+"""Algorithmic tasks generated in code (copy, reverse, sort, addition, passkey retrieval), as LM or seq2seq batches.
 
 Symbols are decimal digits. A prompt is `max_digits`-bounded: copy/reverse/sort take a string of min_digits..max_digits
 digits; add takes two numbers of min_digits..max_digits digits each, written "a+b", and answers str(a + b).
+passkey is a long-context task (Mohtashami & Jaggi 2023's passkey retrieval): the prompt is a context of
+min_digits..max_digits symbols, random digits with one '+' anywhere in it followed by the PASSKEY_DIGITS digits of the
+passkey, and the answer is the passkey; the context is noise besides, so the model must find the '+' wherever it is.
 - form='lm':      sequence = BOS prompt '=' answer EOS; inputs/targets are it shifted by one and weights are 1
                   only on the answer and EOS targets, so the LM learns to answer.  L = P + A + 2.
 - form='seq2seq': src = prompt EOS, tgt = answer EOS (tgt_inputs = BOS answer).  S = P + 1, T = A + 1.
@@ -28,7 +31,8 @@ import numpy as np
 from txjax.data.batching import Batch, batch_rng, chunk_rows, lm_batch, seq2seq_batch
 from txjax.data.tokenizers import CharTokenizer
 
-TASKS = ("copy", "reverse", "sort", "add")
+TASKS = ("copy", "reverse", "sort", "add", "passkey")
+PASSKEY_DIGITS = 2  # passkey: the answer's digits; chance is 10**-PASSKEY_DIGITS
 SEPARATOR = "="
 SPLITS = ("train", "valid", "test")
 HELD_OUT = {"valid": (0.0, 0.05), "test": (0.05, 0.10)}  # a prompt's hash in [lo, hi): that split; else train
@@ -76,13 +80,16 @@ class SyntheticTask:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if not 1 <= min_digits <= max_digits:
             raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+        if name == "passkey" and min_digits <= PASSKEY_DIGITS:
+            raise ValueError(f"passkey's context holds '+' and {PASSKEY_DIGITS} digits: need min_digits > that")
         self.name, self.form, self.min_digits, self.max_digits = name, form, min_digits, max_digits
         self.eval_size, self.eval_seed, self.split = eval_size, eval_seed, split
         self.tokenizer = task_tokenizer()
         tok = self.tokenizer
         self.pad_id, self.bos_id, self.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
         self.sep_id = tok.encode(SEPARATOR)[0]
-        prompt_len, answer_len = (2 * max_digits + 1, max_digits + 1) if name == "add" else (max_digits, max_digits)
+        lengths = {"add": (2 * max_digits + 1, max_digits + 1), "passkey": (max_digits, PASSKEY_DIGITS)}
+        prompt_len, answer_len = lengths.get(name, (max_digits, max_digits))
         self.seq_len = prompt_len + answer_len + 2  # LM: BOS prompt = answer EOS, minus the shift
         self.src_len, self.tgt_len = prompt_len + 1, answer_len + 1
 
@@ -105,6 +112,10 @@ class SyntheticTask:
         if self.name == "add":
             a, b = (_digits(rng, int(n), leading_nonzero=True) for n in lengths)
             return f"{a}+{b}", str(int(a) + int(b))
+        if self.name == "passkey":
+            key, filler = _digits(rng, PASSKEY_DIGITS, False), _digits(rng, int(lengths[0]) - PASSKEY_DIGITS - 1, False)
+            at = int(rng.integers(0, len(filler) + 1))
+            return f"{filler[:at]}+{key}{filler[at:]}", key
         x = _digits(rng, int(lengths[0]), leading_nonzero=False)
         answer = {"copy": x, "reverse": x[::-1], "sort": "".join(sorted(x))}[self.name]
         return x, answer
