@@ -2,8 +2,8 @@
 
 Sequence: BOS context '=' passkey EOS, loss on the answer only (txjax.data.synthetic's passkey task: the context is
 random digits with '+' then the passkey inserted at a uniformly random position, so the answer may lie anywhere up to
-the whole context back). Blockwise attention (txjax/model/blockwise.py) holds no n x n score matrix; RoPE carries position,
-so the weights a short context trains apply at any length. The circuit (find '+', copy the digits after it) is
+the whole context back). Blockwise attention (txjax/model/blockwise.py) holds no n x n score matrix; RoPE carries
+position, so the weights a short context trains apply at any length. The circuit (find '+', copy the digits after it) is
 learnt where a random glance finds the '+' often, at context 16 (a run from there straight at 512 did not find it
 again in 80 steps), so the curriculum quadruples the context, each run from the last one's weights
 (train.init_from), up to this file's 8,192:

@@ -19,6 +19,7 @@ import ml_collections
 
 from txjax import families, unread
 from txjax.decode.strategy import METHODS
+from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.ops import profiling
 from txjax.training import optim
@@ -29,10 +30,6 @@ DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for ki
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
 HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
-
-
-class ConfigError(ValueError):
-    """A user error in an experiment config or flag: reported as one line, no traceback."""
 
 
 def base_config() -> ml_collections.ConfigDict:

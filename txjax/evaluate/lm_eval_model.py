@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 from txjax.extras import require
 
 require("lm_eval", "the lm-evaluation-harness model (run.py lm-eval)")

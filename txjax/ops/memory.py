@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax import families
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 from txjax.model.attention import resolve_impl
 from txjax.model.models import ModelConfig
 from txjax.ops.summary import summarize

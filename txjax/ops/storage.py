@@ -11,7 +11,7 @@ import contextlib
 import errno
 import logging
 
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 
 ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR, errno.EIO)
 

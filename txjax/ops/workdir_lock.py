@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 from txjax.ops import storage
 from txjax.ops.storage import StorageError
 from txjax.parallel.distributed import is_lead

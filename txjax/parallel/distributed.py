@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 from txjax.parallel.sharding import make_mesh
 
 

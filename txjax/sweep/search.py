@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 from txjax.extras import require
 
 KINDS = ("random", "optuna")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orbax.checkpoint as ocp
 
-from txjax.config import ConfigError
+from txjax.errors import ConfigError
 from txjax.ops import storage
 from txjax.parallel.distributed import barrier, is_lead
 
