@@ -237,9 +237,11 @@ def test_tasks_in_both_forms(name):
         "reverse": lambda x: x[::-1],
         "sort": lambda x: "".join(sorted(x)),
         "add": lambda x: str(sum(map(int, x.split("+")))),
+        "passkey": lambda x: x.split("+")[1][:2],  # the 2 digits after the '+'
     }[name]
-    lm = SyntheticTask(name, form="lm", max_digits=6)
-    s2s = SyntheticTask(name, form="seq2seq", max_digits=6)
+    shortest = 4 if name == "passkey" else 1  # a passkey context holds the '+' and the key
+    lm = SyntheticTask(name, form="lm", min_digits=shortest, max_digits=6)
+    s2s = SyntheticTask(name, form="seq2seq", min_digits=shortest, max_digits=6)
     tok = lm.tokenizer
     a = lm.batch(2, 0, 8)
     assert_batches_equal(a, lm.batch(2, 0, 8))
