@@ -33,4 +33,5 @@ def get_config():
     config.model.update(attention_impl="blockwise", attention_block_q=512, attention_block_kv=512)
     config.train.update(steps=60, batch_size=8, learning_rate=1e-3, warmup_steps=5, weight_decay=0.0, max_minutes=10)
     config.train.update(log_every=5, eval_every=0, checkpoint_every=20, eval_batches=2)
+    config.decode.prefill_chunk = 512  # the eval's greedy decoding reads the context 512 tokens a call (bounded memory)
     return config

@@ -1,6 +1,8 @@
 """The passkey task (txjax.data.synthetic) and its experiment (experiments/passkey.py): the answer is the passkey the
 context hides, held-out contexts are never trained on, batches are reproducible, and the config validates."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -57,3 +59,34 @@ def test_the_experiment_validates_at_its_context_and_at_the_curriculum_s_first()
     assert config.model.max_len == SyntheticTask("passkey", min_digits=8192, max_digits=8192).seq_len
     short = ["--config.data.min_digits=256", "--config.data.max_digits=256"]
     assert config_lib.from_command_line("experiments/passkey.py", short).model.max_len == config.model.max_len
+
+
+def test_eval_feeds_a_long_context_in_chunks_and_decodes_what_the_one_call_prefill_does(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    import run
+    from txjax import decode
+    from txjax.training.loop import train
+
+    search = importlib.import_module("txjax.decode.search")  # the module (txjax.decode.search is also a function)
+
+    flags = ["--config.data.min_digits=40", "--config.data.max_digits=40", "--config.data.eval_size=16"]
+    flags += ["--config.train.steps=20", "--config.train.batch_size=16", "--config.train.learning_rate=3e-3"]
+    flags += ["--config.train.checkpoint_every=20", "--config.model.attention_block_q=16"]
+    flags += ["--config.model.attention_block_kv=16"]
+    train(config_lib.from_command_line("experiments/passkey.py", flags, None), tmp_path)
+    chunks, outputs = [], []  # the chunk size each prefill was given; what each eval decoded
+    prefill_in_chunks, decode_all = search.prefill_in_chunks, decode.decode_all
+    monkeypatch.setattr(search, "prefill_in_chunks", lambda *a: chunks.append(a[-1]) or prefill_in_chunks(*a))
+    monkeypatch.setattr(decode, "decode_all", lambda *a, **k: outputs.append(decode_all(*a, **k)) or outputs[-1])
+    printed = {}
+    for chunk in (0, 8):
+        assert run.main(["eval", f"--workdir={tmp_path}", f"--config.decode.prefill_chunk={chunk}"]) == 0
+        printed[chunk] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert chunks == [None, 8]  # 44 prompt tokens: 8 tokens a call, left-padded to 48
+    assert outputs[1].ids == outputs[0].ids and len(outputs[0].ids) == 16  # the half-trained model's guesses
+    assert printed[8]["generated_exact_match"] == printed[0]["generated_exact_match"]
+    assert printed[8]["exact_match"] == printed[0]["exact_match"]
+    text_flags = ["--text=unused.txt", "--config.decode.prefill_chunk=8"]  # --text is scored: nothing decodes
+    assert run.main(["eval", f"--workdir={tmp_path}", *text_flags]) == 2
+    assert "--config.decode.prefill_chunk: only a translation split is decoded" in capsys.readouterr().err

@@ -24,7 +24,8 @@ def main(argv: list[str]) -> None:
     --average=N evaluates the mean of the parameters of the last N checkpoints (their steps recorded as
     averaged_steps). The parameters are laid out on the run's mesh (on one device when this machine has fewer
     devices than it needs) unless --config.mesh.* flags choose another; a translation is decoded with the run's
-    decode section, --config.decode.* flags changing its fields (e.g. length_penalty)."""
+    decode section, --config.decode.* flags changing its fields (e.g. length_penalty); --config.decode.prefill_chunk=N
+    feeds any split's prompts N tokens at a time (a long-context task's eval in bounded memory)."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
@@ -44,9 +45,10 @@ def main(argv: list[str]) -> None:
     mesh_given = any(flag.startswith("--config.mesh.") for flag in overrides)
     mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
     decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]
-    if decode_given and (args.text or config.data.kind != "parallel"):  # nothing would read them: say so
+    choices = [name for name in decode_given if args.text or name != "prefill_chunk"]  # how a prompt is fed: any split
+    if choices and (args.text or config.data.kind != "parallel"):  # nothing would read them: say so
         task = "--text is scored, not decoded" if args.text else f"a {config.data.kind} task decodes greedily"
-        raise ConfigError(f"--config.decode.{decode_given[0]}: only a translation split is decoded ({task}): drop it")
+        raise ConfigError(f"--config.decode.{choices[0]}: only a translation split is decoded ({task}): drop it")
     strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh, average=args.average)

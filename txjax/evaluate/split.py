@@ -81,12 +81,15 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
 
 def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
     """Metrics of decoded outputs, the whole split in jitted batches (txjax.decode.decode_all): synthetic tasks,
-    greedy exact match (the answer, then EOS); translation, sacreBLEU BLEU and chrF of the config's `decode`
-    strategy (`strategy` overrides its fields, e.g. method="greedy") against the raw references, with
-    sacreBLEU's signatures (also printed) and the strategy used."""
+    greedy exact match (the answer, then EOS; of `strategy` only prefill_chunk applies); translation, sacreBLEU
+    BLEU and chrF of the config's `decode` strategy (`strategy` overrides its fields, e.g. method="greedy") against
+    the raw references, with sacreBLEU's signatures (also printed) and the strategy used."""
     tok, cfg = run.tokenizer, run.model.cfg
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
         prompts, answers = dataset.eval_examples()
+        # greedy, whatever the decode section's method; its prefill_chunk still holds: a long context is fed in
+        # chunks, so prefill attends with chunk x cache scores, not context x context
+        chunk = strategy.get("prefill_chunk", run.config.decode.get("prefill_chunk", 0)) or None
         out = decode.decode_all(
             run.model,
             run.params,
@@ -96,6 +99,7 @@ def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
             pad_id=tok.pad_id,
             max_new_tokens=max(map(len, answers)) + 1,
             bos_id=tok.bos_id,
+            prefill_chunk=chunk,
         )
         right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
         return {"generated_exact_match": float(np.mean(right))}
