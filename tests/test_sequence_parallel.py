@@ -1,5 +1,6 @@
 """Sequence parallelism on 4 and 8 simulated CPU devices (tests/conftest.py asks XLA for 8): with mesh.sequence = 4
-(and data = 2 x sequence = 4) the model's attention runs as ring attention over the zig-zag layout, and a tiny
+(and data = 2 x fsdp = 2 x sequence = 2: rows split, parameters split, context split) the model's attention runs as
+ring attention over the zig-zag layout, and a tiny
 decoder LM's losses, gradients and parameters over a few train steps of packed, padded rows equal the one-device
 run's; a checkpoint written under mesh.sequence = 4 resumes under data = 2 (no sequence axis), the run continuing as
 the uninterrupted run. The sequence axis across two processes: tests/test_multiprocess.py."""
@@ -39,7 +40,11 @@ TINY = [
     "--config.train.optimizer=adamw",
     "--config.train.warmup_steps=1",
 ]
-MESHES = {"one": (1, 1), "sequence=4": (1, 4), "data=2 x sequence=4": (2, 4)}  # (data, sequence)
+MESHES = {
+    "one": (1, 1, 1),
+    "sequence=4": (1, 1, 4),
+    "data=2 x fsdp=2 x sequence=2": (2, 2, 2),
+}  # (data, fsdp, sequence)
 
 
 def packed_batches(steps: int = 3):
@@ -58,9 +63,10 @@ def packed_batches(steps: int = 3):
         }
 
 
-def steps_on(data: int, sequence: int):
+def steps_on(data: int, fsdp: int, sequence: int):
     """(per-step losses, first step's gradients, final parameters, the step's lowered text) of 3 AdamW steps."""
-    config = from_command_line(None, [*TINY, f"--config.mesh.data={data}", f"--config.mesh.sequence={sequence}"])
+    mesh_flags = [f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}", f"--config.mesh.sequence={sequence}"]
+    config = from_command_line(None, [*TINY, *mesh_flags])
     model, mesh, t = build_model(config), run_mesh(config.mesh), TrainConfig.of(config.train)
     tx = make_optimizer(t.optim)
     shardings = state_shardings(model, tx, 0, mesh)
@@ -84,7 +90,7 @@ def one_device():
     return steps_on(*MESHES["one"])
 
 
-@pytest.mark.parametrize("mesh", ["sequence=4", "data=2 x sequence=4"])
+@pytest.mark.parametrize("mesh", ["sequence=4", "data=2 x fsdp=2 x sequence=2"])
 def test_ring_attention_trains_like_one_device(one_device, mesh):
     losses, grads, params, text = steps_on(*MESHES[mesh])
     assert "collective_permute" in text and "collective_permute" not in one_device[3]  # the ring ran
