@@ -1,6 +1,5 @@
-"""The training wing: the objective, the optimizer and the loop that drives one run or R stacked runs.
+"""The training wing: the loop that drives one run or R stacked runs (the objective: txjax.families.objective).
 
-objective.py   the loss (label-weighted cross-entropy, label smoothing, z-loss) of a batch, as token sums
 optim.py       optimizers and learning-rate schedules (OptimConfig)
 state.py       TrainState: parameters, optimizer state, step and keys, and where each lives on the mesh
 checkpoint.py  Checkpointer: save every N steps, keep the last K, restore the newest whole one (orbax)

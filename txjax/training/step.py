@@ -19,10 +19,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from txjax.families.objective import forward, token_sums
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding, on_mesh
 from txjax.training.config import TrainConfig
-from txjax.training.objective import forward, token_sums
 from txjax.training.optim import current_learning_rate
 from txjax.training.state import TrainState, run_keys, state_shardings
 
