@@ -34,8 +34,8 @@ from txjax.experiment import TrainedRun, build_model
 from txjax.ops import preemption, storage
 from txjax.ops.profiling import StepProfiler
 from txjax.parallel.distributed import InFlight, agree, run_mesh
+from txjax.state.optim import eval_params
 from txjax.training import budget
-from txjax.training.optim import eval_params
 from txjax.training.run import Run, common_step
 
 

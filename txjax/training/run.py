@@ -25,11 +25,11 @@ from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
 from txjax.parallel.distributed import barrier, is_lead
 from txjax.parallel.sharding import SEQUENCE_AXIS, global_batch, process_rows
+from txjax.state.checkpoint import Checkpointer
+from txjax.state.optim import make_optimizer
+from txjax.state.train_state import init_state, state_shardings, with_hyperparams
 from txjax.training import init_from, resume
-from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
-from txjax.training.optim import make_optimizer
-from txjax.training.state import init_state, state_shardings, with_hyperparams
 from txjax.training.step import make_train_step
 
 
@@ -211,7 +211,7 @@ def peak_flops_per_s(dtype: str, devices: int) -> float | None:
 
 def common_step(ckpts: list[Checkpointer]) -> int:
     """The last step every run has a finished, undamaged checkpoint of (0: start afresh); ConfigError when there are
-    checkpoints and all are damaged (txjax.training.checkpoint: each damaged step gets one warning line)."""
+    checkpoints and all are damaged (txjax.state.checkpoint: each damaged step gets one warning line)."""
     steps = sorted(set.intersection(*(set(c.manager.all_steps()) for c in ckpts)), reverse=True)
     whole = next((s for s in steps if all([c.verified(s) for c in ckpts])), None)
     if steps and whole is None:

@@ -4,7 +4,7 @@ loop (txjax.training.loop) that trains a single run:
     states_R, metrics_R = jit(vmap(train_step))(states_R, batches_R, dropout_keys_R)
 
 Stacked runs may differ only in train.seed (parameters, batch order, dropout) and the optimizer's scalar settings
-(txjax.training.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
+(txjax.state.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
 their results equal those of the runs trained one by one (up to float reassociation in the batched matmuls).
 `Stack` has the methods of txjax.training.run.Run: the stacked state and program are its own, and each run's
 workdir, checkpoints, logs and evaluations stay that run's, handed its part of every tree. This is the one place
@@ -24,11 +24,11 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from txjax.state.optim import HYPERPARAMS, make_optimizer
+from txjax.state.train_state import init_state, run_keys
 from txjax.training import init_from
 from txjax.training.loop import drive
-from txjax.training.optim import HYPERPARAMS, make_optimizer
 from txjax.training.run import Run
-from txjax.training.state import init_state, run_keys
 from txjax.training.step import train_step_function
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
