@@ -72,6 +72,7 @@ class Stack:
     def __init__(self, runs: list[Run]):
         self.runs, self.size = runs, len(runs)
         self.config, self.t, self.workdir = runs[0].config, runs[0].t, runs[0].workdir
+        self.exact_match = runs[0].exact_match
         self.name = ", ".join(run.name for run in runs)
 
     def live(self) -> list[tuple[int, Run]]:
@@ -85,6 +86,10 @@ class Stack:
     def prepare(self):
         """Each run's tokenizer in its workdir; the first run's (tokenizer, train, valid): stacked runs share data."""
         return [run.prepare() for run in self.runs][0]
+
+    def build(self):
+        """The first run's model and mesh: stacked runs share the model (group_key)."""
+        return self.runs[0].build()
 
     def open_checkpoints(self) -> list:
         return [ckpt for run in self.runs for ckpt in run.open_checkpoints()]
