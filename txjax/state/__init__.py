@@ -1,1 +1,1 @@
-"""The train state's wing: how a state is made, sharded, optimized (optim.py) and persisted (checkpoint.py)."""
+"""The state wing: a train state made and sharded (train_state.py), optimized (optim.py), persisted (checkpoint.py)."""

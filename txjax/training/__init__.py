@@ -1,5 +1,6 @@
-"""The training wing: the loop that drives one run or R stacked runs (the objective: txjax.families.objective; the
-optimizer, the train state and its checkpoints: txjax.state).
+"""The training wing: the loop that drives one run or R stacked runs.
+
+Below it: the objective (txjax.families.objective); the optimizer, the train state and its checkpoints (txjax.state).
 
 init_from.py   train.init_from=WORKDIR: another workdir's parameters with a fresh optimizer (fine-tuning)
 config.py      TrainConfig: config.train as a frozen value, made once from the validated section
