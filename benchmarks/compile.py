@@ -22,9 +22,9 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
+from txjax.state.optim import OptimConfig, make_optimizer
+from txjax.state.train_state import init_state
 from txjax.training.config import TrainConfig
-from txjax.training.optim import OptimConfig, make_optimizer
-from txjax.training.state import init_state
 from txjax.training.step import make_train_step
 
 

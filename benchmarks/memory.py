@@ -36,9 +36,9 @@ from train import SHAPES, build_config, lm_batches
 from txjax.experiment import build_model
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import global_batch
+from txjax.state.optim import OptimConfig, make_optimizer
+from txjax.state.train_state import init_state, state_shardings
 from txjax.training.config import TrainConfig
-from txjax.training.optim import OptimConfig, make_optimizer
-from txjax.training.state import init_state, state_shardings
 from txjax.training.step import make_train_step
 
 GB = 2**30

@@ -22,10 +22,10 @@ import numpy as np
 
 from txjax import config as config_lib
 from txjax.experiment import build_model
+from txjax.state.optim import make_optimizer
+from txjax.state.train_state import init_state, run_keys
 from txjax.training.config import TrainConfig
-from txjax.training.optim import make_optimizer
 from txjax.training.stack import stack
-from txjax.training.state import init_state, run_keys
 from txjax.training.step import train_step_function
 
 VOCAB = 65

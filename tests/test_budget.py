@@ -14,11 +14,11 @@ import txjax.training.run
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.ops.metrics_log import read_metrics
+from txjax.state.checkpoint import Checkpointer
+from txjax.state.optim import OptimConfig, make_optimizer
+from txjax.state.train_state import init_state
 from txjax.training import budget
-from txjax.training.checkpoint import Checkpointer
-from txjax.training.optim import OptimConfig, make_optimizer
 from txjax.training.stack import train_runs
-from txjax.training.state import init_state
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

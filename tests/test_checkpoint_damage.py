@@ -13,7 +13,7 @@ from test_train import TINY_FLAGS
 
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
-from txjax.training.checkpoint import Checkpointer
+from txjax.state.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py

@@ -22,7 +22,7 @@ from test_train import TINY_FLAGS
 from txjax import config as config_lib
 from txjax.experiment import load_workdir
 from txjax.ops.metrics_log import read_metrics
-from txjax.training.checkpoint import Checkpointer
+from txjax.state.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from txjax.families.objective import token_sums
 from txjax.model.attention import MultiHeadAttention
 from txjax.model.config import ModelConfig
 from txjax.model.layers import FeedForward
 from txjax.model.models import DecoderLM
-from txjax.training.objective import token_sums
 
 RNG = np.random.default_rng(0)
 

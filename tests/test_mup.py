@@ -14,10 +14,10 @@ import pytest
 
 from txjax import config as config_lib
 from txjax.families import init_params
+from txjax.families.objective import token_sums
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
-from txjax.training.objective import token_sums
-from txjax.training.optim import (
+from txjax.state.optim import (
     OptimConfig,
     is_decayed,
     is_hidden,

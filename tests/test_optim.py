@@ -1,4 +1,4 @@
-"""Optimizers and schedules from config.train (txjax.training.optim) against direct optax calls and the formulas."""
+"""Optimizers and schedules from config.train (txjax.state.optim) against direct optax calls and the formulas."""
 
 import jax
 import jax.numpy as jnp
@@ -8,10 +8,10 @@ import optax.contrib
 import pytest
 
 from txjax import config as config_lib
+from txjax.state.optim import OPTIMIZERS, OptimConfig, eval_params, is_decayed, learning_rate_at, make_optimizer
+from txjax.state.train_state import TrainState
 from txjax.training.loop import train
-from txjax.training.optim import OPTIMIZERS, OptimConfig, eval_params, is_decayed, learning_rate_at, make_optimizer
 from txjax.training.stack import train_runs
-from txjax.training.state import TrainState
 
 LR, W, S, R = 1e-2, 10, 110, 0.1  # peak, warmup, steps, min_lr_ratio
 

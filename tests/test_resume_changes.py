@@ -10,8 +10,8 @@ from test_train import tiny_config
 from txjax import config as config_lib
 from txjax.experiment import build_tokenizer
 from txjax.ops.metrics_log import read_metrics
+from txjax.state.optim import learning_rate_at
 from txjax.training.loop import train
-from txjax.training.optim import learning_rate_at
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

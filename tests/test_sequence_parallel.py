@@ -14,13 +14,13 @@ from test_sharded_training import assert_same_run, char_lm_flags, resume_from_st
 
 from txjax.config import ConfigError, from_command_line
 from txjax.experiment import build_model
+from txjax.families.objective import forward, params_shardings, token_sums
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh
+from txjax.state.optim import make_optimizer
+from txjax.state.train_state import init_state, state_shardings
 from txjax.training.config import TrainConfig
 from txjax.training.loop import train
-from txjax.training.objective import forward, params_shardings, token_sums
-from txjax.training.optim import make_optimizer
-from txjax.training.state import init_state, state_shardings
 from txjax.training.step import make_train_step
 
 pytestmark = [

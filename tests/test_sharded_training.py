@@ -15,11 +15,11 @@ from txjax.config import from_command_line
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.families import init_params
+from txjax.families.objective import params_shardings
 from txjax.ops.metrics_log import read_metrics
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import global_batch
 from txjax.training.loop import train
-from txjax.training.objective import params_shardings
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),

@@ -20,7 +20,7 @@ from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.families import init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
-from txjax.training.checkpoint import Checkpointer
+from txjax.state.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 L = 24  # seq_len: the documents are ~5-60 tokens, so packed rows hold several

@@ -13,7 +13,7 @@ from test_train import TINY_FLAGS
 import run
 import txjax.cli.eval
 from txjax.ops.metrics_log import read_metrics
-from txjax.training.checkpoint import Checkpointer
+from txjax.state.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 

@@ -16,16 +16,16 @@ from txjax import families
 from txjax.data import prefetch
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes, load_workdir
+from txjax.families.objective import token_sums
 from txjax.ops import profiling
 from txjax.ops.metrics_log import read_metrics
-from txjax.training.checkpoint import Checkpointer
+from txjax.state.checkpoint import Checkpointer
+from txjax.state.optim import OptimConfig, make_optimizer
+from txjax.state.train_state import init_state
 from txjax.training.config import TrainConfig
 from txjax.training.loop import train
-from txjax.training.objective import token_sums
-from txjax.training.optim import OptimConfig, make_optimizer
 from txjax.training.run import Diverged
 from txjax.training.stack import train_runs
-from txjax.training.state import init_state
 from txjax.training.step import make_train_step
 
 REPO = Path(__file__).parents[1]

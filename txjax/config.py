@@ -22,7 +22,7 @@ from txjax.decode.strategy import METHODS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.ops import profiling
-from txjax.training import optim
+from txjax.state import optim
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
@@ -62,7 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
                 "grad_accum": 1,
                 "learning_rate": 1e-3,
-                "optimizer": "adamw",  # adamw | lion | adafactor | muon | schedule_free_adamw (txjax.training.optim)
+                "optimizer": "adamw",  # adamw | lion | adafactor | muon | schedule_free_adamw (txjax.state.optim)
                 "schedule": "cosine",  # cosine | linear | constant | wsd, each after a linear warmup
                 "decay_fraction": 0.2,  # wsd: the last 20% of the steps after warmup decay linearly
                 "decay_start": "steps",  # wsd: "budget" decays over the last decay_fraction of max_minutes (budget)

@@ -19,9 +19,9 @@ from jax.sharding import Mesh
 from txjax import config as config_lib
 from txjax import data, families
 from txjax.parallel.distributed import first_device_mesh
-from txjax.training.checkpoint import Checkpointer
-from txjax.training.optim import OptimConfig, eval_params, make_optimizer
-from txjax.training.state import init_state, state_shardings
+from txjax.state.checkpoint import Checkpointer
+from txjax.state.optim import OptimConfig, eval_params, make_optimizer
+from txjax.state.train_state import init_state, state_shardings
 
 TOKENIZER_DIR = "tokenizer"
 BUILT_WITH = "built_with.json"  # in TOKENIZER_DIR: the data fields the tokenizer was built from

@@ -2,7 +2,7 @@
 or refused, never ignored: issue 48).
 
 A data kind reads some of config.data's fields (txjax.experiment's build_tokenizer and build_dataset), and the
-optimizer and schedule read some of config.train's (txjax.training.optim). txjax.config.validate refuses a field none of
+optimizer and schedule read some of config.train's (txjax.state.optim). txjax.config.validate refuses a field none of
 them reads when it is set: when its value differs from what the user did not set (base_config() under an
 experiment file; a workdir's saved config when a run resumes from it, so a config saved before this rule loads as
 it was).

@@ -31,9 +31,9 @@ from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
-from txjax.training.checkpoint import Checkpointer
-from txjax.training.optim import OptimConfig, make_optimizer
-from txjax.training.state import TrainState, init_state
+from txjax.state.checkpoint import Checkpointer
+from txjax.state.optim import OptimConfig, make_optimizer
+from txjax.state.train_state import TrainState, init_state
 
 
 def read_checkpoint(source) -> tuple[ModelConfig, dict, object]:

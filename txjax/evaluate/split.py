@@ -24,10 +24,10 @@ from jax.sharding import PartitionSpec as P
 
 from txjax import decode
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
+from txjax.families.objective import forward, hits, params_shardings, token_sums
 from txjax.ops import provenance
 from txjax.parallel import distributed
 from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh, process_rows
-from txjax.training.objective import forward, hits, params_shardings, token_sums
 
 
 def make_eval_step(model, mesh: Mesh | None = None):

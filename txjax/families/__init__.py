@@ -9,7 +9,8 @@ Generation and training see a family through three calls, in the style of the Fl
 and a few declarative things: the batch keys, the data kinds it trains on, what a generation's inputs are (`prompts`,
 `read_text`) and the sizes its FLOP count needs. Everything outside this package asks `family_of(model)` (or
 `get(config.family)`) for these instead of testing the model's class, so a third family is one new file here and
-one line in FAMILIES.
+one line in FAMILIES. objective.py is the training objective over any family's batch (forward pass, loss as token
+sums, hits), for the training step and the evaluations alike.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(Dec
 The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix.
 muP (`parametrization="mup"`, Yang et al. 2022, "Tensor Programs V", Table 8, the formulation with multipliers), with
 width multiplier m = d_model / base_width: hidden (matrix-like) weights, the attention and FFN kernels, are drawn
-with variance init_std^2 / m (1/fan_in) and take Adam learning rate lr / m (txjax.training.optim.mup_lr_multipliers);
+with variance init_std^2 / m (1/fan_in) and take Adam learning rate lr / m (txjax.state.optim.mup_lr_multipliers);
 vector-like weights (token and position embeddings, norms, biases) keep init and learning rate; the readout is
 multiplied by 1/m; scores are scaled by 1/d_k (attention_scale="linear", required). The head is vector-like too,
 init and lr unchanged, so a tied head is the same matrix as the input embedding: Table 8 gives input and output

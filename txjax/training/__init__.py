@@ -1,9 +1,7 @@
-"""The training wing: the objective, the optimizer and the loop that drives one run or R stacked runs.
+"""The training wing: the loop that drives one run or R stacked runs.
 
-objective.py   the loss (label-weighted cross-entropy, label smoothing, z-loss) of a batch, as token sums
-optim.py       optimizers and learning-rate schedules (OptimConfig)
-state.py       TrainState: parameters, optimizer state, step and keys, and where each lives on the mesh
-checkpoint.py  Checkpointer: save every N steps, keep the last K, restore the newest whole one (orbax)
+Below it: the objective (txjax.families.objective); the optimizer, the train state and its checkpoints (txjax.state).
+
 init_from.py   train.init_from=WORKDIR: another workdir's parameters with a fresh optimizer (fine-tuning)
 config.py      TrainConfig: config.train as a frozen value, made once from the validated section
 step.py        the pure train step, jitted on a mesh or vmapped over runs

@@ -1,14 +1,14 @@
 """A run's training settings as one frozen value: TrainConfig, made once from the config's train section after
 txjax.config.validate checked it (at the command line, or in the sweep that built the config), and handed down to
 the loop, the train step and the time budget in place of the ConfigDict. The optimizer's part is its own value,
-txjax.training.optim.OptimConfig, which is all make_optimizer reads.
+txjax.state.optim.OptimConfig, which is all make_optimizer reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from txjax.training.optim import OptimConfig
+from txjax.state.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import ml_collections
 
 from txjax import config as config_lib
 from txjax.experiment import BUILT_WITH, TOKENIZER_DIR, load_workdir
-from txjax.training.state import TrainState
+from txjax.state.train_state import TrainState
 
 
 def source(config: ml_collections.ConfigDict) -> Path:

@@ -30,12 +30,12 @@ import ml_collections
 
 from txjax.data import prefetch
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step
-from txjax.experiment import TrainedRun, build_model
+from txjax.experiment import TrainedRun
 from txjax.ops import preemption, storage
 from txjax.ops.profiling import StepProfiler
-from txjax.parallel.distributed import InFlight, agree, run_mesh
+from txjax.parallel.distributed import InFlight, agree
+from txjax.state.optim import eval_params
 from txjax.training import budget
-from txjax.training.optim import eval_params
 from txjax.training.run import Run, common_step
 
 
@@ -68,13 +68,12 @@ def drive(run):
 
 def _loop(run, data, start: int, changes):
     tokenizer, train_data, valid_data = data
-    config, t = run.config, run.t
-    model, mesh = build_model(config), run_mesh(config.mesh)
+    t, (model, mesh) = run.t, run.build()
     run.compile(model, mesh)
     state = run.start(start)
     if start:
         print(f"resuming {run.name} from step {start}", flush=True)
-    eval_step, exact_match = make_eval_step(model, mesh), config.data.kind == "synthetic"
+    eval_step = make_eval_step(model, mesh)
     first = train_data.batch(t.seed, start, t.batch_size)
     run.open_log(start, changes, *run.measure(model, first, mesh))
     batches = prefetch(run.batch(train_data, k) for k in range(start, t.steps))
@@ -90,7 +89,7 @@ def _loop(run, data, start: int, changes):
         trained_minutes = (monotonic() - began - paused) / 60.0
         params = eval_params(t.optim.optimizer, run_state)
         batches = preemption.interruptible(eval_batches(valid_data, t.batch_size, batches_to_read, mesh))
-        metrics = evaluate(eval_step, params, batches, exact_match)
+        metrics = evaluate(eval_step, params, batches, run.exact_match)
         if t.eval_generation:
             trained = TrainedRun(run_config, model, tokenizer, params, at)
             generated = generation_metrics(trained, valid_data, method="greedy")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import ml_collections
 from jax.sharding import Mesh
@@ -18,18 +19,18 @@ from jax.sharding import Mesh
 from txjax import config as config_lib
 from txjax import families
 from txjax.evaluate.split import read_recorded, write_metrics
-from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_tokenizer, fill_model_sizes
+from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_model, build_tokenizer, fill_model_sizes
 from txjax.ops import memory, preemption, workdir_lock
 from txjax.ops.metrics_log import MetricsLog
 from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
-from txjax.parallel.distributed import barrier, is_lead
+from txjax.parallel.distributed import barrier, is_lead, run_mesh
 from txjax.parallel.sharding import SEQUENCE_AXIS, global_batch, process_rows
+from txjax.state.checkpoint import Checkpointer
+from txjax.state.optim import make_optimizer
+from txjax.state.train_state import init_state, state_shardings, with_hyperparams
 from txjax.training import init_from, resume
-from txjax.training.checkpoint import Checkpointer
 from txjax.training.config import TrainConfig
-from txjax.training.optim import make_optimizer
-from txjax.training.state import init_state, state_shardings, with_hyperparams
 from txjax.training.step import make_train_step
 
 
@@ -54,12 +55,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path):
 
 
 class Run:
-    """One run: built from its validated config and workdir, then opened step by step by the loop."""
+    """One run: built from its validated config and workdir, then opened step by step by the loop. The loop reads
+    typed values (t: TrainConfig; the model, its ModelConfig frozen); the ConfigDict is read where the workdir, the
+    data and the model are made (prepare, resolve, build) and handed to the evals' TrainedRun."""
 
     size = 1
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | Path):
         self.config, self.workdir, self.t = config, Path(workdir), TrainConfig.of(config.train)
+        self.exact_match = config.data.kind == "synthetic"  # its evals score a generated answer whole
         self.ckpt: Checkpointer | None = None
         self.log: MetricsLog | None = None
         self.saved: int | None = None  # the last finished checkpoint
@@ -76,6 +80,10 @@ class Run:
 
     def prepare(self):
         return prepare(self.config, self.workdir)
+
+    def build(self) -> tuple[nn.Module, Mesh]:
+        """The run's model (its frozen ModelConfig, with the sizes `prepare` filled in) and its mesh (config.mesh)."""
+        return build_model(self.config), run_mesh(self.config.mesh)
 
     def open_checkpoints(self) -> list[Checkpointer]:
         self.ckpt = Checkpointer(self.workdir / CHECKPOINT_DIR, self.t.keep_checkpoints)
@@ -126,12 +134,12 @@ class Run:
     def measure(self, model, first, mesh: Mesh) -> tuple[float, float | None, int]:
         """(model FLOPs, the devices' peak FLOP/s, input slots) of one step like the batch `first`, after checking
         that the step fits the devices' memory (before anything compiles)."""
-        family = self.config.family
-        flops = train_flops_per_batch(model.cfg, family, first)
-        b, s, l = families.batch_lengths(families.get(family), first)
+        family = families.family_of(model)
+        flops = train_flops_per_batch(model.cfg, family.name, first)
+        b, s, l = families.batch_lengths(family, first)
         rows = b // self.t.grad_accum
-        memory.check_train_step(model.cfg, family, rows, s, l, mesh.devices.size, mesh.shape[SEQUENCE_AXIS])
-        return flops, peak_flops_per_s(self.config.model.dtype, mesh.devices.size), b * (s + l)
+        memory.check_train_step(model.cfg, family.name, rows, s, l, mesh.devices.size, mesh.shape[SEQUENCE_AXIS])
+        return flops, peak_flops_per_s(model.cfg.dtype, mesh.devices.size), b * (s + l)
 
     def open_log(self, start: int, changes: dict, flops: float, peak: float | None, slots: int) -> None:
         """The run's MetricsLog from `start` (flops and slots: of a step, peak: the devices' FLOP/s), with the
@@ -211,7 +219,7 @@ def peak_flops_per_s(dtype: str, devices: int) -> float | None:
 
 def common_step(ckpts: list[Checkpointer]) -> int:
     """The last step every run has a finished, undamaged checkpoint of (0: start afresh); ConfigError when there are
-    checkpoints and all are damaged (txjax.training.checkpoint: each damaged step gets one warning line)."""
+    checkpoints and all are damaged (txjax.state.checkpoint: each damaged step gets one warning line)."""
     steps = sorted(set.intersection(*(set(c.manager.all_steps()) for c in ckpts)), reverse=True)
     whole = next((s for s in steps if all([c.verified(s) for c in ckpts])), None)
     if steps and whole is None:

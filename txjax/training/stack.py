@@ -4,7 +4,7 @@ loop (txjax.training.loop) that trains a single run:
     states_R, metrics_R = jit(vmap(train_step))(states_R, batches_R, dropout_keys_R)
 
 Stacked runs may differ only in train.seed (parameters, batch order, dropout) and the optimizer's scalar settings
-(txjax.training.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
+(txjax.state.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
 their results equal those of the runs trained one by one (up to float reassociation in the batched matmuls).
 `Stack` has the methods of txjax.training.run.Run: the stacked state and program are its own, and each run's
 workdir, checkpoints, logs and evaluations stay that run's, handed its part of every tree. This is the one place
@@ -24,11 +24,11 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from txjax.state.optim import HYPERPARAMS, make_optimizer
+from txjax.state.train_state import init_state, run_keys
 from txjax.training import init_from
 from txjax.training.loop import drive
-from txjax.training.optim import HYPERPARAMS, make_optimizer
 from txjax.training.run import Run
-from txjax.training.state import init_state, run_keys
 from txjax.training.step import train_step_function
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
@@ -72,6 +72,7 @@ class Stack:
     def __init__(self, runs: list[Run]):
         self.runs, self.size = runs, len(runs)
         self.config, self.t, self.workdir = runs[0].config, runs[0].t, runs[0].workdir
+        self.exact_match = runs[0].exact_match
         self.name = ", ".join(run.name for run in runs)
 
     def live(self) -> list[tuple[int, Run]]:
@@ -85,6 +86,10 @@ class Stack:
     def prepare(self):
         """Each run's tokenizer in its workdir; the first run's (tokenizer, train, valid): stacked runs share data."""
         return [run.prepare() for run in self.runs][0]
+
+    def build(self):
+        """The first run's model and mesh: stacked runs share the model (group_key)."""
+        return self.runs[0].build()
 
     def open_checkpoints(self) -> list:
         return [ckpt for run in self.runs for ckpt in run.open_checkpoints()]

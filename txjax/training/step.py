@@ -3,7 +3,7 @@
 train_step(state, batch, dropout_key) -> (state, metrics):
     g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
                                                        lax.scan before the one division: the full batch's gradient
-    theta, opt_state <- AdamW(clip(g))                 (txjax.training.state)
+    theta, opt_state <- AdamW(clip(g))                 (txjax.state.train_state)
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
 vmapped for stacked runs (txjax.training.stack).
@@ -19,12 +19,12 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from txjax.families.objective import forward, token_sums
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding, on_mesh
+from txjax.state.optim import current_learning_rate
+from txjax.state.train_state import TrainState, run_keys, state_shardings
 from txjax.training.config import TrainConfig
-from txjax.training.objective import forward, token_sums
-from txjax.training.optim import current_learning_rate
-from txjax.training.state import TrainState, run_keys, state_shardings
 
 
 def make_train_step(model, tx: optax.GradientTransformation, t: TrainConfig, mesh: Mesh | None = None):

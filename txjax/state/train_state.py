@@ -1,4 +1,4 @@
-"""What an optimizer step updates: the TrainState pytree (the optimizer itself: txjax.training.optim), its initial value
+"""What an optimizer step updates: the TrainState pytree (the optimizer itself: txjax.state.optim), its initial value
 and where its arrays live on a mesh."""
 
 from __future__ import annotations
