@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_optim import tiny
 
+import txjax.training.edge
 import txjax.training.loop
-import txjax.training.run
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.ops.metrics_log import read_metrics
@@ -111,7 +111,7 @@ def test_runs_resumed_after_the_decay_started_end_as_the_runs_never_stopped(stra
         data.batch = lambda seed, k, *a: (_ for _ in ()).throw(Crash()) if k == crash_at + 1 else batch(seed, k, *a)
         return data
 
-    monkeypatch.setattr(txjax.training.run, "build_dataset", crashing_dataset)
+    monkeypatch.setattr(txjax.training.edge, "build_dataset", crashing_dataset)
     workdirs = [tmp_path / "a", tmp_path / "b"]
     with pytest.raises(Crash):
         train_pair(workdirs, monkeypatch)

@@ -79,10 +79,13 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
     assert capsys.readouterr().err.count("\n") == 1
 
     dataset = ParallelDataset(pairs_tsv, tokenizer, max_src_len=12, max_tgt_len=12)
-    metrics = evaluate.generation_metrics(fake_run, dataset, batch_size=4)
+    generation = (model, params, tokenizer, dataset, config.decode)
+    metrics = evaluate.generation_metrics(*generation, batch_size=4)
     assert capsys.readouterr().out.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100 and metrics["bleu_signature"]
-    greedy = evaluate.generation_metrics(fake_run, dataset, batch_size=4, method="greedy")
+    greedy = evaluate.generation_metrics(
+        model, params, tokenizer, dataset, config.decode, batch_size=4, method="greedy"
+    )
     assert metrics["decode"] == {"method": "beam", "beam_size": 2, "length_penalty": 0.6, "max_new_tokens": 8}
     assert greedy["decode"] == {"method": "greedy", "max_new_tokens": 8}
 

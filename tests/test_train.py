@@ -282,7 +282,7 @@ def test_resume_after_a_crash_is_bit_exact(tmp_path, monkeypatch):
         data.batch = lambda seed, k, *args: (_ for _ in ()).throw(Crash()) if k == 3 else batch(seed, k, *args)
         return data
 
-    monkeypatch.setattr(txjax.training.run, "build_dataset", crashing_dataset)
+    monkeypatch.setattr(txjax.training.edge, "build_dataset", crashing_dataset)
     with pytest.raises(Crash):
         train(tiny_config(*flags), tmp_path / "crashed")
     monkeypatch.undo()

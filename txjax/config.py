@@ -320,7 +320,12 @@ RESUME_FIXED = {
 def save(config: ml_collections.ConfigDict, workdir: Path, history: list | None = None) -> None:
     """Writes config.json: the config and, under "history", the settings a resumed run changed
     (txjax.training.resume)."""
-    saved = json.loads(config.to_json()) | ({HISTORY: history} if history else {})
+    write(config.to_json(), workdir, history)
+
+
+def write(config: str, workdir: Path, history: list | None = None) -> None:
+    """save, of the config's JSON (ConfigDict.to_json)."""
+    saved = json.loads(config) | ({HISTORY: history} if history else {})
     (Path(workdir) / CONFIG_FILE).write_text(json.dumps(saved, indent=1) + "\n")
 
 

@@ -65,7 +65,8 @@ def main(argv: list[str]) -> None:
             eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
             exact_match=run.config.data.kind == "synthetic",
         )
-        metrics = {"split": args.split, "step": run.step, **metrics, **generation_metrics(run, dataset, **strategy)}
+        generated = generation_metrics(run.model, run.params, run.tokenizer, dataset, run.config.decode, **strategy)
+        metrics = {"split": args.split, "step": run.step, **metrics, **generated}
     if run.averaged_steps:
         metrics["averaged_steps"] = list(run.averaged_steps)
     if distributed.is_lead():

@@ -22,9 +22,9 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
     implied = {m for m, options in METHOD_OPTIONS.items() for name in given if name in options}
     if "method" not in given and len(implied) > 1:
         raise ValueError(f"options of several methods given ({', '.join(sorted(given))}): choose one with --method")
-    method = given.pop("method", None) or (implied.pop() if implied else decode_config.method)
+    method = given.pop("method", None) or (implied.pop() if implied else decode_config["method"])
     options = {name: decode_config[name] for name in METHOD_OPTIONS[method]} | given
-    max_new_tokens = given.get("max_new_tokens", decode_config.max_new_tokens)
+    max_new_tokens = given.get("max_new_tokens", decode_config["max_new_tokens"])
     chunk = given.get("prefill_chunk", decode_config.get("prefill_chunk", 0)) or None  # 0 (or a config saved before
     # the field): the whole prompt in one call
     strategy = Strategy(

@@ -79,43 +79,43 @@ def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | No
     )
 
 
-def generation_metrics(run, dataset, batch_size: int = 64, **strategy) -> dict:
-    """Metrics of decoded outputs, the whole split in jitted batches (txjax.decode.decode_all): synthetic tasks,
-    greedy exact match (the answer, then EOS; of `strategy` only prefill_chunk applies); translation, sacreBLEU
-    BLEU and chrF of the config's `decode` strategy (`strategy` overrides its fields, e.g. method="greedy") against
-    the raw references, with sacreBLEU's signatures (also printed) and the strategy used."""
-    tok, cfg = run.tokenizer, run.model.cfg
+def generation_metrics(model, params, tokenizer, dataset, decoding, batch_size: int = 64, **strategy) -> dict:
+    """Metrics of `model`'s decoded outputs at `params`, the whole split in jitted batches (txjax.decode.decode_all):
+    synthetic tasks, greedy exact match (the answer, then EOS; of `strategy` only prefill_chunk applies);
+    translation, sacreBLEU BLEU and chrF of the strategy of `decoding` (a config's decode section, or a mapping of
+    its fields; `strategy` overrides them, e.g. method="greedy") against the raw references, with sacreBLEU's
+    signatures (also printed) and the strategy used."""
     if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
         prompts, answers = dataset.eval_examples()
         # greedy, whatever the decode section's method; its prefill_chunk still holds: a long context is fed in
         # chunks, so prefill attends with chunk x cache scores, not context x context
-        chunk = strategy.get("prefill_chunk", run.config.decode.get("prefill_chunk", 0)) or None
+        chunk = strategy.get("prefill_chunk", decoding.get("prefill_chunk", 0)) or None
         out = decode.decode_all(
-            run.model,
-            run.params,
+            model,
+            params,
             prompts,
             batch_size=batch_size,
-            eos_id=tok.eos_id,
-            pad_id=tok.pad_id,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
             max_new_tokens=max(map(len, answers)) + 1,
-            bos_id=tok.bos_id,
+            bos_id=tokenizer.bos_id,
             prefill_chunk=chunk,
         )
         right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
         return {"generated_exact_match": float(np.mean(right))}
     if isinstance(dataset, ParallelDataset):
-        strategy = decode.strategy_from_config(run.config.decode, tok.eos_id, **strategy)
-        strategy["max_new_tokens"] = min(strategy["max_new_tokens"], cfg.max_len)
+        strategy = decode.strategy_from_config(decoding, tokenizer.eos_id, **strategy)
+        strategy["max_new_tokens"] = min(strategy["max_new_tokens"], model.cfg.max_len)
         out = decode.decode_all(
-            run.model,
-            run.params,
+            model,
+            params,
             dataset.sources,
             batch_size=batch_size,
-            pad_id=tok.pad_id,
-            bos_id=tok.bos_id,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
             **strategy,
         )
-        hypotheses = [tok.decode(ids) for ids in out.ids]
+        hypotheses = [tokenizer.decode(ids) for ids in out.ids]
         references = [[target for _, target in dataset.raw_pairs()]]
         bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
         bleu_score, chrf_score = bleu.corpus_score(hypotheses, references), chrf.corpus_score(hypotheses, references)

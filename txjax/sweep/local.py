@@ -25,7 +25,8 @@ from txjax.ops import preemption, workdir_lock
 from txjax.sweep import search as search_lib
 from txjax.sweep.report import final_metric, write_report
 from txjax.sweep.spec import SweepRun, claim, expand, finish, read_result
-from txjax.training.stack import group_key, train_runs
+from txjax.training.edge import group_key
+from txjax.training.stack import train_runs
 
 
 def run_sweep(

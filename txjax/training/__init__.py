@@ -5,7 +5,8 @@ Below it: the objective (txjax.families.objective); the optimizer, the train sta
 init_from.py   train.init_from=WORKDIR: another workdir's parameters with a fresh optimizer (fine-tuning)
 config.py      TrainConfig: config.train as a frozen value, made once from the validated section
 step.py        the pure train step, jitted on a mesh or vmapped over runs
-run.py         Run: one run's workdir, checkpoints, logs, evaluations and program, as the loop drives it
+edge.py        RunSpec: a run's config resolved against its workdir once (tokenizer, data, model sizes), frozen
+run.py         Run: one run's checkpoints, logs, evaluations and program from its RunSpec, as the loop drives it
 loop.py        train(config, workdir): the one loop (resume, checkpoints, evals, logs, time budget, signals)
 stack.py       train_runs(configs, workdirs): R runs vmapped on one device, each with its own Run (the one place
                that knows R)

@@ -30,33 +30,35 @@ import ml_collections
 
 from txjax.data import prefetch
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step
-from txjax.experiment import TrainedRun
-from txjax.ops import preemption, storage
+from txjax.ops import preemption, storage, workdir_lock
 from txjax.ops.profiling import StepProfiler
 from txjax.parallel.distributed import InFlight, agree
 from txjax.state.optim import eval_params
-from txjax.training import budget
+from txjax.training import budget, edge
 from txjax.training.run import Run, common_step
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Trains the run in `workdir` (its config validated: txjax.config.validate), resuming from its latest
     checkpoint; returns the final metrics, or raises the Diverged error that stopped it."""
-    run = Run(config, workdir)
-    outcome = drive(run)
+    outcome = drive([config], [workdir], lambda runs: runs[0])
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
 
 
-def drive(run):
-    """Trains `run` (a Run, or stacked runs: txjax.training.stack.Stack), resuming from the last step it saved;
-    its outcome (Run.finish)."""
+def drive(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], together):
+    """Trains the runs of `configs` in `workdirs`, resuming from the last step they saved: each config resolved
+    against its workdir at the edge (txjax.training.edge.prepare), under the workdir's lock, into a Run, and
+    `together(runs)` the one the loop drives (a Run, or stacked runs: txjax.training.stack.Stack); its outcome
+    (Run.finish)."""
     with contextlib.ExitStack() as held:  # one writer per workdir; SIGTERM/SIGINT stop with a checkpoint
-        run.lock(held)
+        for workdir in workdirs:
+            held.enter_context(workdir_lock.hold(Path(workdir)))
         held.enter_context(preemption.watch())
         held.enter_context(storage.writing("the workdir", "free space or make it writable, then rerun to resume"))
-        data = run.prepare()  # each folder gets its tokenizer
+        prepared = [edge.prepare(config, Path(workdir)) for config, workdir in zip(configs, workdirs)]
+        run, data = together([Run(spec) for spec, _ in prepared]), prepared[0][1]  # stacked runs share data
         ckpts = run.open_checkpoints()
         try:
             start = common_step(ckpts)
@@ -82,17 +84,16 @@ def _loop(run, data, start: int, changes):
     every_s = 60.0 * t.eval_every_minutes if t.eval_every_minutes > 0 else math.inf
     began, paused, next_eval_s = monotonic(), 0.0, every_s  # paused: seconds of evals and saves
 
-    def valid(run_config, run_state, at: int, batches_to_read: int) -> dict:
-        """A run's loss metrics over the valid split (or its first batches) after step `at` and, with
-        eval_generation, greedy BLEU/chrF or exact match of the whole split; the minutes trained so far (evals and
-        saves not counted)."""
+    def valid(decoding, run_state, batches_to_read: int) -> dict:
+        """A run's loss metrics over the valid split (or its first batches) at `run_state` and, with
+        eval_generation, greedy BLEU/chrF or exact match of the whole split (`decoding`: the run's decode settings);
+        the minutes trained so far (evals and saves not counted)."""
         trained_minutes = (monotonic() - began - paused) / 60.0
         params = eval_params(t.optim.optimizer, run_state)
         batches = preemption.interruptible(eval_batches(valid_data, t.batch_size, batches_to_read, mesh))
         metrics = evaluate(eval_step, params, batches, run.exact_match)
         if t.eval_generation:
-            trained = TrainedRun(run_config, model, tokenizer, params, at)
-            generated = generation_metrics(trained, valid_data, method="greedy")
+            generated = generation_metrics(model, params, tokenizer, valid_data, decoding, method="greedy")
             # the numbers (TensorBoard's scalars), not sacreBLEU's signatures or the strategy (greedy, said above)
             metrics |= {k: v for k, v in generated.items() if isinstance(v, int | float)}
         return metrics | {"train_minutes": trained_minutes}

@@ -27,8 +27,9 @@ from txjax import config as config_lib
 from txjax import unread
 
 
-def differences(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> dict[str, list]:
-    """{"section.field": [saved value, new value]} for every field whose value differs."""
+def differences(saved: ml_collections.ConfigDict, config: str) -> dict[str, list]:
+    """{"section.field": [saved value, new value]} for every field whose value differs from the config's (its
+    JSON)."""
 
     def flat(tree: dict, prefix: str = "") -> dict:
         out = {}
@@ -36,7 +37,7 @@ def differences(saved: ml_collections.ConfigDict, config: ml_collections.ConfigD
             out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
         return out
 
-    old, new = (flat(json.loads(c.to_json())) for c in (saved, config))  # in the config's order, model first
+    old, new = flat(json.loads(saved.to_json())), flat(json.loads(config))  # in the config's order, model first
     return {name: [old.get(name), value] for name, value in new.items() if old.get(name) != value}
 
 
@@ -50,9 +51,10 @@ def refused(name: str) -> bool:
     return field in config_lib.RESUME_FIXED.get(section, ())
 
 
-def check(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, list]:
-    """The changes a run resuming from `workdir`'s checkpoints applies ({field: [old, new]}); a ConfigError naming
-    the refused ones when there are any."""
+def check(config: str, workdir: Path) -> dict[str, list]:
+    """The changes a run of the config (its JSON) resuming from `workdir`'s checkpoints applies to the one saved
+    there ({field: [old, new]}); a ConfigError naming the refused ones when there are any."""
+    saved = config_lib.load(workdir)
     changes, ignored = differences(saved, config), unread.unread_fields(saved)  # changing one changes nothing
     bad = [
         f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items() if refused(name) and name not in ignored
@@ -65,10 +67,11 @@ def check(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict, w
     return changes
 
 
-def save(config: ml_collections.ConfigDict, workdir: Path, start: int, changes: dict[str, list]) -> None:
-    """Writes config.json, its history extended by the changes applied from step `start` (when there are any)."""
+def save(config: str, workdir: Path, start: int, changes: dict[str, list]) -> None:
+    """Writes config.json of the config (its JSON), its history extended by the changes applied from step `start`
+    (when there are any)."""
     entry = [{"step": start, "changes": changes}] if changes else []
-    config_lib.save(config, workdir, config_lib.history(workdir) + entry)
+    config_lib.write(config, workdir, config_lib.history(workdir) + entry)
 
 
 def describe(changes: dict[str, list]) -> str:

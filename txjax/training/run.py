@@ -1,7 +1,7 @@
-"""One run as the training loop (txjax.training.loop) drives it: its workdir (writer lock, tokenizer, data, the
-resolved config and its resume check), checkpoints, logs and evaluations, and, trained alone, its program: the
-state laid out on a mesh by its logical axes and the jitted train step, each process building its rows of every
-batch. txjax.training.stack drives R of them with one vmapped program instead.
+"""One run as the training loop (txjax.training.loop) drives it, from its settings resolved against its workdir
+(txjax.training.edge.RunSpec): its resolved config and resume check, checkpoints, logs and evaluations, and,
+trained alone, its program: the state laid out on a mesh by its logical axes and the jitted train step, each
+process building its rows of every batch. txjax.training.stack drives R of them with one vmapped program instead.
 
 A run whose loss or parameters become non-finite stops with Diverged, the last checkpoint before that kept.
 """
@@ -13,24 +13,23 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
-import ml_collections
 from jax.sharding import Mesh
 
 from txjax import config as config_lib
 from txjax import families
 from txjax.evaluate.split import read_recorded, write_metrics
-from txjax.experiment import CHECKPOINT_DIR, build_dataset, build_model, build_tokenizer, fill_model_sizes
-from txjax.ops import memory, preemption, workdir_lock
+from txjax.experiment import CHECKPOINT_DIR
+from txjax.ops import memory, preemption
 from txjax.ops.metrics_log import MetricsLog
 from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
-from txjax.parallel.distributed import barrier, is_lead, run_mesh
+from txjax.parallel.distributed import is_lead, run_mesh
 from txjax.parallel.sharding import SEQUENCE_AXIS, global_batch, process_rows
 from txjax.state.checkpoint import Checkpointer
 from txjax.state.optim import make_optimizer
 from txjax.state.train_state import init_state, state_shardings, with_hyperparams
 from txjax.training import init_from, resume
-from txjax.training.config import TrainConfig
+from txjax.training.edge import RunSpec
 from txjax.training.step import make_train_step
 
 
@@ -38,32 +37,14 @@ class Diverged(RuntimeError):
     """The loss or the parameters became NaN or infinite; the last checkpoint saved before that is kept."""
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: Path):
-    """(tokenizer, train, valid) of a run; the tokenizer saved in `workdir`, the model sizes filled into `config`."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    if config.train.get("init_from"):  # fine-tuning: the source's model section and tokenizer
-        init_from.adopt_model(config, workdir, lead=is_lead())
-        barrier("init_from")
-    with config_lib.user_errors():
-        tokenizer = build_tokenizer(config, workdir) if is_lead() else None
-        barrier("tokenizer")  # the other processes load the one process 0 built and saved
-        tokenizer = build_tokenizer(config, workdir) if tokenizer is None else tokenizer
-        train_data = build_dataset(config, tokenizer, "train")
-        valid_data = build_dataset(config, tokenizer, "valid")
-        fill_model_sizes(config, tokenizer, train_data)
-    return tokenizer, train_data, valid_data
-
-
 class Run:
-    """One run: built from its validated config and workdir, then opened step by step by the loop. The loop reads
-    typed values (t: TrainConfig; the model, its ModelConfig frozen); the ConfigDict is read where the workdir, the
-    data and the model are made (prepare, resolve, build) and handed to the evals' TrainedRun."""
+    """One run: built from its RunSpec, then opened step by step by the loop, which reads its typed values
+    (t: TrainConfig; the model, its ModelConfig frozen)."""
 
     size = 1
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str | Path):
-        self.config, self.workdir, self.t = config, Path(workdir), TrainConfig.of(config.train)
-        self.exact_match = config.data.kind == "synthetic"  # its evals score a generated answer whole
+    def __init__(self, spec: RunSpec):
+        self.spec, self.workdir, self.t, self.exact_match = spec, spec.workdir, spec.train, spec.exact_match
         self.ckpt: Checkpointer | None = None
         self.log: MetricsLog | None = None
         self.saved: int | None = None  # the last finished checkpoint
@@ -74,16 +55,9 @@ class Run:
     def name(self) -> str:
         return str(self.workdir)
 
-    def lock(self, held) -> None:
-        """One writer per workdir, held by the ExitStack `held`."""
-        held.enter_context(workdir_lock.hold(self.workdir))
-
-    def prepare(self):
-        return prepare(self.config, self.workdir)
-
     def build(self) -> tuple[nn.Module, Mesh]:
-        """The run's model (its frozen ModelConfig, with the sizes `prepare` filled in) and its mesh (config.mesh)."""
-        return build_model(self.config), run_mesh(self.config.mesh)
+        """The run's model (its family's, of its ModelConfig) and its mesh."""
+        return families.build(self.spec.family, self.spec.model), run_mesh(self.spec.mesh)
 
     def open_checkpoints(self) -> list[Checkpointer]:
         self.ckpt = Checkpointer(self.workdir / CHECKPOINT_DIR, self.t.keep_checkpoints)
@@ -96,9 +70,9 @@ class Run:
         self.saved = start or None
         changes = {}
         if self.ckpt.latest_step() is not None:
-            changes = resume.check(config_lib.load(self.workdir), self.config, self.workdir)
+            changes = resume.check(self.spec.config, self.workdir)
         if is_lead():
-            resume.save(self.config, self.workdir, start, changes)
+            resume.save(self.spec.config, self.workdir, start, changes)
         return changes
 
     def compile(self, model, mesh: Mesh) -> None:
@@ -170,11 +144,11 @@ class Run:
     def owed_eval(self, start: int, state, valid) -> None:
         """The periodic eval of the resumed step `start` when a signal cut it short (txjax.ops.preemption.owed_eval)."""
         if preemption.owed_eval(self.workdir, start, self.t.eval_every, self.t.steps):
-            self.log.write(start, "valid", valid(self.config, state, start, self.t.eval_batches))
+            self.log.write(start, "valid", valid(self.spec.decode, state, self.t.eval_batches))
 
     def evaluate(self, step: int, state, valid) -> None:
         """A periodic eval: `valid` (the loop's) over the first train.eval_batches batches, into the logs."""
-        self.log.write(step, "valid", valid(self.config, state, step, self.t.eval_batches))
+        self.log.write(step, "valid", valid(self.spec.decode, state, self.t.eval_batches))
 
     def restart_clock(self) -> None:
         self.log.restart_clock()
@@ -187,7 +161,7 @@ class Run:
             return self.diverged
         final = recorded_eval(self.workdir, step) if step == start else None
         if final is None:
-            final = valid(self.config, state, step, 0)
+            final = valid(self.spec.decode, state, 0)
             self.log.write(step, "valid", final)
             if is_lead():
                 write_metrics(self.workdir, "valid", {"split": "valid", "step": step, **final})

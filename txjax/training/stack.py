@@ -14,8 +14,6 @@ that knows R.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 
 import jax
@@ -27,30 +25,18 @@ from jax.sharding import Mesh
 from txjax.state.optim import HYPERPARAMS, make_optimizer
 from txjax.state.train_state import init_state, run_keys
 from txjax.training import init_from
+from txjax.training.edge import VMAPPABLE
 from txjax.training.loop import drive
 from txjax.training.run import Run
 from txjax.training.step import train_step_function
 
-VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
-
 
 def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path]) -> list[dict | Exception]:
-    """Trains the runs together (one: as it is; more: stacked, see group_key), resuming from the last step all of
-    them saved; per run, the final metrics or the Diverged error that stopped it."""
-    runs = [Run(config, workdir) for config, workdir in zip(configs, workdirs)]
-    return [drive(runs[0])] if len(runs) == 1 else drive(Stack(runs))
-
-
-def group_key(config: ml_collections.ConfigDict) -> str | None:
-    """Runs whose configs have equal keys can be stacked: they differ only in VMAPPABLE fields. None for a run that
-    cannot share a program (a mesh of several devices or several processes: stacked runs live on one device)."""
-    if math.prod(config.mesh.values()) > 1 or jax.process_count() > 1:
-        return None
-    shared = config.to_dict()
-    for field in VMAPPABLE:
-        section, name = field.split(".")
-        del shared[section][name]
-    return json.dumps(shared, sort_keys=True)
+    """Trains the runs together (one: as it is; more: stacked, see edge.group_key), resuming from the last step all
+    of them saved; per run, the final metrics or the Diverged error that stopped it."""
+    if len(configs) == 1:
+        return [drive(configs, workdirs, lambda runs: runs[0])]
+    return drive(configs, workdirs, Stack)
 
 
 @jax.jit
@@ -71,7 +57,7 @@ class Stack:
 
     def __init__(self, runs: list[Run]):
         self.runs, self.size = runs, len(runs)
-        self.config, self.t, self.workdir = runs[0].config, runs[0].t, runs[0].workdir
+        self.t, self.workdir = runs[0].t, runs[0].workdir
         self.exact_match = runs[0].exact_match
         self.name = ", ".join(run.name for run in runs)
 
@@ -79,16 +65,8 @@ class Stack:
         """(r, run) of the runs that have not diverged."""
         return [(r, run) for r, run in enumerate(self.runs) if run.diverged is None]
 
-    def lock(self, held) -> None:
-        for run in self.runs:
-            run.lock(held)
-
-    def prepare(self):
-        """Each run's tokenizer in its workdir; the first run's (tokenizer, train, valid): stacked runs share data."""
-        return [run.prepare() for run in self.runs][0]
-
     def build(self):
-        """The first run's model and mesh: stacked runs share the model (group_key)."""
+        """The first run's model and mesh: stacked runs share the model (edge.group_key)."""
         return self.runs[0].build()
 
     def open_checkpoints(self) -> list:
@@ -99,7 +77,7 @@ class Stack:
 
     def compile(self, model, mesh: Mesh) -> None:
         """The one vmapped program (stacked runs live on the default device, whatever `mesh`)."""
-        if len({group_key(run.config) for run in self.runs}) != 1 or group_key(self.config) is None:
+        if len({run.spec.group for run in self.runs}) != 1 or self.runs[0].spec.group is None:
             raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
         self.model, self.seeds = model, [run.t.seed for run in self.runs]
         dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
