@@ -1,7 +1,8 @@
 """A run's training settings as one frozen value: TrainConfig, made once from the config's train section after
-txjax.config.validate checked it (at the command line, or in the sweep that built the config), and handed down to
-the loop, the train step and the time budget in place of the ConfigDict. The optimizer's part is its own value,
-txjax.state.optim.OptimConfig, which is all make_optimizer reads.
+txjax.config.validate checked it (at the command line, or in the sweep that built the config), at the edge of
+training (txjax.training.edge.RunSpec), and handed down to the loop, the train step and the time budget in place of
+the ConfigDict. The optimizer's part is its own value, txjax.state.optim.OptimConfig, which is all make_optimizer
+reads.
 """
 
 from __future__ import annotations

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from pathlib import Path
 from time import monotonic
+from typing import Any
 
 import ml_collections
 
@@ -47,7 +49,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     return outcome
 
 
-def drive(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], together):
+def drive(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], together: Callable[[list[Run]], Any]):
     """Trains the runs of `configs` in `workdirs`, resuming from the last step they saved: each config resolved
     against its workdir at the edge (txjax.training.edge.prepare), under the workdir's lock, into a Run, and
     `together(runs)` the one the loop drives (a Run, or stacked runs: txjax.training.stack.Stack); its outcome
