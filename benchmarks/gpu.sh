@@ -64,10 +64,11 @@ stage() {  # stage NAME LIMIT_SECONDS COMMAND...: runs it within what is left of
 
 if ((DRY)); then  # small shapes, the same code paths
   PEAK=(--quick --repeats=2)
-  TRAIN=(--shape=shakespeare_char --dtype=bfloat16 --steps=2 --warmup=1)  # the experiment's dtype: fewer compiles
-  DECODE=(--models=gpt2_tiny --batches=1,2 --new_tokens=4 --repeats=1 --peers=eager --prompts=equal)
-  SMALL=(--shape=shakespeare_char --dtype=bfloat16 --attention=auto --steps=2 --warmup=1)
-  TESTS=(--co -q)  # collected, not run: CI runs them on its CPU anyway
+  TINY=(--model.num_layers=2 --train.batch_size=2)  # compiling is the cost here: 2 layers still loop and scan
+  TRAIN=(--shape=shakespeare_char --dtype=bfloat16 --steps=2 --warmup=1 "${TINY[@]}")  # the experiment's dtype
+  DECODE=(--models=gpt2_tiny --batches=1,2 --new_tokens=4 --repeats=1 --peers=eager --prompts=equal --stream_calls=3)
+  SMALL=(--shape=shakespeare_char --dtype=bfloat16 --attention=auto --steps=2 --warmup=1 "${TINY[@]}")
+  TESTS=(--co -q tests/test_layers.py)  # collected, not run (CI runs them on its CPU anyway); one file: the marker
   FLAG_SETS=("--xla_backend_optimization_level=1")
 else
   PEAK=()

@@ -114,3 +114,28 @@ def pairs_tsv(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("a cat\tun gato\nthe dog\tel perro\na dog\tun perro\nthe cat\tel gato\n")
     return path
+
+
+# The files that take longest (seconds of their tests on an idle 2-core machine, `--durations=0`), longest first,
+# run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (the README's command) hands each
+# worker the next file in this order when it finishes one, so the long files overlap each other and the suite ends
+# on short ones instead of one worker finishing a long file alone while the other idles (xdist's own order, most
+# tests first, put these few-test files last).
+LONGEST_FIRST = [
+    "test_gpu_script.py",  # ~80: benchmarks/gpu.sh --dry-run, 8 stages each a process
+    "test_multiprocess.py",  # ~75: two-process jax.distributed runs
+    "test_faults.py",  # ~70: signals and kills of run.py processes
+    "test_sweep_ray.py",  # ~70: a local Ray cluster and its trial processes
+    "test_gguf.py",  # ~50: SmolLM2-135M against transformers
+    "test_decode.py",  # ~50: 21 tests of cached decoding
+    "test_sequence_parallel.py",  # ~45
+    "test_sharded_training.py",  # ~45
+    "test_ring_attention.py",  # ~40
+    "test_sweep.py",  # ~40
+    "test_train.py",  # ~40
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order, then the rest

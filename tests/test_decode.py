@@ -16,6 +16,8 @@ from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM, EncoderDecoder
 from txjax.model.positional import KINDS
 
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
+
 VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
 
 
