@@ -46,10 +46,12 @@ def passkey() -> list[str]:
             if not path.is_file():
                 continue
             e, config = json.loads(path.read_text()), flat_config(folder)
+            decoded = f"{e['generated_exact_match']:.3f}" if "generated_exact_match" in e else ""
             rows.append([f"{config['data.max_digits']:,}", f"`{e['machine']['command']}`", split, e["step"],
-                         f"{e['exact_match']:.3f}", e["examples"], n(train_minutes(folder)),
+                         f"{e['exact_match']:.3f}", decoded, e["examples"], n(train_minutes(folder)),
                          machine_label(e["machine"])])  # fmt: skip
-    header = ["context", "command", "split", "step", "exact match", "examples", "training minutes", "measured"]
+    header = ["context", "command", "split", "step", "exact match (teacher-forced)", "exact match (greedy decoding)",
+              "examples", "training minutes", "measured"]  # fmt: skip
     return table(header, rows)
 
 
