@@ -13,7 +13,7 @@ COMMANDS = {
     "add_seq2seq": "python run.py train --config=experiments/add_seq2seq.py",
     "shakespeare_char": "python run.py train --config=experiments/shakespeare_char.py",
     "bible_en_es": "python run.py train --config=experiments/bible_en_es.py",
-    "passkey": "python run.py train --config=experiments/passkey.py --config.train.init_from=C512",
+    "passkey": "python run.py train --config=experiments/passkey.py --config.train.init_from=C8192",
 }  # passkey: the last run of its curriculum (experiments/passkey.py, docs/long_context.md)
 
 
