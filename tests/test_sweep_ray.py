@@ -46,18 +46,18 @@ def same_runs(a, b):
 
 
 def test_a_sweep_on_ray_equals_the_in_process_sweep(cluster, tmp_path):
-    # 2 trials at once (one per CPU), each its own setting and a seed other than the default, 8 steps: evals and
-    # checkpoints at 4 and 8
+    # 2 trials at once (one per CPU), two seeds of one setting (one row of 2 in the table; trials of different
+    # settings: the ASHA test), 8 steps: evals and checkpoints at 4 and 8
     fixed = {**STEPS, "train.steps": 8}
-    sweep = sweep_file(tmp_path, fixed=fixed, grid={"train.learning_rate": [3e-3, 1e-3]}, seeds=[1])
+    sweep = sweep_file(tmp_path, fixed=fixed, grid={"train.learning_rate": [3e-3]}, seeds=[0, 1])
     on_ray = run_on_ray(sweep, tmp_path / "ray", [], vmap=False)
     assert [r.result["status"] for r in on_ray] == ["done"] * 2
     run_sweep(sweep, tmp_path / "local", [], vmap=False)
     same_runs(tmp_path / "ray", tmp_path / "local")
-    evals = [r["step"] for r in read_metrics(tmp_path / "ray" / "learning_rate-0.001_seed-1") if r["split"] == "valid"]
+    evals = [r["step"] for r in read_metrics(tmp_path / "ray" / "learning_rate-0.003_seed-1") if r["split"] == "valid"]
     assert evals == [4, 8]
     table = (tmp_path / "ray" / "results.md").read_text()
-    assert "| learning_rate=0.003 | 1/1 |" in table
+    assert "| learning_rate=0.003 | 2/2 |" in table
     before = results(tmp_path / "ray")  # the rerun skips every finished run
     run_on_ray(sweep, tmp_path / "ray", [], vmap=False)
     assert results(tmp_path / "ray") == before
