@@ -1,5 +1,7 @@
 """Optimizers and schedules from config.train (txjax.state.optim) against direct optax calls and the formulas."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -198,3 +200,9 @@ def test_a_bad_optimizer_or_schedule_is_one_line():
         tiny("adam")
     with pytest.raises(config_lib.ConfigError, match="decay_fraction=0.0 must be in"):
         tiny("adamw", "--config.train.decay_fraction=0")
+
+
+def test_the_optimizer_table_refuses_an_unknown_name():
+    """The library's own entry (not only the config's validation) builds no optimizer for a name it does not list."""
+    with pytest.raises(ValueError, match="train.optimizer='adam' is not one of adamw, lion"):
+        make_optimizer(dataclasses.replace(train_config("adamw"), optimizer="adam"))

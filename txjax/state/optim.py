@@ -41,7 +41,6 @@ import optax.contrib
 
 HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2")  # traced, vmappable
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
-OPTIMIZERS = ("adamw", "lion", "adafactor", "muon", "schedule_free_adamw")
 _STATIC = ("steps", "grad_clip", "optimizer", "schedule", "decay_fraction")  # part of the compiled program
 BUDGET_PLAN = ("decay_from", "decay_steps", "trained_s")  # decay_start="budget": injected, set by txjax.training.budget
 MUP_OPTIMIZERS = ("adamw", "lion")
@@ -156,6 +155,51 @@ def mup_lr_multipliers(params, cfg) -> dict:
     )
 
 
+def _adamw(lr, b1, b2, weight_decay):
+    return optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
+
+
+def _lion(lr, b1, b2, weight_decay):
+    return optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
+
+
+def _adafactor(lr, b1, b2, weight_decay):
+    """optax's weight_decay_rate is a per-step rate, not scaled by the learning rate: decoupled here as AdamW's."""
+    direction = optax.adafactor(learning_rate=None)  # the negated update direction, before the learning rate
+    return optax.chain(direction, optax.add_decayed_weights(-weight_decay, is_decayed), optax.scale_by_schedule(lr))
+
+
+def _muon(lr, b1, b2, weight_decay):
+    """optax's AdamW branch decays every parameter it gets: norms and biases go to a plain Adam."""
+    muon = optax.contrib.muon(
+        lr,
+        weight_decay=weight_decay,
+        adam_b1=b1,
+        adam_b2=b2,
+        adam_weight_decay=weight_decay,
+        muon_weight_dimension_numbers=muon_dimensions,
+    )
+    plain = optax.adam(lr, b1=b1, b2=b2, eps=1e-8, nesterov=True)  # muon's AdamW branch without the decay
+    labels = lambda params: jax.tree.map(lambda decayed: "decayed" if decayed else "plain", is_decayed(params))
+    return optax.partition({"decayed": muon, "plain": plain}, labels)
+
+
+def _schedule_free_adamw(warm, b1, b2, weight_decay):
+    """`warm`: the warmup, then constant (no schedule); optax's version decays every parameter (it takes no mask)."""
+    return optax.contrib.schedule_free_adamw(warm, b1=b1, b2=b2, weight_decay=weight_decay)
+
+
+# train.optimizer -> its builder(learning-rate schedule, b1, b2, weight_decay): the one list of optimizers
+BUILDERS = {
+    "adamw": _adamw,
+    "lion": _lion,
+    "adafactor": _adafactor,
+    "muon": _muon,
+    "schedule_free_adamw": _schedule_free_adamw,
+}
+OPTIMIZERS = tuple(BUILDERS)
+
+
 def _optimizer(
     learning_rate,
     warmup_steps,
@@ -173,33 +217,12 @@ def _optimizer(
     decay_steps=None,
     trained_s=None,  # the budget's clock: saved with the plan, read by the loop only
 ):
+    if optimizer == "schedule_free_adamw":  # no schedule of its own: the warmup, then constant
+        schedule, decay_from, decay_steps = "constant", None, None
     lr = lambda count: learning_rate_at(
         count, learning_rate, warmup_steps, min_lr_ratio, steps, schedule, decay_fraction, decay_from, decay_steps
     )
-    kind = optimizer
-    if kind == "adamw":
-        tx = optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
-    elif kind == "lion":
-        tx = optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
-    elif kind == "adafactor":
-        # optax's weight_decay_rate is a per-step rate, not scaled by the learning rate: decoupled here as AdamW's
-        direction = optax.adafactor(learning_rate=None)  # the negated update direction, before the learning rate
-        tx = optax.chain(direction, optax.add_decayed_weights(-weight_decay, is_decayed), optax.scale_by_schedule(lr))
-    elif kind == "muon":  # optax's AdamW branch decays every parameter it gets: norms and biases go to a plain Adam
-        muon = optax.contrib.muon(
-            lr,
-            weight_decay=weight_decay,
-            adam_b1=b1,
-            adam_b2=b2,
-            adam_weight_decay=weight_decay,
-            muon_weight_dimension_numbers=muon_dimensions,
-        )
-        plain = optax.adam(lr, b1=b1, b2=b2, eps=1e-8, nesterov=True)  # muon's AdamW branch without the decay
-        labels = lambda params: jax.tree.map(lambda decayed: "decayed" if decayed else "plain", is_decayed(params))
-        tx = optax.partition({"decayed": muon, "plain": plain}, labels)
-    else:  # schedule-free: the warmup, then constant; optax's version decays every parameter (it takes no mask)
-        warm = lambda count: learning_rate_at(count, learning_rate, warmup_steps, min_lr_ratio, steps, "constant")
-        tx = optax.contrib.schedule_free_adamw(warm, b1=b1, b2=b2, weight_decay=weight_decay)
+    tx = BUILDERS[optimizer](lr, b1, b2, weight_decay)
     if multipliers is not None:  # per-parameter learning rates: each update times its multiplier
         scale = lambda updates, params: jax.tree.map(lambda u, k: u * k, updates, multipliers(params))
         tx = optax.chain(tx, optax.stateless(scale))
@@ -209,6 +232,8 @@ def _optimizer(
 def make_optimizer(o: OptimConfig, model=None) -> optax.GradientTransformation:
     """The clipped optimizer of `o`, its schedule inside; `model` (the ModelConfig) brings muP's learning-rate
     multipliers."""
+    if o.optimizer not in BUILDERS:
+        raise ValueError(f"train.optimizer={o.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     factory = optax.inject_hyperparams(_optimizer, static_args=(*_STATIC, "multipliers"))
     mup = model is not None and model.parametrization == "mup"
     multipliers = (lambda params: mup_lr_multipliers(params, model)) if mup else None
