@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from txjax import families
+from txjax.families.family import Family
 from txjax.model.models import DecoderLM
 
 
-class DecoderOnly(families.Family):
+class DecoderLMFamily(Family):
     name = "decoder_lm"
     module = DecoderLM
     inputs = ("inputs", "positions", "segment_ids")

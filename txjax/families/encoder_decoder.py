@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from txjax import families
+from txjax.families.family import Family
 from txjax.model.models import EncoderDecoder
 
 
@@ -17,7 +17,7 @@ class Source(NamedTuple):
     segment_ids_BxS: jnp.ndarray
 
 
-class EncoderDecoderFamily(families.Family):
+class EncoderDecoderFamily(Family):
     name = "encoder_decoder"
     module = EncoderDecoder
     inputs = ("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions", "tgt_segment_ids")

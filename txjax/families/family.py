@@ -1,0 +1,51 @@
+"""The contract every model family implements (Family); the families are its subclasses, registered in
+txjax/families/__init__.py."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import flax.linen as nn
+
+
+class Family:
+    """What a model family must say; see decoder_lm.py and encoder_decoder.py."""
+
+    name: ClassVar[str]
+    module: ClassVar[type[nn.Module]]
+    inputs: ClassVar[tuple[str, ...]]  # batch keys of the full forward pass, in the order of the module's __call__
+    labels: ClassVar[tuple[str, str]]  # batch keys of the targets and of their weights
+    source: ClassVar[str | None]  # batch key of the encoder's input (None: no encoder, the output continues its input)
+    # True: the output continues its one input sequence (an LM: it may slide past the context, lm-eval can score
+    # it, its attention is one map); False: the output is a new sequence read from a source (encoder-decoder)
+    continues_prompt: ClassVar[bool]
+    data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
+
+    def encode(self, model, params, source: tuple | None) -> Any:
+        """The context every decode_step reads, from (source ids [B, S] right-padded, lengths [B]) or None."""
+        raise NotImplementedError
+
+    def decode_step(self, model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL=None, prefill=False):
+        """One cached call appending L tokens: -> (logits [C, L, V], mutated variables with the new 'cache').
+        prefill: the generation's first call (the one that may write what the context contributes to the cache)."""
+        raise NotImplementedError
+
+    def logits(self, model, params, batch, **apply_kwargs):
+        """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs)."""
+        return model.apply({"params": params}, *(batch[k] for k in self.inputs), **apply_kwargs)
+
+    def prompts(self, inputs: list, bos_id: int | None) -> tuple[list, list | None]:
+        """(prompts, sources or None) of `generate`'s inputs: what the decoder continues, and what it encodes."""
+        raise NotImplementedError
+
+    def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
+        """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
+        raise NotImplementedError
+
+    def attention_layers(self, cfg) -> tuple[int, int, int]:
+        """(encoder self-attention, decoder self-attention, cross-attention) layer counts."""
+        raise NotImplementedError
+
+    def head_table(self, cfg) -> str:
+        """The top-level module whose token table is the tied LM head."""
+        raise NotImplementedError
