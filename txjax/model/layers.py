@@ -36,7 +36,11 @@ def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: floa
 
 
 def _dense_product(x, w, dimension_numbers, precision=None):
-    """nn.Dense's dot_general (x's last axis against w's first) as txjax.model.precision.einsum."""
+    """nn.Dense's dot_general as txjax.model.precision.einsum: x's last axis against w's first, no batch axes (the
+    one form nn.Dense asks for; another is refused, not computed as this one)."""
+    (x_contract, w_contract), batch_axes = dimension_numbers
+    if tuple(x_contract) != (x.ndim - 1,) or tuple(w_contract) != (0,) or any(batch_axes):
+        raise NotImplementedError(f"dense product with dimension_numbers={dimension_numbers}")
     return precision_lib.einsum("...i,io->...o", x, w)
 
 

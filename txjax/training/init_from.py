@@ -55,6 +55,6 @@ def fresh_state(params, tx) -> TrainState:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def initial_state(path, model, tx, mesh, shardings) -> TrainState:
+def initial_state(path, tx, mesh, shardings) -> TrainState:
     """fresh_state at the source's parameters, laid out as `shardings` (the run's state shardings on `mesh`)."""
     return jax.jit(lambda p: fresh_state(p, tx), out_shardings=shardings)(source_params(path, mesh))

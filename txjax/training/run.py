@@ -84,7 +84,7 @@ class Run:
         self.init = jax.jit(lambda: init_state(model, tx, seed), out_shardings=shardings)
         self.first = self.init
         if self.t.init_from:  # fine-tuning: another workdir's parameters, fresh moments
-            self.first = lambda: init_from.initial_state(self.t.init_from, model, tx, mesh, shardings)
+            self.first = lambda: init_from.initial_state(self.t.init_from, tx, mesh, shardings)
         self.train_step = make_train_step(model, tx, self.t, mesh)
 
     def start(self, step: int):
