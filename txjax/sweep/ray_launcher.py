@@ -110,8 +110,8 @@ def _worker_env() -> dict:
     return env
 
 
-def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, list[dict]]:
-    """{trial name: the settings of its runs}: the vmapped groups (or single runs), or with a scheduler each
+def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, list[tuple[str, dict]]]:
+    """{trial name: the names and settings of its runs}: the vmapped groups (or single runs), or with a scheduler each
     setting's seeds (vmapped together, or each alone); a trial is named after its first run."""
     todo = [r for r in runs if not r.error]  # the bad settings fail in the driver (pending)
     if per_setting:
@@ -125,7 +125,7 @@ def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, li
         # ascending) every one would beat the last and go on, so the trials start in a seeded random order
         groups = [groups[i] for i in np.random.default_rng(0).permutation(len(groups))]
     return {
-        group[0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""): [r.settings for r in group]
+        group[0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""): [(r.name, r.settings) for r in group]
         for group in groups
     }
 
@@ -171,26 +171,30 @@ class _Shown:
 
     def of(self, config: dict) -> list[SweepRun]:
         """The runs of a trial's config (the plan's, or an optuna point with the sweep's seeds), known from now."""
-        settings = _settings(config, self.sweep, self.plan)
         names = {r.name: r for r in self.runs}
-        trial_runs = [make_run(self.sweep, self.overrides, self.workdir, s) for s in settings]
+        settings = _settings(config, self.sweep, self.plan)
+        trial_runs = [make_run(self.sweep, self.overrides, self.workdir, s, n) for n, s in settings]
+        for run in trial_runs:
+            if run.name in names and "trial" not in config:  # an optuna point proposed again
+                names[run.name].draws += 1
         self.runs += [r for r in trial_runs if r.name not in names]
         return [names.get(r.name, r) for r in trial_runs]
 
 
-def _settings(config: dict, sweep: dict, plan: dict[str, list[dict]]) -> list[dict]:
-    """The settings of a trial's runs: the plan's for a planned trial, an optuna point crossed with the seeds."""
+def _settings(config: dict, sweep: dict, plan: dict[str, list[tuple[str, dict]]]) -> list[tuple[str | None, dict]]:
+    """The names and settings of a trial's runs: the plan's for a planned trial, an optuna point crossed with the
+    seeds (named by make_run)."""
     if "trial" in config:
         return plan[config["trial"]]
     point = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
-    return [{**point, "train.seed": seed} for seed in sweep["seeds"]]
+    return [(None, {**point, "train.seed": seed}) for seed in sweep["seeds"]]
 
 
-def _trial(config: dict, sweep: dict, overrides: list[str], workdir: Path, plan: dict[str, list[dict]]) -> None:
+def _trial(config: dict, sweep: dict, overrides: list[str], workdir: Path, plan: dict) -> None:
     """One Tune trial, in a Ray worker: trains its runs without a result (train_group), reporting each eval."""
     from ray import tune
 
-    runs = [make_run(sweep, overrides, workdir, s) for s in _settings(config, sweep, plan)]
+    runs = [make_run(sweep, overrides, workdir, s, n) for n, s in _settings(config, sweep, plan)]
     if (workdir / STOP_FILE).exists():  # the driver is stopping: the next command trains these
         return
     todo = pending(runs)
