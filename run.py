@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
 
     from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
+    from txjax.errors import symlink_loop_line
     from txjax.extras import MissingExtra
     from txjax.ops.memory import out_of_memory_line
     from txjax.ops.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
@@ -61,6 +62,11 @@ def main(argv: list[str]) -> int:
     except Stopped as e:
         print(e.line(argv[0]), file=sys.stderr)
         return e.status
+    except (RuntimeError, OSError) as e:  # a path given that loops: one line; anything else is a bug
+        if (line := symlink_loop_line(e)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     return 0
 
 
