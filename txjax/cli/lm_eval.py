@@ -97,9 +97,10 @@ def main(argv: list[str]) -> None:
     with user_errors():
         lm = TxjaxLM(workdir=args.workdir, batch_size=args.batch_size, max_length=args.max_length)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    results = lm_eval.simple_evaluate(
-        model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=manager, log_samples=False
-    )
+    with user_errors():  # a document the workdir's tokenizer cannot encode: one line
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=manager, log_samples=False
+        )
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))

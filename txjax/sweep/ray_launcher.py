@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from txjax.sweep.local import groups_of, objective_metric, pending, train_group
 from txjax.sweep.report import final_metric, write_report
 from txjax.sweep.spec import SweepRun, claim, expand, finish, make_run, read_result
 
+CONNECT_TIMEOUT_S = 10  # for a Ray cluster's HOST:PORT to answer
 STOP_FILE = "stop.request"  # in DIR: the driver's "save and stop" to every trial
 TUNE_DIR = "tune"  # in DIR: Tune's experiment state and trial logs
 
@@ -60,13 +62,13 @@ def run_on_ray(
     optuna = (sweep["search"] or {}).get("kind") == "optuna"
     runs = [] if optuna else expand(sweep, overrides, workdir)
     plan = {} if optuna else _trials(runs, vmap, sweep["scheduler"] is not None)
+    if not ray.is_initialized():  # before watch: a signal while connecting stops the command at once
+        connect(ray, address)
     with workdir_lock.hold(workdir), preemption.watch():  # a signal: every trial saves and stops
         claim(workdir, sweep, overrides)
         (workdir / STOP_FILE).unlink(missing_ok=True)
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # preemption.watch's handler, not Tune's, takes Ctrl-C
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live table of CLIReporter, one line per trial
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": _worker_env()})
         pending(runs)  # reads every result.json; a run with a bad setting fails here, once
         shown = _Shown(sweep, overrides, workdir, runs, plan)
         trainable = tune.with_parameters(_trial, sweep=sweep, overrides=overrides, workdir=workdir, plan=plan)
@@ -97,6 +99,27 @@ def run_on_ray(
             write_report(workdir, shown.runs, sweep["metrics"], command, sweep["lines"])
         preemption.raise_if_signalled()
         return shown.runs
+
+
+def connect(ray, address: str | None) -> None:
+    """ray.init: a new local cluster (address None), the one `ray start` left here (auto), or HOST:PORT, which must
+    answer a TCP connection within CONNECT_TIMEOUT_S (ray.init itself would retry for minutes); a cluster not found
+    is one ConfigError line naming the address."""
+    fix = "start one with `ray start --head` (on HOST), or drop --address to start one in this command"
+    host, _, port = (address or "").rpartition(":")
+    if address and address != "auto" and not address.startswith("ray://"):
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as e:
+            reason = "not HOST:PORT" if isinstance(e, ValueError) else e.strerror or type(e).__name__
+            raise config_lib.ConfigError(
+                f"--address={address}: no Ray cluster answers there ({reason}); {fix}"
+            ) from None
+    try:
+        ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": _worker_env()})
+    except ConnectionError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise config_lib.ConfigError(f"--address={address}: {reason.rstrip('.')}; {fix}") from None
 
 
 def _worker_env() -> dict:
