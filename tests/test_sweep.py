@@ -3,6 +3,8 @@ vmapped runs equal the same runs trained one by one (tiny models, a few steps ea
 
 import csv
 import json
+import socket
+import types
 from pathlib import Path
 
 import jax
@@ -198,3 +200,24 @@ def test_every_ablation_states_its_baseline_and_expands(path, tmp_path):
         assert set(baseline.SHAKESPEARE_CHAR) <= set(sweep["fixed"]) and "train.steps" in sweep["fixed"]
     runs = expand(sweep, [], tmp_path)
     assert runs and [run.error for run in runs if run.error] == []
+
+
+def test_a_ray_address_where_no_cluster_answers_is_one_line():
+    """--launcher=ray --address=HOST:PORT where nothing listens: one line within seconds (ray.init would retry for
+    minutes); --address=auto without a cluster: Ray's ConnectionError as one line."""
+    ray = pytest.importorskip("ray")
+    from txjax.sweep.ray_launcher import connect
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(config_lib.ConfigError, match=rf"^--address=127.0.0.1:{port}: no Ray cluster answers there"):
+        connect(ray, f"127.0.0.1:{port}")
+    assert not ray.is_initialized()
+
+    def no_cluster(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    line = r"^--address=auto: Could not find any running Ray instance\. Please specify the one to connect to; start"
+    with pytest.raises(config_lib.ConfigError, match=line):
+        connect(types.SimpleNamespace(init=no_cluster), "auto")
