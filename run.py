@@ -7,10 +7,13 @@ refuses a train step that cannot fit before compiling it). SIGTERM or Ctrl-C dur
 checkpoint of the current step and ends with the line "stopped by SIGTERM at step N; checkpoint saved; run the same
 command to resume" and exit status 75 (txjax.ops.preemption.EXIT_STATUS, EX_TEMPFAIL); a second signal stops at once.
 Every other command stopped by SIGTERM or Ctrl-C ends with one line saying what was kept ("stopped by SIGINT;
-nothing written", txjax.ops.preemption.KEPT) and exit status 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+nothing written", txjax.ops.preemption.KEPT) and exit status 128 + the signal (130 for SIGINT, 143 for SIGTERM),
+wherever it arrives: while the command's modules import (recorded, acted on after), or inside a garbage-collection
+callback or finalizer (acted on just after it: txjax.ops.preemption.stop_on_signals).
 """
 
 import importlib
+import signal
 import sys
 
 COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
@@ -33,20 +36,37 @@ def main(argv: list[str]) -> int:
             f"usage: python run.py {{{','.join(COMMANDS)}}} [flags]   (python run.py COMMAND --help)", file=sys.stderr
         )
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    received: list[int] = []  # a signal during the imports (seconds): recorded, acted on once they are done
+    before = {
+        s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        return _run(argv, received)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _run(argv: list[str], received: list[int]) -> int:
     from jax.errors import JaxRuntimeError
 
     from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
+    from txjax.errors import symlink_loop_line
     from txjax.extras import MissingExtra
     from txjax.ops.memory import out_of_memory_line
-    from txjax.ops.preemption import EXIT_STATUS, Preempted, Stopped, stop_on_signals
+    from txjax.ops.preemption import EXIT_STATUS, Preempted, Stopped, recorded_signal, stop_on_signals
     from txjax.training.run import Diverged
 
     if argv[0] in COMPILING_COMMANDS:
         enable_compilation_cache()
     try:
         with stop_on_signals():
+            if received:
+                raise Stopped(received[0])
             importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+            if (signum := recorded_signal()) is not None:  # a library caught the Stopped: the command still stops
+                raise Stopped(signum)
     except (ConfigError, Diverged, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -61,6 +81,11 @@ def main(argv: list[str]) -> int:
     except Stopped as e:
         print(e.line(argv[0]), file=sys.stderr)
         return e.status
+    except (RuntimeError, OSError) as e:  # a path given that loops: one line; anything else is a bug
+        if (line := symlink_loop_line(e)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     return 0
 
 

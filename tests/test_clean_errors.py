@@ -1,7 +1,9 @@
 """Errors end cleanly: one line naming the problem (file and line) and the fix, nothing left in the workdir, no
 abort at interpreter exit (a data thread still inside jax or numpy then is killed by a forced unwind: status 134);
-a workdir trained on a 4-device mesh is read on a 1-device machine without flags."""
+values out of range are refused at the edge, before anything is read or written; a workdir trained on a 4-device
+mesh is read on a 1-device machine without flags."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +19,8 @@ from test_train import TINY_FLAGS, TINY_MODEL
 
 from txjax import config as config_lib
 from txjax.data import prefetch
+from txjax.experiment import load_workdir
+from txjax.training import resume
 from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +49,68 @@ def test_a_diverged_run_exits_with_its_line_and_says_no_checkpoint_was_saved(tmp
     assert len(errors) == 1 and "became NaN/inf" in errors[0], result.stderr[-2000:]
     assert "before any checkpoint was saved" in errors[0] and "step None" not in errors[0]
     assert "terminate called" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "flag, line",
+    [
+        ("--config.decode.prefill_chunk=-8", "config.decode.prefill_chunk=-8 must be >= 0"),
+        ("--config.decode.top_k=-1", "config.decode.top_k=-1 must be >= 0"),
+        ("--config.train.seed=99999999999999999999", "config.train.seed=99999999999999999999 must be in [0, "),
+        ("--config.train.b2=1.5", "config.train.b2=1.5 must be in [0, 1)"),
+        ("--config.data.val_fraction=1", "config.data.val_fraction=1.0 must be in (0, 1)"),
+        ("--config.mesh.data=0", "config.mesh.data=0 must be >= 1"),
+    ],
+)
+def test_a_value_out_of_range_is_refused_when_the_config_is_built(flag, line):
+    with pytest.raises(config_lib.ConfigError) as e:
+        config_lib.from_command_line(None, [flag])
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_a_saved_config_out_of_range_names_its_file_and_field_and_a_lower_train_steps_is_refused(tmp_path):
+    """A config.json edited by hand is refused when a workdir is loaded (eval, generate, lm-eval), before any
+    checkpoint is read; a resumed run whose train.steps ends before its checkpoint's step is refused."""
+    config = config_lib.base_config()
+    config.decode.prefill_chunk = -8
+    config_lib.save(config, tmp_path)
+    with pytest.raises(config_lib.ConfigError, match=r"config.json: config.decode.prefill_chunk=-8 must be >= 0"):
+        load_workdir(tmp_path)
+    config.decode.prefill_chunk, config.train.steps = 0, 4
+    config_lib.save(config, tmp_path)
+    with pytest.raises(config_lib.ConfigError, match="config.train.steps=4 is below step 6 of "):
+        resume.check(config.to_json(), tmp_path, start=6)
+    assert resume.check(config.to_json(), tmp_path, start=4) == {}
+
+
+def _run_py_in_process(capsys, *argv: str) -> tuple[int, str]:
+    """run.py's main in this process (no interpreter start): (exit status, stderr)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_py", REPO / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    status = module.main(list(argv))
+    return status, capsys.readouterr().err
+
+
+def test_command_line_values_out_of_range_and_a_looping_workdir_are_one_line(tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "back")
+    (tmp_path / "back").symlink_to(loop)
+    cases = [
+        (["generate", "--workdir=w", "--prompt=1", "--seed=99999999999999999999"], "error: --seed=9999"),
+        (["generate", f"--workdir={loop}", "--prompt=1"], f"error: {loop} is a loop of symbolic links"),
+        (["train", f"--workdir={loop}", *TINY], f"error: {loop} is a loop of symbolic links"),
+    ]
+    if importlib.util.find_spec("lm_eval"):
+        cases += [
+            (["lm-eval", "--workdir=w", "--tasks=t", "--limit=0"], "error: --limit=0: give a number of documents"),
+            (["lm-eval", "--workdir=w", "--tasks=t", "--num_fewshot=-1"], "error: --num_fewshot=-1 must be >= 0"),
+        ]
+    for argv, line in cases:
+        status, err = _run_py_in_process(capsys, *argv)
+        assert status == 2 and err.startswith(line) and err.count("\n") == 1, (argv, err)
 
 
 def _producers() -> list[threading.Thread]:

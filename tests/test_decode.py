@@ -252,6 +252,7 @@ def test_top_k_filter_keeps_k_largest():
     logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]]))
     kept = decode.top_k_filter(logits, 2) > NEG_INF
     assert kept.tolist() == [[False, True, False, True]]
+    np.testing.assert_array_equal(decode.top_k_filter(logits, 1_000_000), logits)  # beyond the vocabulary: all kept
 
 
 @pytest.mark.parametrize(

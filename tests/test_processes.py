@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -107,6 +108,82 @@ def test_sigterm_ends_any_other_command_with_one_line(monkeypatch, capsys, comma
         f"stopped by SIGTERM; {preemption.KEPT.get(command, 'nothing written')}"
     ]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("inside", ["gc_callback", "finalizer"])
+def test_a_signal_inside_a_gc_callback_or_finalizer_still_stops_the_command(monkeypatch, capsys, signum, inside):
+    """Ctrl-C during lm-eval was lost when it arrived in JAX's _xla_gc_callback (Python prints and drops an
+    exception raised there): the handler raises only outside callbacks and finalizers, so the command stops with
+    its line, here in the sleep after the callback."""
+    sent = []
+
+    def send():
+        if not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+            for _ in range(1000):  # the handler runs between these bytecodes, inside the callback
+                pass
+
+    class Finalized:
+        def __del__(self):
+            send()
+
+    def main(argv):
+        if inside == "finalizer":
+            Finalized()
+        else:
+            gc.callbacks.append(lambda phase, info: send())
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.pop()
+        time.sleep(10)  # the signal comes again and is raised out of this
+        raise AssertionError("the signal did not stop the command")
+
+    monkeypatch.setattr(run.importlib, "import_module", lambda name: types.SimpleNamespace(main=main))
+    began = time.monotonic()
+    assert run.main(["lm-eval"]) == 128 + signum and sent == [signum]
+    name = signal.Signals(signum).name
+    assert capsys.readouterr().err.splitlines() == [f"stopped by {name}; nothing written"]
+    assert time.monotonic() - began < 5
+
+
+@pytest.fixture(scope="module")
+def tiny_workdir(tmp_path_factory):
+    from test_train import tiny_config
+
+    from txjax.training.loop import train
+
+    workdir = tmp_path_factory.mktemp("tiny") / "run"
+    train(tiny_config("--config.train.eval_every=0"), workdir)
+    return workdir
+
+
+@pytest.mark.parametrize(
+    "command, signum, when",
+    [
+        (["generate", "--prompt=12", "--max_new_tokens=1000000"], signal.SIGINT, "after its first output"),
+        (["eval"], signal.SIGTERM, "while it imports"),
+    ],
+)
+def test_a_signal_to_a_run_py_subprocess_ends_it_with_one_line(tiny_workdir, command, signum, when):
+    """A real run.py: a signal while its modules import (recorded, acted on after) or while it works."""
+    argv = [sys.executable, str(REPO / "run.py"), command[0], f"--workdir={tiny_workdir}", *command[1:]]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if when == "after its first output":
+        os.set_blocking(proc.stdout.fileno(), False)
+        wait_for("the first generated text", lambda: proc.stdout.read(1), 120, proc)
+    else:
+        time.sleep(0.5)  # run.py's imports take seconds
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert (
+        err.strip().splitlines()[-1]
+        == f"stopped by {signum.name}; {preemption.KEPT.get(command[0], 'nothing written')}"
+    )
+    assert proc.returncode == 128 + signum
 
 
 def test_processes_started_ignore_ctrl_c_and_sigterm_waits_for_them():

@@ -3,6 +3,8 @@ vmapped runs equal the same runs trained one by one (tiny models, a few steps ea
 
 import csv
 import json
+import socket
+import types
 from pathlib import Path
 
 import jax
@@ -16,7 +18,7 @@ from txjax.experiment import load_workdir
 from txjax.ops.metrics_log import MetricsLog, read_metrics
 from txjax.sweep.local import run_sweep
 from txjax.sweep.report import write_report
-from txjax.sweep.spec import SweepRun, expand, load_sweep
+from txjax.sweep.spec import SweepRun, deduplicate, expand, load_sweep
 from txjax.training.loop import train
 
 REPO = Path(__file__).parents[1]
@@ -87,15 +89,56 @@ def test_failed_runs_are_recorded_and_a_rerun_skips_finished_runs(tmp_path, monk
     table = (workdir / "results.csv").read_text()
     assert table.count("\n") == 5 and (workdir / "results.md").is_file() and (workdir / "results.png").is_file()
 
-    def no_training(*args):
-        raise AssertionError("a finished run was trained again")
+    trained = []
 
-    monkeypatch.setattr(txjax.sweep.local, "train_runs", no_training)
+    def record_training(configs, workdirs):
+        trained.extend(Path(w).name for w in workdirs)
+        return [RuntimeError("trained again")] * len(workdirs)
+
+    monkeypatch.setattr(txjax.sweep.local, "train_runs", record_training)
     before = results(workdir)
-    run_sweep(sweep, workdir, [], vmap=False)
-    assert results(workdir) == before
+    run_sweep(sweep, workdir, [], vmap=False)  # the failed run that trains (lr inf) trains again, the done one not
+    assert trained == ["num_heads-2_learning_rate-inf_seed-0"]
+    after = results(workdir)
+    assert after.pop("num_heads-2_learning_rate-inf_seed-0")["error"] == "RuntimeError: trained again"
+    assert {k: v for k, v in before.items() if k != "num_heads-2_learning_rate-inf_seed-0"} == after
     with pytest.raises(config_lib.ConfigError, match="different sweep"):
         run_sweep(sweep, workdir, ["--config.train.steps=6"], vmap=False)
+
+
+def test_a_search_drawing_a_setting_twice_trains_it_once_and_says_so(tmp_path, capsys):
+    pytest.importorskip("ray.tune")
+    sweep = sweep_file(
+        tmp_path,
+        search={"kind": "random", "num_samples": 3, "seed": 0, "space": {"model.positional": ("choice", ["rope"])}},
+        seeds=[0, 1],
+    )
+    runs = expand(sweep, [], tmp_path)
+    assert [(r.name, r.draws) for r in runs] == [("positional-rope_seed-0", 3), ("positional-rope_seed-1", 3)]
+    assert "drew positional-rope_seed-0 again" in capsys.readouterr().out
+    # different values that fmt shows alike are named apart, by their values: the same two names in either order
+    a, b = ({"train.learning_rate": lr, "train.seed": 0} for lr in (1e-3, 1e-3 + 1e-12))
+    runs = [SweepRun("learning_rate-0.001_seed-0", s, tmp_path / "learning_rate-0.001_seed-0") for s in (a, b)]
+    named = deduplicate(runs)
+    assert len({r.name for r in named}) == 2 and len({r.workdir for r in named}) == 2
+    assert named[1].name.startswith("learning_rate-0.001_seed-0_") and named[1].workdir.name == named[1].name
+    named[0].draws, named[0].result = 2, {"status": "done"}
+    write_report(tmp_path, named, ["valid_loss"])
+    assert "Drawn again by the search, trained once (1): learning_rate-0.001_seed-0 2 times." in (
+        (tmp_path / "results.md").read_text()
+    )
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert [row["draws"] for row in rows] == ["2", ""]
+
+
+def test_a_sweep_with_a_failed_run_exits_non_zero(tmp_path, capsys):
+    from txjax.cli import sweep as sweep_cli
+
+    sweep_file(tmp_path, grid={"model.num_heads": [3]})  # 3 heads do not divide d_model 16: fails before training
+    with pytest.raises(SystemExit) as e:
+        sweep_cli.main([f"--sweep={tmp_path / 'sweep.py'}", f"--workdir={tmp_path / 'out'}"])
+    assert e.value.code == 1
+    assert "error: 1 of 1 runs failed" in capsys.readouterr().err
 
 
 def test_vmapped_runs_resume_after_ctrl_c_and_equal_sequential_runs(tmp_path, monkeypatch):
@@ -157,3 +200,24 @@ def test_every_ablation_states_its_baseline_and_expands(path, tmp_path):
         assert set(baseline.SHAKESPEARE_CHAR) <= set(sweep["fixed"]) and "train.steps" in sweep["fixed"]
     runs = expand(sweep, [], tmp_path)
     assert runs and [run.error for run in runs if run.error] == []
+
+
+def test_a_ray_address_where_no_cluster_answers_is_one_line():
+    """--launcher=ray --address=HOST:PORT where nothing listens: one line within seconds (ray.init would retry for
+    minutes); --address=auto without a cluster: Ray's ConnectionError as one line."""
+    ray = pytest.importorskip("ray")
+    from txjax.sweep.ray_launcher import connect
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(config_lib.ConfigError, match=rf"^--address=127.0.0.1:{port}: no Ray cluster answers there"):
+        connect(ray, f"127.0.0.1:{port}")
+    assert not ray.is_initialized()
+
+    def no_cluster(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    line = r"^--address=auto: Could not find any running Ray instance\. Please specify the one to connect to; start"
+    with pytest.raises(config_lib.ConfigError, match=line):
+        connect(types.SimpleNamespace(init=no_cluster), "auto")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ml_collections
 
-from txjax import families, unread
+from txjax import families, ranges, unread
 from txjax.decode.strategy import METHODS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
@@ -209,18 +209,14 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
                 f"config.{name}={value!r} is not one of {', '.join(allowed)}"
                 + (f"; did you mean {close[0]!r}?" if close else "")
             )
+    ranges.check(config)  # every number in its range (the model's: ModelConfig below)
     t = config.train
-    for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
-        if t[name] <= 0:
-            raise ConfigError(f"config.train.{name}={t[name]} must be positive")
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
     try:
         profiling.parse_steps(t.profile_steps)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if not 0.0 < t.decay_fraction <= 1.0:
-        raise ConfigError(f"config.train.decay_fraction={t.decay_fraction} must be in (0, 1]")
     budget_wsd = t.schedule == "wsd" and t.max_minutes > 0 and t.optimizer != "schedule_free_adamw"
     if t.decay_start == "budget" and not budget_wsd:
         raise ConfigError("config.train.decay_start='budget' needs train.schedule=wsd and train.max_minutes > 0")
@@ -229,10 +225,6 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             f"config.model.parametrization='mup' supports train.optimizer {' or '.join(optim.MUP_OPTIMIZERS)}, "
             f"not {t.optimizer!r}"
         )
-    if t.z_loss < 0:
-        raise ConfigError(f"config.train.z_loss={t.z_loss} must be >= 0 (0 = off)")
-    if not 0.0 <= t.label_smoothing < 1.0:
-        raise ConfigError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
     if config.data.kind not in families.get(config.family).data_kinds:

@@ -173,6 +173,10 @@ def load_workdir(
         raise config_lib.ConfigError(f"--average={average}: the number of checkpoints to average must be at least 1")
     workdir = Path(workdir)
     config = config_lib.load(workdir)
+    try:  # a config.json edited by hand (or written before a range was checked): its field, before anything is read
+        config_lib.validate(config, config)
+    except config_lib.ConfigError as e:
+        raise config_lib.ConfigError(f"{workdir / config_lib.CONFIG_FILE}: {e}; correct it there") from None
     model = build_model(config)
     tx = make_optimizer(OptimConfig.of(config.train), model.cfg)
     shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())

@@ -6,11 +6,12 @@ import argparse
 import math
 import sys
 
-from txjax.config import user_errors
+from txjax.config import ConfigError, user_errors
 from txjax.decode import generate_from_workdir, strategy_from_config
 from txjax.decode.strategy import METHODS
 from txjax.decode.stream import stream_from_workdir, streams
 from txjax.experiment import load_workdir
+from txjax.ranges import SEED_MAX
 
 
 def main(argv: list[str]) -> None:
@@ -44,10 +45,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")
     parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")
     args = vars(parser.parse_args(argv))
+    if not 0 <= args["seed"] <= SEED_MAX:
+        raise ConfigError(f"--seed={args['seed']} must be in [0, {SEED_MAX}] (a 64-bit seed)")
     with user_errors():
         run = load_workdir(args.pop("workdir"), average=args.pop("average"))
         prompt, seed, chat = args.pop("prompt"), args.pop("seed"), args.pop("chat")
         strategy = strategy_from_config(run.config.decode, run.tokenizer.eos_id, **args)
+        if strategy.get("top_k", 0) > run.model.cfg.vocab_size:
+            print(
+                f"note: top_k={strategy['top_k']} is more than the vocabulary ({run.model.cfg.vocab_size} tokens): "
+                "every token is kept, as with top_k=0",
+                file=sys.stderr,
+            )
         if not streams(run, strategy):
             print("\n---------------\n".join(generate_from_workdir(run, prompt, seed=seed, chat=chat, **args)))
             return

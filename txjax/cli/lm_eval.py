@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -53,6 +54,18 @@ def load_tasks(task_manager, names: list[str]) -> None:
             ) from None
 
 
+def check_flags(args) -> None:
+    """The numeric flags in range (the harness takes --limit 0 as no documents and --num_fewshot -1 as given)."""
+    if args.limit is not None and not (0 < args.limit < 1 or (1 <= args.limit < math.inf and args.limit.is_integer())):
+        raise ConfigError(
+            f"--limit={args.limit:g}: give a number of documents (1, 2, ...) or a fraction of each task in (0, 1)"
+        )
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise ConfigError(f"--num_fewshot={args.num_fewshot} must be >= 0 (examples put before each question)")
+    if args.max_length is not None and args.max_length < 2:
+        raise ConfigError(f"--max_length={args.max_length} must be >= 2 (tokens of context)")
+
+
 def main(argv: list[str]) -> None:
     """run.py lm-eval --workdir=DIR --tasks=T1,T2 [--num_fewshot=N] [--include_path=DIR] [--limit=N]
     [--batch_size=auto|N] [--max_length=N] [--output=FILE]: prints the harness's results table, then one JSON line
@@ -75,17 +88,19 @@ def main(argv: list[str]) -> None:
 
     if args.include_path and not Path(args.include_path).is_dir():
         raise ConfigError(f"--include_path={args.include_path} is not a folder: give the folder of your task YAMLs")
-    if args.batch_size != "auto" and not args.batch_size.isdigit():
-        raise ConfigError(f"--batch_size={args.batch_size}: give a number of rows or auto")
+    if args.batch_size != "auto" and not (args.batch_size.isdigit() and int(args.batch_size) > 0):
+        raise ConfigError(f"--batch_size={args.batch_size}: give a positive number of rows or auto")
+    check_flags(args)
     names = [name for name in args.tasks.split(",") if name]
     manager = task_manager(names, args.include_path)
     load_tasks(manager, names)
     with user_errors():
         lm = TxjaxLM(workdir=args.workdir, batch_size=args.batch_size, max_length=args.max_length)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    results = lm_eval.simple_evaluate(
-        model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=manager, log_samples=False
-    )
+    with user_errors():  # a document the workdir's tokenizer cannot encode: one line
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=names, num_fewshot=args.num_fewshot, limit=limit, task_manager=manager, log_samples=False
+        )
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))

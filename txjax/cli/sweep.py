@@ -1,5 +1,5 @@
 """`run.py sweep`: train every run of a sweep file (vmapped groups where they can share a program), in this process
-or as Ray Tune trials (--launcher=ray), then report."""
+or as Ray Tune trials (--launcher=ray), then report; exit status 1 when a run failed."""
 
 from __future__ import annotations
 
@@ -64,6 +64,13 @@ def main(argv: list[str]) -> None:
     failed = sum(r.result.get("status") == "failed" for r in runs)
     stopped = sum(r.result.get("status") == "stopped" for r in runs)
     print(json.dumps({"workdir": str(workdir), "runs": len(runs), "failed": failed, "stopped": stopped}))
+    if failed:
+        print(
+            f"error: {failed} of {len(runs)} runs failed (their errors: {Path(workdir) / 'results.md'}); the same "
+            "command trains them again",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
 
 
 def _resources(text: str | None) -> dict | None:

@@ -12,8 +12,9 @@ from txjax.model.attention import NEG_INF
 
 
 def top_k_filter(logits_CxV, k: int):
-    """Keep the k largest logits of each row (ties at the k-th value kept too), the rest -> NEG_INF."""
-    kth_Cx1 = jax.lax.top_k(logits_CxV, k)[0][:, -1:]
+    """Keep the k largest logits of each row (ties at the k-th value kept too), the rest -> NEG_INF; k beyond the
+    vocabulary keeps every token (as transformers' TopKLogitsWarper clamps it)."""
+    kth_Cx1 = jax.lax.top_k(logits_CxV, min(k, logits_CxV.shape[-1]))[0][:, -1:]
     return jnp.where(logits_CxV >= kth_Cx1, logits_CxV, NEG_INF)
 
 

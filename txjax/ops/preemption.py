@@ -14,13 +14,21 @@ With several processes (jax.distributed) all must stop at the same step or the c
 flags are combined by a one-integer all-gather at the loop's log steps (`sync`), and every process acts on the
 combined value only, so all stop at the first log step after any of them was signalled. Evaluation is then not cut
 short (a process leaving an eval early would leave the others waiting in its collectives).
+
+Every other command (eval, generate, lm-eval, import, export, prepare) runs inside `stop_on_signals`: the handler
+records the signal and raises Stopped where the main thread is, unless that is a garbage-collection callback (JAX's
+`_xla_gc_callback`) or a finalizer, which would print the exception and drop it ("Exception ignored in ...") and let
+the command finish with exit status 0; there the signal is sent to the main thread again 10 ms later, until it lands
+at a safe point. run.py also ends a command that returns with a signal recorded with the signal's line and status.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import threading
+import weakref
 
 import jax
 import numpy as np
@@ -63,14 +71,50 @@ class Stopped(BaseException):
         return f"stopped by {self}; {KEPT.get(command, 'nothing written')}"
 
 
+_recorded = {"signum": None}  # the signal stop_on_signals' handler received, raised or not yet
+REDELIVER_S = 0.01  # how soon a signal that arrived inside a callback or finalizer is sent again
+
+
 def _raise_stopped(signum, frame) -> None:
-    raise Stopped(signum)
+    """stop_on_signals' handler: records the signal; raises Stopped here unless `frame` is inside a callback or
+    finalizer, whose exceptions Python drops: then the signal comes again in REDELIVER_S (to this handler, if it is
+    still the one installed) and, as the main thread's syscalls are interrupted by it, acts at the next safe point."""
+    _recorded["signum"] = signum
+    if not _inside_callback(frame):
+        raise Stopped(signum)
+    timer = threading.Timer(REDELIVER_S, _redeliver, (signum,))
+    timer.daemon = True
+    timer.start()
+
+
+def _redeliver(signum: int) -> None:
+    if signal.getsignal(signum) is _raise_stopped:
+        signal.pthread_kill(threading.main_thread().ident, signum)
+
+
+def _inside_callback(frame) -> bool:
+    """Whether `frame` runs inside a gc callback (gc.callbacks), a __del__ or a weakref.finalize callback: there an
+    exception is printed as "Exception ignored in ..." and dropped."""
+    callbacks = {getattr(c, "__code__", None) for c in gc.callbacks}
+    while frame is not None:
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename == weakref.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def recorded_signal() -> int | None:
+    """The signal stop_on_signals' handler received (None: none): run.py ends with it even if a library caught the
+    Stopped it raised."""
+    return _recorded["signum"]
 
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """SIGTERM and SIGINT raise Stopped while inside (run.py: around every command; train's `watch` takes over
-    inside it and gives the second signal back to it)."""
+    """SIGTERM and SIGINT raise Stopped while inside, at a safe point (_raise_stopped) (run.py: around every
+    command; train's `watch` takes over inside it and gives the second signal back to it)."""
+    _recorded["signum"] = None
     previous = {s: signal.signal(s, _raise_stopped) for s in SIGNALS}
     try:
         yield

@@ -31,6 +31,10 @@ from txjax.parallel.distributed import is_lead
 LOCK_FILE = "writer.lock"
 
 
+class Busy(ConfigError):
+    """Another live process holds the workdir's writer lock (a sweep leaves such a run to its holder)."""
+
+
 @contextlib.contextmanager
 def hold(workdir: str | Path):
     """Holds `workdir`'s writer lock while inside (creating the folder; a folder created here and left empty, as by
@@ -83,7 +87,7 @@ def _lock(path: Path) -> int:
         except BlockingIOError:
             holder = os.read(fd, 4096).decode(errors="replace")
             os.close(fd)
-            raise ConfigError(
+            raise Busy(
                 f"{workdir.resolve()} is being written by another run ({_describe(holder)}); wait for it to end or "
                 "stop it, or choose another --workdir"
             ) from None

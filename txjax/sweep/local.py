@@ -3,17 +3,19 @@
 python run.py sweep --sweep=experiments/ablations/NAME.py --workdir=DIR [--no-vmap] [--config.a.b=v ...]
 
 DIR/results.csv, results.md and results.png (txjax.sweep.report) are rewritten after every group. Running the same
-command again skips the runs that have a result.json and resumes the others from their checkpoints, so a failed run,
-a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.ops.preemption) leaves a sweep that one
-more command finishes; one sweep at a time writes DIR (txjax.ops.workdir_lock). Runs that differ only in the seed and
-the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless --no-vmap. An
-optuna search asks Optuna for one point at a time and tells it the point's mean final metric (txjax.sweep.search);
-its rerun asks the same seeded sampler again and gets the same points, whose finished runs it skips. A scheduler
+command again skips the runs that are done and resumes the others from their checkpoints (a failed run trains again), so
+a failed run, a crash, SIGTERM or Ctrl-C (the run in training saves its current step: txjax.ops.preemption) leaves a
+sweep that one more command finishes; one sweep at a time writes DIR (txjax.ops.workdir_lock). Runs that differ only in
+the seed and the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless
+--no-vmap. An optuna search asks Optuna for one point at a time and tells it the point's mean final metric
+(txjax.sweep.search); its rerun asks the same seeded sampler again and gets the same points, whose finished runs it
+skips; a point it proposes again is told its first value and not trained twice. A scheduler
 (early stopping) needs Ray (--launcher=ray, txjax.sweep.ray_launcher): here every run trains to the end.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import traceback
@@ -22,9 +24,10 @@ from pathlib import Path
 from txjax.evaluate.probes import run_probes
 from txjax.extras import require
 from txjax.ops import preemption, workdir_lock
+from txjax.ops.workdir_lock import Busy
 from txjax.sweep import search as search_lib
 from txjax.sweep.report import final_metric, write_report
-from txjax.sweep.spec import SweepRun, claim, expand, finish, read_result
+from txjax.sweep.spec import SweepRun, claim, deduplicate, expand, finish, read_result
 from txjax.training.edge import group_key
 from txjax.training.stack import train_runs
 
@@ -71,12 +74,17 @@ def _optuna(sweep: dict, workdir: Path, overrides: list[str], vmap: bool, comman
     optuna = require("optuna", "a sweep's optuna search")
     search, metric = sweep["search"], objective_metric(sweep)
     study = optuna.create_study(direction="minimize", sampler=search_lib.optuna_sampler(search))
-    space, runs = search_lib.optuna_space(search["space"]), []
+    space, runs, known, drawn = search_lib.optuna_space(search["space"]), [], {}, {}
     for _ in range(search["num_samples"]):
         trial = study.ask(space)
-        point = expand(sweep, overrides, workdir, [trial.params])
-        runs += point
-        train_all(sweep, workdir, point, vmap, command, shown=runs)
+        key = json.dumps(trial.params, sort_keys=True)
+        if key in drawn:  # proposed again: the same runs, told the same value
+            point = drawn[key]
+            deduplicate(expand(sweep, overrides, workdir, [trial.params]), known)
+        else:
+            point = drawn[key] = deduplicate(expand(sweep, overrides, workdir, [trial.params]), known)
+            runs += point
+            train_all(sweep, workdir, point, vmap, command, shown=runs)
         value = final_metric(point, metric)
         if math.isfinite(value):
             study.tell(trial, value)
@@ -90,11 +98,15 @@ def objective_metric(sweep: dict) -> str:
     return (sweep["scheduler"] or {}).get("metric", "valid_loss")
 
 
+FINISHED = ("done", "stopped")  # a result a rerun keeps (stopped: early, by a scheduler); a failed run trains again
+
+
 def pending(runs: list[SweepRun]) -> list[SweepRun]:
-    """The runs still to train: each run's result.json is read; a run without a config (a bad setting) fails."""
+    """The runs still to train (none yet, or failed): each run's result.json is read; a run without a config (a bad
+    setting) fails."""
     for run in runs:
         run.result = read_result(run.workdir)
-    todo = [r for r in runs if not r.result]
+    todo = [r for r in runs if r.result.get("status") not in FINISHED]
     for run in todo:
         if run.error:
             finish(run, {"status": "failed", "error": run.error})
@@ -111,10 +123,14 @@ def groups_of(runs: list[SweepRun]) -> list[list[SweepRun]]:
 
 def train_group(group: list[SweepRun], probes: list[str]) -> None:
     """Trains a group (txjax.training.stack.train_runs: one run, or one vmapped program), then probes each run;
-    records the outcome of every run in its result.json. An error fails the runs it hits, not the sweep."""
+    records the outcome of every run in its result.json. An error fails the runs it hits, not the sweep; a run that
+    another process is training (its writer lock is held) is left to that process, which writes its result."""
     began = time.monotonic()
     try:
         outcomes = train_runs([r.config for r in group], [r.workdir for r in group])
+    except Busy as e:
+        print(f"[sweep] {', '.join(r.name for r in group)}: left to its trainer ({e})", flush=True)
+        return
     except Exception as e:  # noqa: BLE001 -- a failed program fails its runs and the sweep goes on
         traceback.print_exc()
         outcomes = [e] * len(group)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from txjax.sweep.local import groups_of, objective_metric, pending, train_group
 from txjax.sweep.report import final_metric, write_report
 from txjax.sweep.spec import SweepRun, claim, expand, finish, make_run, read_result
 
+CONNECT_TIMEOUT_S = 10  # for a Ray cluster's HOST:PORT to answer
 STOP_FILE = "stop.request"  # in DIR: the driver's "save and stop" to every trial
 TUNE_DIR = "tune"  # in DIR: Tune's experiment state and trial logs
 
@@ -60,13 +62,13 @@ def run_on_ray(
     optuna = (sweep["search"] or {}).get("kind") == "optuna"
     runs = [] if optuna else expand(sweep, overrides, workdir)
     plan = {} if optuna else _trials(runs, vmap, sweep["scheduler"] is not None)
+    if not ray.is_initialized():  # before watch: a signal while connecting stops the command at once
+        connect(ray, address)
     with workdir_lock.hold(workdir), preemption.watch():  # a signal: every trial saves and stops
         claim(workdir, sweep, overrides)
         (workdir / STOP_FILE).unlink(missing_ok=True)
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # preemption.watch's handler, not Tune's, takes Ctrl-C
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live table of CLIReporter, one line per trial
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": _worker_env()})
         pending(runs)  # reads every result.json; a run with a bad setting fails here, once
         shown = _Shown(sweep, overrides, workdir, runs, plan)
         trainable = tune.with_parameters(_trial, sweep=sweep, overrides=overrides, workdir=workdir, plan=plan)
@@ -99,6 +101,27 @@ def run_on_ray(
         return shown.runs
 
 
+def connect(ray, address: str | None) -> None:
+    """ray.init: a new local cluster (address None), the one `ray start` left here (auto), or HOST:PORT, which must
+    answer a TCP connection within CONNECT_TIMEOUT_S (ray.init itself would retry for minutes); a cluster not found
+    is one ConfigError line naming the address."""
+    fix = "start one with `ray start --head` (on HOST), or drop --address to start one in this command"
+    host, _, port = (address or "").rpartition(":")
+    if address and address != "auto" and not address.startswith("ray://"):
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as e:
+            reason = "not HOST:PORT" if isinstance(e, ValueError) else e.strerror or type(e).__name__
+            raise config_lib.ConfigError(
+                f"--address={address}: no Ray cluster answers there ({reason}); {fix}"
+            ) from None
+    try:
+        ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": _worker_env()})
+    except ConnectionError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise config_lib.ConfigError(f"--address={address}: {reason.rstrip('.')}; {fix}") from None
+
+
 def _worker_env() -> dict:
     """The trials' environment: the repository importable (experiment files, txjax) and the driver's persistent
     compilation cache, so that trials of one program compile it once."""
@@ -110,8 +133,8 @@ def _worker_env() -> dict:
     return env
 
 
-def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, list[dict]]:
-    """{trial name: the settings of its runs}: the vmapped groups (or single runs), or with a scheduler each
+def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, list[tuple[str, dict]]]:
+    """{trial name: the names and settings of its runs}: the vmapped groups (or single runs), or with a scheduler each
     setting's seeds (vmapped together, or each alone); a trial is named after its first run."""
     todo = [r for r in runs if not r.error]  # the bad settings fail in the driver (pending)
     if per_setting:
@@ -125,7 +148,7 @@ def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, li
         # ascending) every one would beat the last and go on, so the trials start in a seeded random order
         groups = [groups[i] for i in np.random.default_rng(0).permutation(len(groups))]
     return {
-        group[0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""): [r.settings for r in group]
+        group[0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""): [(r.name, r.settings) for r in group]
         for group in groups
     }
 
@@ -171,26 +194,30 @@ class _Shown:
 
     def of(self, config: dict) -> list[SweepRun]:
         """The runs of a trial's config (the plan's, or an optuna point with the sweep's seeds), known from now."""
-        settings = _settings(config, self.sweep, self.plan)
         names = {r.name: r for r in self.runs}
-        trial_runs = [make_run(self.sweep, self.overrides, self.workdir, s) for s in settings]
+        settings = _settings(config, self.sweep, self.plan)
+        trial_runs = [make_run(self.sweep, self.overrides, self.workdir, s, n) for n, s in settings]
+        for run in trial_runs:
+            if run.name in names and "trial" not in config:  # an optuna point proposed again
+                names[run.name].draws += 1
         self.runs += [r for r in trial_runs if r.name not in names]
         return [names.get(r.name, r) for r in trial_runs]
 
 
-def _settings(config: dict, sweep: dict, plan: dict[str, list[dict]]) -> list[dict]:
-    """The settings of a trial's runs: the plan's for a planned trial, an optuna point crossed with the seeds."""
+def _settings(config: dict, sweep: dict, plan: dict[str, list[tuple[str, dict]]]) -> list[tuple[str | None, dict]]:
+    """The names and settings of a trial's runs: the plan's for a planned trial, an optuna point crossed with the
+    seeds (named by make_run)."""
     if "trial" in config:
         return plan[config["trial"]]
     point = {k: v.item() if isinstance(v, np.generic) else v for k, v in config.items()}
-    return [{**point, "train.seed": seed} for seed in sweep["seeds"]]
+    return [(None, {**point, "train.seed": seed}) for seed in sweep["seeds"]]
 
 
-def _trial(config: dict, sweep: dict, overrides: list[str], workdir: Path, plan: dict[str, list[dict]]) -> None:
+def _trial(config: dict, sweep: dict, overrides: list[str], workdir: Path, plan: dict) -> None:
     """One Tune trial, in a Ray worker: trains its runs without a result (train_group), reporting each eval."""
     from ray import tune
 
-    runs = [make_run(sweep, overrides, workdir, s) for s in _settings(config, sweep, plan)]
+    runs = [make_run(sweep, overrides, workdir, s, n) for n, s in _settings(config, sweep, plan)]
     if (workdir / STOP_FILE).exists():  # the driver is stopping: the next command trains these
         return
     todo = pending(runs)

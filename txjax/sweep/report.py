@@ -8,7 +8,8 @@ program that trained it, its training target_tokens_per_s (median over the logge
 includes compilation; runs trained together share the program's time, so each one's rate is its share) and how many runs
 that program trained. Per setting: mean and sample standard deviation over the seeds that finished. With a sweep's
 `lines` spec also a line plot of a metric against one swept field per value of another (results_lines.png) and
-the best value of that field per line in results.md.
+the best value of that field per line in results.md. A setting a search drew more than once is one run, with a
+`draws` column and a line in results.md saying so.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def run_row(run) -> dict:
         "runs_vmapped": result.get("runs_vmapped", 0),
         "error": result.get("error", ""),
         "cpu_model": valid.get("machine", {}).get("cpu_model", ""),  # the machine of the final eval
+        **({"draws": run.draws} if getattr(run, "draws", 1) > 1 else {}),  # a search drew the setting again
     }
 
 
@@ -114,6 +116,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
         "",
         *(_best_table(found, spec, metrics[0]) if spec else []),
         *_stopped(rows),
+        *_repeats(rows),
         "## Runs",
         "",
         _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]),
@@ -129,6 +132,12 @@ def _stopped(rows: list[dict]) -> list[str]:
     """results.md's line on the runs a scheduler stopped early (none: no line)."""
     stopped = [f"{row['run']} at step {row['steps']}" for row in rows if row["status"] == "stopped"]
     return [f"Stopped early by the scheduler ({len(stopped)}): {'; '.join(stopped)}.", ""] if stopped else []
+
+
+def _repeats(rows: list[dict]) -> list[str]:
+    """results.md's line on the settings a search drew more than once (none: no line)."""
+    drawn = [f"{row['run']} {row['draws']} times" for row in rows if row.get("draws", 1) > 1]
+    return [f"Drawn again by the search, trained once ({len(drawn)}): {'; '.join(drawn)}.", ""] if drawn else []
 
 
 def _machines(rows: list[dict]) -> str:

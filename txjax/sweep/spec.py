@@ -20,12 +20,18 @@ A field is written as on the command line without `--config.`: "model.attention_
 experiment file, then `fixed`, then the command line's --config.* flags, then its own settings. Everything is
 checked here, before any run starts: a bad key, field or distribution is one ConfigError line.
 
+A run's name is its settings (`lr-0.001_seed-0`), unique by construction: a setting a search draws again is one run
+(its `draws` counts the repeats, and the report says so); different settings whose names would collide (values equal
+to fmt's 6 digits) are named apart by a digest of their exact values.
+
 DIR/<run name>/ is an ordinary run folder plus `result.json` (status done | failed | stopped, error, wall time),
-written when the run ends; a run with a result.json is finished and a rerun of the sweep skips it.
+written when the run ends; a rerun of the sweep skips the runs done or stopped (by a scheduler) and trains the
+failed ones again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import itertools
 import json
@@ -54,6 +60,7 @@ class SweepRun:
     config: ml_collections.ConfigDict | None = None
     error: str = ""
     result: dict = field(default_factory=dict)
+    draws: int = 1  # how many times the sweep's search drew this setting (it trains once)
 
     @property
     def label(self) -> str:
@@ -144,12 +151,37 @@ def expand(sweep: dict, overrides: list[str], workdir: Path, sampled: list[dict]
     if clash:
         raise config_lib.ConfigError(f"{' '.join(clash)}: the sweep varies this field; edit the sweep file instead")
     points = itertools.product(settings_of(sweep, sampled), sweep["seeds"])
-    return [make_run(sweep, overrides, workdir, {**point, "train.seed": seed}) for point, seed in points]
+    return deduplicate([make_run(sweep, overrides, workdir, {**point, "train.seed": seed}) for point, seed in points])
 
 
-def make_run(sweep: dict, overrides: list[str], workdir: Path, settings: dict) -> SweepRun:
-    """The run of one setting (seed included): its name, folder and config, or the error its config has."""
-    name = "_".join(f"{short(k)}-{fmt(v)}" for k, v in settings.items()).replace("/", "-")
+def deduplicate(runs: list[SweepRun], known: dict[str, SweepRun] | None = None) -> list[SweepRun]:
+    """The runs of `runs` new to `known` (name -> run, default empty; updated): a setting seen before counts one more
+    draw of the run that has it and is dropped; a different setting under a name taken is named apart (_named_apart)."""
+    known = {} if known is None else known
+    new = []
+    for run in runs:
+        while (first := known.get(run.name)) is not None and first.settings != run.settings:
+            run = _named_apart(run)
+        if first is not None:
+            first.draws += run.draws
+            print(f"note: the sweep's search drew {run.name} again; it trains once (draws: {first.draws})")
+            continue
+        known[run.name] = run
+        new.append(run)
+    return new
+
+
+def _named_apart(run: SweepRun) -> SweepRun:
+    """The run under its name plus a digest of its settings' exact values (fmt shows 6 digits)."""
+    digest = hashlib.sha1(json.dumps(run.settings, sort_keys=True).encode() + run.name.encode()).hexdigest()[:8]
+    name = f"{run.name}_{digest}"
+    return SweepRun(name, run.settings, run.workdir.parent / name, run.config, run.error, run.result, run.draws)
+
+
+def make_run(sweep: dict, overrides: list[str], workdir: Path, settings: dict, name: str | None = None) -> SweepRun:
+    """The run of one setting (seed included): its name (given: one deduplicate chose), folder and config, or the
+    error its config has."""
+    name = name or "_".join(f"{short(k)}-{fmt(v)}" for k, v in settings.items()).replace("/", "-")
     run = SweepRun(name, settings, workdir / name)
     try:
         run.config = _config(sweep, overrides, settings)

@@ -51,10 +51,17 @@ def refused(name: str) -> bool:
     return field in config_lib.RESUME_FIXED.get(section, ())
 
 
-def check(config: str, workdir: Path) -> dict[str, list]:
-    """The changes a run of the config (its JSON) resuming from `workdir`'s checkpoints applies to the one saved
-    there ({field: [old, new]}); a ConfigError naming the refused ones when there are any."""
+def check(config: str, workdir: Path, start: int = 0) -> dict[str, list]:
+    """The changes a run of the config (its JSON) resuming from `workdir`'s checkpoints at step `start` applies to
+    the one saved there ({field: [old, new]}); a ConfigError naming the refused ones when there are any, or when
+    the config's train.steps ends before `start` (the run would record settings it never trains with)."""
     saved = config_lib.load(workdir)
+    steps = json.loads(config)["train"]["steps"]
+    if steps < start:
+        raise config_lib.ConfigError(
+            f"config.train.steps={steps} is below step {start} of {workdir}'s latest checkpoint: give train.steps >= "
+            f"{start} to train on, or evaluate it as it is (run.py eval --workdir={workdir})"
+        )
     changes, ignored = differences(saved, config), unread.unread_fields(saved)  # changing one changes nothing
     bad = [
         f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items() if refused(name) and name not in ignored

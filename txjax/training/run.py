@@ -70,7 +70,7 @@ class Run:
         self.saved = start or None
         changes = {}
         if self.ckpt.latest_step() is not None:
-            changes = resume.check(self.spec.config, self.workdir)
+            changes = resume.check(self.spec.config, self.workdir, start)
         if is_lead():
             resume.save(self.spec.config, self.workdir, start, changes)
         return changes
