@@ -252,8 +252,10 @@ def _split_index(partial: Path, split: str, streams: list[str], results: list[di
         raise ValueError(f"the {split} split has no documents (of {total}): {_split_fix(split, options, total)}")
     out = {"documents": documents, "streams": {}}
     for s in streams:
-        n_E = np.concatenate([r[split][s] for r in results]).astype(np.int64)
-        np.save(partial / split / f"{s}-documents.npy", np.concatenate([[0], np.cumsum(n_E)]))
+        n_E = np.concatenate([r[split][s] for r in results])
+        starts = np.zeros(len(n_E) + 1, np.int64)  # one array of D + 1, not the copies of concatenate and cumsum
+        np.cumsum(n_E, out=starts[1:])
+        np.save(partial / split / f"{s}-documents.npy", starts)
         shards = [{"file": r["files"][split][s], "tokens": int(r[split][s].sum())} for r in results]
         out["streams"][s] = {"tokens": int(n_E.sum()), "shards": [x for x in shards if x["tokens"]]}
     return out

@@ -82,6 +82,8 @@ def _plan_parquet(path: Path, chunk_bytes: int, delimiter: str) -> list[Chunk]:
         if size >= chunk_bytes or i == meta.num_row_groups - 1:
             chunks.append(Chunk(str(path), start, i + 1, stored))
             start, size, stored = i + 1, 0, 0
+    if chunks:  # the footer and headers too: the chunks add up to the file
+        chunks[-1] = chunks[-1]._replace(nbytes=path.stat().st_size - sum(c.nbytes for c in chunks[:-1]))
     return chunks
 
 
