@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when a test loads this file
 import gpu_summary  # noqa: E402
+from data_tables import data, prepare_memory  # noqa: E402
 from experiment_tables import bible_averaging, bible_length_penalty, bible_variants, experiments, passkey  # noqa: E402
 from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, target_tokens_per_s  # noqa: E402
 
@@ -108,35 +109,6 @@ def asha() -> list[str]:
         for s in d["sweeps"]
     ]  # fmt: skip
     return table(header, rows)
-
-
-def data() -> list[str]:
-    d = bench("data")
-    p, rss, loop = d["prepare"], d["peak_rss_mb"], d["loop_ms_per_step"]
-    large_mb = p["workers_1"]["tokens"] / 1e6
-    ratio = loop["shards"] / loop["memory"]
-    rows = [
-        [
-            f"prepare, {w} worker{'s' * (w > 1)} ({n(large_mb)} M tokens)",
-            f"{n(p[f'workers_{w}']['mb_per_s'])} MB/s, {n(p[f'workers_{w}']['tokens_per_s'] / 1e6)} M tokens/s",
-            "",
-        ]
-        for w in (1, 2)  # fmt: skip
-    ]
-    rows += [
-        [f"peak RSS of `run.py train` from shards, {d['corpus_gb']['small']} GB / {d['corpus_gb']['large']} GB corpus",
-         f"{n(rss['small']['rss_mb'])} / {n(rss['large']['rss_mb'])} MB ({n(d['rss_gap_mb'])} MB apart)",
-         "within 200 MB: " + ("met" if abs(d["rss_gap_mb"]) <= 200 else "missed")],
-        [f"peak RSS of the in-memory loader (`data.kind=text`), {d['corpus_gb']['small']} GB corpus",
-         f"{n(rss['text_in_memory_small']['rss_mb'])} MB", "(grows with the corpus)"],
-        ["loader alone, windows / packed, tokens/s", f"{n(d['loader_tokens_per_s']['windows'])} / "
-         f"{n(d['loader_tokens_per_s']['packed'])} ({n(d['loader_over_step'])}x the {n(d['step_tokens_per_s'])} the "
-         "step consumes, packed)", ">= 20x: " + ("met" if d["loader_over_step"] >= 20 else "missed")],
-        ["shakespeare_char training loop, ms/step, fed from shards / from memory",
-         f"{n(loop['shards'])} / {n(loop['memory'])} ({ratio:.3f}x)", "within 5%: " + ("met" if ratio <= 1.05 else
-         "missed")],
-    ]  # fmt: skip
-    return table(["what", "figure", "target", "measured"], [[*r, machine_label(d["machine"])] for r in rows])
 
 
 def smollm2() -> list[str]:
@@ -332,6 +304,7 @@ TABLES = {
     f.__name__: f
     for f in (
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
+        prepare_memory,
         attention_time,
         passkey,
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),

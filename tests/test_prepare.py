@@ -204,7 +204,7 @@ def test_one_text_file_is_one_document_and_the_error_names_delimiter(tmp_path, c
 def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path):
     missing = tmp_path / "absent.txt"
     one_line_error(FileNotFoundError, f"--input={missing}: no such file", [str(missing)], tmp_path / "o")
-    one_line_error(ValueError, f"{tmp_path} is a folder; pass its files", [str(tmp_path)], tmp_path / "o")
+    one_line_error(ValueError, f"{tmp_path} is a folder with no files", [str(tmp_path)], tmp_path / "o")
     blank = tmp_path / "blank.txt"
     blank.write_text(" \n\n  \n")
     one_line_error(ValueError, f"no documents in {blank}: the inputs are empty", [str(blank)], tmp_path / "o")

@@ -7,23 +7,26 @@ import codecs
 import json
 
 from txjax.config import user_errors
-from txjax.data.documents import FORMATS
-from txjax.data.prepare import TOKENIZERS, prepare
+from txjax.data.prepare import prepare
+from txjax.data.prepare_tokenizer import TOKENIZERS
+from txjax.data.readers import FORMATS
 
 
 def main(argv: list[str]) -> None:
-    """run.py prepare --input=FILES_OR_GLOBS --output=DIR [--tokenizer=char|byte|sentencepiece|WORKDIR] [...]:
+    """run.py prepare --input=FILES_OR_GLOBS --output=DIR [--tokenizer=char|byte|sentencepiece|bpe|WORKDIR] [...]:
     writes DIR (shards of token ids, index.json, tokenizer/), prints a summary as one JSON line. A rerun with the
     same inputs and options does nothing; an interrupted one leaves only DIR.partial-PID, which the next removes."""
     parser = argparse.ArgumentParser(prog="run.py prepare", description=main.__doc__, allow_abbrev=False)
-    parser.add_argument("--input", action="append", required=True, help="files or globs, comma-separated or repeated")
+    parser.add_argument(
+        "--input", action="append", required=True, help="files, globs or folders, comma-separated or repeated"
+    )
     parser.add_argument("--output", required=True, help="the folder to write (train with --config.data.path=DIR)")
     parser.add_argument("--tokenizer", default="char", help=f"{', '.join(TOKENIZERS)}, or a workdir / tokenizer folder")
     parser.add_argument("--format", default="", choices=("", *FORMATS), help="default: from the file names")
     parser.add_argument("--delimiter", default="", help=r"text: between documents, e.g. '\n\n' (default: a file each)")
-    parser.add_argument("--field", default="text", help="jsonl: the field that holds the text")
-    parser.add_argument("--vocab_size", type=int, default=8000, help="sentencepiece: pieces")
-    parser.add_argument("--sample_mb", type=float, default=64.0, help="sentencepiece: MB of documents to train on")
+    parser.add_argument("--field", default="text", help="jsonl, parquet, arrow: the field (column) that holds the text")
+    parser.add_argument("--vocab_size", type=int, default=8000, help="sentencepiece, bpe: ids to train")
+    parser.add_argument("--sample_mb", type=float, default=64.0, help="sentencepiece, bpe: MB of documents to train on")
     parser.add_argument("--valid_fraction", type=float, default=0.01, help="documents split off for validation")
     parser.add_argument("--shard_mb", type=float, default=16.0, help="MB of input per shard (one worker task each)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")

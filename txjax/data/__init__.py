@@ -5,6 +5,8 @@ Tokenizers (`tokenizers.py`; saved as a directory with `tokenizer.json`, restore
   CharTokenizer(chars, specials=False)              sorted chars; CharTokenizer.from_text(text, specials=False)
   SentencePieceTokenizer.train(sentences, vocab_size, ...) / .train_from_files(paths, vocab_size, ...)
                                                     unigram by default; pad/unk/bos/eos = 0/1/2/3
+  ByteLevelBPETokenizer.train(texts, vocab_size) / .from_files(vocab.json, merges.txt)
+                                                    GPT-2's byte-level BPE (Hugging Face tokenizers)
 Datasets: every one has `.batch(seed, k, batch_size, rows=slice(None))` (a pure function of (seed, k); `rows`
 builds only those rows, one process's share) and a finite `.eval_batches(batch_size)` that visits its eval set
 exactly once (padding carries weight 0):

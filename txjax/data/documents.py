@@ -1,82 +1,41 @@
-"""The documents of input files, read in byte ranges (chunks) that parallel workers can take one each.
+"""The byte-range formats (text, jsonl, tsv): their documents, read in byte ranges (chunks) that parallel workers
+can take one each. txjax.data.readers puts them in one table with the columnar and compressed formats.
 
-Formats:
   text    plain UTF-8: the whole file is one document, or (with a delimiter, e.g. "\\n\\n") documents are the
           pieces between delimiters
   jsonl   one JSON object per line; the document is its `field` (a string)
   tsv     `source<TAB>target` lines (the translation task): each line is one document of two texts
 Empty (whitespace-only) documents are skipped. A chunk never cuts a document: it ends right after a delimiter
-(text) or a newline (jsonl, tsv). Bad input raises ValueError (FileNotFoundError) naming the file (and line) and
-the fix: one line, as `config.user_errors` reports it.
+(text) or a newline (jsonl, tsv). Bad input raises ValueError naming the file (and line) and the fix: one line, as
+`config.user_errors` reports it.
 """
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-FORMATS = ("text", "jsonl", "tsv")
-_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv"}
-
 
 class Chunk(NamedTuple):
-    """Bytes [start, stop) of input file `path`."""
+    """Part [start, stop) of input file `path`, in its format's units (bytes, row groups; (0, 1): the whole file);
+    `nbytes`: how much of the file that is (the progress bar's)."""
 
     path: str
     start: int
     stop: int
+    nbytes: int
 
 
-def expand_inputs(patterns: list[str]) -> list[Path]:
-    """Absolute paths of the files that `patterns` (paths or globs) name, in order, each once; a one-line error for
-    a pattern that names nothing, a folder, or a file that cannot be read."""
-    paths: dict[Path, None] = {}
-    for pattern in patterns:
-        matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-        if not matches:
-            raise FileNotFoundError(
-                f"--input={pattern}: no such file (pass existing files or a glob that matches some)"
-            )
-        for match in matches:
-            path = Path(match).resolve()
-            if path.is_dir():
-                raise ValueError(f"--input: {path} is a folder; pass its files, e.g. --input='{path}/*.txt'")
-            if not os.access(path, os.R_OK):
-                raise ValueError(f"--input: {path} cannot be read (permission denied); fix its permissions")
-            paths[path] = None
-    return list(paths)
-
-
-def infer_format(paths: list[Path]) -> str:
-    """The format the file names say (.jsonl/.json, .tsv, else text); ValueError when they disagree."""
-    formats = {_EXTENSIONS.get(p.suffix, "text") for p in paths}
-    if len(formats) > 1:
-        raise ValueError(f"the inputs mix formats ({', '.join(sorted(formats))}); prepare each format on its own")
-    return formats.pop()
-
-
-def separator(fmt: str, delimiter: str) -> bytes | None:
-    """What a chunk may end after: the delimiter, a newline, or None (a whole file is one document)."""
-    if fmt != "text":
-        return b"\n"
-    return delimiter.encode("utf-8") if delimiter else None
-
-
-def plan_chunks(paths: list[Path], sep: bytes | None, chunk_bytes: int) -> list[Chunk]:
-    """Each file cut into chunks of about `chunk_bytes`, each ending right after `sep` (or at the file's end)."""
-    chunks = []
-    for path in paths:
-        size = path.stat().st_size
-        start = 0
-        with path.open("rb") as f:
-            while start < size:
-                stop = size if sep is None else _boundary(f, start + chunk_bytes, sep, size)
-                chunks.append(Chunk(str(path), start, stop))
-                start = stop
+def plan_bytes(path: Path, sep: bytes | None, chunk_bytes: int) -> list[Chunk]:
+    """The file cut into chunks of about `chunk_bytes`, each ending right after `sep` (or at the file's end)."""
+    chunks, size, start = [], path.stat().st_size, 0
+    with path.open("rb") as f:
+        while start < size:
+            stop = size if sep is None else _boundary(f, start + chunk_bytes, sep, size)
+            chunks.append(Chunk(str(path), start, stop, stop - start))
+            start = stop
     return chunks
 
 
@@ -118,34 +77,44 @@ def read_chunk(chunk: Chunk) -> str:
         ) from None
 
 
-def documents(chunk: Chunk, fmt: str, delimiter: str = "", field: str = "text") -> Iterator[str | tuple[str, str]]:
-    """The non-empty documents of a chunk, in order: strings, or (source, target) pairs for tsv."""
+def text_documents(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
     text = read_chunk(chunk)
-    if fmt == "text":
-        yield from (d for d in (text.split(delimiter) if delimiter else [text]) if d.strip())
-        return
-    for i, line in enumerate(text.split("\n")):
+    yield from (d for d in (text.split(delimiter) if delimiter else [text]) if d.strip())
+
+
+def tsv_documents(chunk: Chunk, delimiter: str, field: str) -> Iterator[tuple[str, str]]:
+    for i, line in _lines(chunk):
+        source, tab, target = line.partition("\t")
+        if not tab:
+            raise ValueError(f"{_where(chunk, i)}: expected 'source<TAB>target', found no tab; fix or remove the line")
+        yield source, target
+
+
+def jsonl_documents(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
+    for i, line in _lines(chunk):
+        if text := record_text(line, field, lambda i=i: _where(chunk, i)):
+            yield text
+
+
+def _lines(chunk: Chunk) -> Iterator[tuple[int, str]]:
+    """(index, line) of the chunk's non-blank lines."""
+    for i, line in enumerate(read_chunk(chunk).split("\n")):
         line = line.rstrip("\r")
-        if not line.strip():
-            continue
-        if fmt == "tsv":
-            source, tab, target = line.partition("\t")
-            if not tab:
-                raise ValueError(
-                    f"{_where(chunk, i)}: expected 'source<TAB>target', found no tab; fix or remove the line"
-                )
-            yield source, target
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{_where(chunk, i)}: not a JSON object ({e.msg}); fix or remove the line") from None
-        value = record.get(field) if isinstance(record, dict) else None
-        if not isinstance(value, str):
-            keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-            raise ValueError(
-                f"{_where(chunk, i)}: no string field {field!r} (the line has: {keys}); pass --field=NAME of the "
-                "text field, or fix the line"
-            )
-        if value.strip():
-            yield value
+        if line.strip():
+            yield i, line
+
+
+def record_text(line: str, field: str, where: Callable[[], str]) -> str:
+    """The string `field` of one JSON line ("" when blank); ValueError naming `where()` ('file:line') and the fix."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where()}: not a JSON object ({e.msg}); fix or remove the line") from None
+    value = record.get(field) if isinstance(record, dict) else None
+    if not isinstance(value, str):
+        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(
+            f"{where()}: no string field {field!r} (the line has: {keys}); pass --field=NAME of the text field, or "
+            "fix the line"
+        )
+    return value if value.strip() else ""

@@ -1,6 +1,6 @@
 """`run.py prepare`: tokenize a corpus once into shards of token ids that training memory-maps (txjax.data.shards).
 
-    inputs -> chunks (txjax.data.documents: whole documents, ~shard_mb each) -> worker processes, one chunk each:
+    inputs -> chunks (txjax.data.readers: whole documents, ~shard_mb each) -> worker processes, one chunk each:
     documents -> tokens -> DIR/{train,valid}/{stream}-NNNNN.bin  (one shard per chunk and split)
 
 A document goes to the valid split iff blake2b(its text) / 2^64 < valid_fraction: a pure function of the text, so
@@ -19,10 +19,10 @@ count; a rerun with the same inputs and options finds it and does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import shutil
@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from txjax.data import documents as docs_lib
+from txjax.data import readers
 from txjax.data import tokenizers as tok_lib
+from txjax.data.prepare_tokenizer import TOKENIZERS, Source, batches, closing
 from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
 from txjax.ops import preemption
 
-TOKENIZERS = ("char", "byte", "sentencepiece")  # or the path of a workdir / tokenizer folder
 SPLITS = ("train", "valid")
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _worker_tokenizers: dict[str, tok_lib.Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
@@ -60,26 +60,28 @@ def prepare(
 ) -> dict:
     """Tokenizes `inputs` (files or globs) into shards in `output`; returns a summary (throughput included).
 
-    tokenizer: char (the inputs' characters + pad/bos/eos), byte, sentencepiece (`vocab_size` pieces trained on
-    about `sample_mb` of documents spread over the inputs) or the path of a workdir or tokenizer folder.
+    tokenizer: a kind of txjax.data.prepare_tokenizer.TOKENIZERS (char, byte, sentencepiece or bpe: the last two
+    trained to `vocab_size` ids on about `sample_mb` of documents spread over the inputs) or the path of a workdir
+    or tokenizer folder. `inputs`: files, globs or folders in any format of txjax.data.readers.FORMATS.
     """
     began = time.monotonic()
-    paths = docs_lib.expand_inputs(inputs)
-    fmt = fmt or docs_lib.infer_format(paths)
-    if fmt not in docs_lib.FORMATS:
-        raise ValueError(f"--format={fmt!r} is not one of {', '.join(docs_lib.FORMATS)}")
+    paths = readers.expand_inputs(inputs)
+    fmt = fmt or readers.infer_format(paths)
+    if fmt not in readers.FORMATS:
+        raise ValueError(f"--format={fmt!r} is not one of {', '.join(readers.FORMATS)}")
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(
             f"--valid_fraction={valid_fraction} must be in (0, 1): the valid split is split off by document"
         )
     tokenizer_dir = _tokenizer_dir(tokenizer)
+    trained = tokenizer in TOKENIZERS and TOKENIZERS[tokenizer].trained
     options = {
         "format": fmt,
         "delimiter": delimiter if fmt == "text" else "",
-        "field": field if fmt == "jsonl" else "",
+        "field": field if readers.FORMATS[fmt].field else "",
         "tokenizer": str(tokenizer_dir or tokenizer),
-        "vocab_size": vocab_size if tokenizer == "sentencepiece" else 0,
-        "sample_mb": sample_mb if tokenizer == "sentencepiece" else 0,
+        "vocab_size": vocab_size if trained else 0,
+        "sample_mb": sample_mb if trained else 0,
         "valid_fraction": valid_fraction,
         "shard_mb": shard_mb,
     }
@@ -184,7 +186,8 @@ def _alive(pid: int) -> bool:
 def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, progress) -> dict:
     """Tokenizer, shards, documents.npy and (last: its presence means complete) index.json, all into `partial`."""
     fmt, delimiter, field = options["format"], options["delimiter"], options["field"] or "text"
-    chunks = docs_lib.plan_chunks(paths, docs_lib.separator(fmt, delimiter), max(int(options["shard_mb"] * 2**20), 1))
+    chunk_bytes = max(int(options["shard_mb"] * 2**20), 1)
+    chunks = readers.plan_chunks(paths, fmt, delimiter, chunk_bytes)
     workers = max(1, min(workers or os.cpu_count() or 1, len(chunks) or 1))
     streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
     bar = lambda desc: tqdm(total=sum(f["bytes"] for f in files), unit="B", unit_scale=True, desc=desc,
@@ -197,12 +200,9 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         run = pool.imap if pool else map
         if tokenizer_dir:
             tok = tok_lib.load_tokenizer(tokenizer_dir)
-        elif tokenizer == "char":
-            tok = _char_tokenizer(run, chunks, fmt, delimiter, field, bar("characters"))
-        elif tokenizer == "byte":
-            tok = tok_lib.ByteTokenizer()
         else:
-            tok = _sentencepiece(chunks, fmt, delimiter, field, options["vocab_size"], options["sample_mb"])
+            source = Source(chunks, fmt, delimiter, field, chunk_bytes, run, bar)
+            tok = TOKENIZERS[tokenizer].build(source, options["vocab_size"], options["sample_mb"])
         tok.save(partial / TOKENIZER_DIR)
         tok_fingerprint = fingerprint(tok)
         for split in SPLITS:
@@ -213,7 +213,7 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         ]
         results, documents, tokens = [], 0, 0
         progress_bar = bar("tokenize")
-        for result in _closing(progress_bar, run(_tokenize_chunk, tasks)):
+        for result in closing(progress_bar, run(_tokenize_chunk, tasks)):
             results.append(result)
             documents += sum(len(result[split][streams[0]]) for split in SPLITS)
             tokens += sum(int(result[split][streams[0]].sum()) for split in SPLITS)
@@ -252,8 +252,10 @@ def _split_index(partial: Path, split: str, streams: list[str], results: list[di
         raise ValueError(f"the {split} split has no documents (of {total}): {_split_fix(split, options, total)}")
     out = {"documents": documents, "streams": {}}
     for s in streams:
-        n_E = np.concatenate([r[split][s] for r in results]).astype(np.int64)
-        np.save(partial / split / f"{s}-documents.npy", np.concatenate([[0], np.cumsum(n_E)]))
+        n_E = np.concatenate([r[split][s] for r in results])
+        starts = np.zeros(len(n_E) + 1, np.int64)  # one array of D + 1, not the copies of concatenate and cumsum
+        np.cumsum(n_E, out=starts[1:])
+        np.save(partial / split / f"{s}-documents.npy", starts)
         shards = [{"file": r["files"][split][s], "tokens": int(r[split][s].sum())} for r in results]
         out["streams"][s] = {"tokens": int(n_E.sum()), "shards": [x for x in shards if x["tokens"]]}
     return out
@@ -269,57 +271,6 @@ def _split_fix(split: str, options: dict, total: int) -> str:
         return "one document cannot be split into train and valid: give more"
     fix = f"{'raise' if split == 'valid' else 'lower'} --valid_fraction={options['valid_fraction']}"
     return fix + (", or split the files into documents with --delimiter" if one_per_file else "")
-
-
-def _closing(bar, results):
-    """`results`, closing the progress bar after the last one or at an error (so an error line starts a line)."""
-    with bar:
-        yield from results
-
-
-def _texts(documents) -> list[str]:
-    """Every text of a chunk's documents (both sides of a pair)."""
-    return [t for d in documents for t in (d if isinstance(d, tuple) else (d,))]
-
-
-def _char_tokenizer(run, chunks, fmt, delimiter, field, bar) -> tok_lib.CharTokenizer:
-    """The characters of every document (a first pass over the inputs), with pad/bos/eos."""
-    present = np.zeros(0x110000, bool)
-    for chunk, codes in zip(chunks, _closing(bar, run(_chunk_codes, [(c, fmt, delimiter, field) for c in chunks]))):
-        present[codes] = True
-        bar.update(chunk.stop - chunk.start)
-    return tok_lib.CharTokenizer([chr(c) for c in np.flatnonzero(present)], specials=True)
-
-
-def _chunk_codes(task) -> np.ndarray:
-    chunk, fmt, delimiter, field = task
-    text = "".join(_texts(docs_lib.documents(chunk, fmt, delimiter, field)))
-    return np.flatnonzero(np.bincount(np.frombuffer(text.encode("utf-32-le"), np.uint32), minlength=1))
-
-
-def _sentencepiece(chunks, fmt, delimiter, field, vocab_size, sample_mb) -> tok_lib.SentencePieceTokenizer:
-    """SentencePiece trained on the lines of about sample_mb of documents, from chunks spread evenly over the inputs;
-    with byte fallback, so that characters the sample lacks encode as their UTF-8 bytes."""
-    sizes = np.array([c.stop - c.start for c in chunks])
-    wanted = max(1, min(len(chunks), math.ceil(sample_mb * 2**20 / max(sizes.mean(), 1))))
-    picked = np.unique(np.linspace(0, len(chunks) - 1, wanted).round().astype(int))
-    lines = [
-        line
-        for i in picked
-        for text in _texts(docs_lib.documents(chunks[i], fmt, delimiter, field))
-        for line in text.split("\n")
-        if line.strip()
-    ]
-    if not lines:
-        raise ValueError("no documents in the inputs: they are empty (or blank)")
-    try:
-        return tok_lib.SentencePieceTokenizer.train(
-            lines, vocab_size, byte_fallback=True
-        )  # text the sample lacks: bytes
-    except RuntimeError as e:
-        raise ValueError(
-            f"SentencePiece could not train {vocab_size} pieces on the sample ({e}); lower --vocab_size"
-        ) from None
 
 
 def _is_valid(text: str, fraction: float) -> bool:
@@ -343,33 +294,45 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _tokenize_chunk(task) -> dict:
-    """One chunk's documents tokenized into one shard per split and stream; returns the documents' lengths."""
+    """One chunk's documents tokenized into one shard per split and stream, a batch of documents at a time (memory
+    does not grow with the chunk); returns the documents' lengths."""
     i, chunk, fmt, delimiter, field, valid_fraction, partial, streams, tokenizer_fingerprint = task
     if tokenizer_fingerprint not in _worker_tokenizers:
         _worker_tokenizers[tokenizer_fingerprint] = tok_lib.load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
     tok = _worker_tokenizers[tokenizer_fingerprint]
     dtype = shard_dtype(tok.vocab_size)
-    parts = {split: [] for split in SPLITS}
-    for d in docs_lib.documents(chunk, fmt, delimiter, field):
-        key = "\t".join(d) if isinstance(d, tuple) else d
-        parts["valid" if _is_valid(key, valid_fraction) else "train"].append(d)
-    result = {"bytes": chunk.stop - chunk.start, "files": {}}
-    for split, documents in parts.items():
-        result[split], result["files"][split] = {}, {}
-        for j, s in enumerate(streams):
-            texts = [d[j] for d in documents] if len(streams) > 1 else documents
-            try:
-                ids = tok.encode_batch(texts) if texts else []
-            except ValueError as e:  # a character the tokenizer (of a workdir) cannot encode
-                raise ValueError(f"{chunk.path} (bytes {chunk.start}-{chunk.stop}): {e}") from None
-            if len(streams) == 1 and tok.eos_id is not None:  # an LM stream: each document ends with EOS
-                eos = np.array([tok.eos_id], np.int32)
-                ids = [a for x in ids for a in (x, eos)]
-                n = np.array([len(x) + 1 for x in ids[::2]], np.int64)
-            else:
-                n = np.array([len(x) for x in ids], np.int64)
-            name = f"{split}/{s}-{i:05d}.bin"
-            if n.sum():
-                np.concatenate(ids).astype(dtype).tofile(os.path.join(partial, name))
-            result[split][s], result["files"][split][s] = n, name
+    names = {split: {s: f"{split}/{s}-{i:05d}.bin" for s in streams} for split in SPLITS}
+    lengths = {split: {s: [] for s in streams} for split in SPLITS}
+    with contextlib.ExitStack() as files:
+        opened = {}  # name -> file, opened at its first token: a split without tokens has no shard file
+        for batch in batches(readers.documents(chunk, fmt, delimiter, field)):
+            parts = {split: [] for split in SPLITS}
+            for d in batch:
+                key = "\t".join(d) if isinstance(d, tuple) else d
+                parts["valid" if _is_valid(key, valid_fraction) else "train"].append(d)
+            for split, documents in parts.items():
+                for j, s in enumerate(streams):
+                    texts = [d[j] for d in documents] if len(streams) > 1 else documents
+                    ids, n = _encode(tok, texts, len(streams) == 1 and tok.eos_id is not None, chunk, fmt)
+                    if n.sum():
+                        name = names[split][s]
+                        if name not in opened:
+                            opened[name] = files.enter_context(open(os.path.join(partial, name), "wb"))
+                        np.concatenate(ids).astype(dtype).tofile(opened[name])
+                    lengths[split][s].append(n)
+    result = {"bytes": chunk.nbytes, "files": names}
+    for split in SPLITS:
+        result[split] = {s: np.concatenate([np.zeros(0, np.int64), *lengths[split][s]]) for s in streams}
     return result
+
+
+def _encode(tok, texts: list[str], eos: bool, chunk, fmt: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """The ids of `texts`, each followed by EOS when `eos` (an LM stream), and their lengths."""
+    try:
+        ids = tok.encode_batch(texts) if texts else []
+    except ValueError as e:  # a character the tokenizer (of a workdir) cannot encode
+        raise ValueError(f"{readers.where(chunk, fmt)}: {e}") from None
+    if eos:
+        ids = [a for x in ids for a in (x, np.array([tok.eos_id], np.int32))]
+        return ids, np.array([len(x) + 1 for x in ids[::2]], np.int64)
+    return ids, np.array([len(x) for x in ids], np.int64)

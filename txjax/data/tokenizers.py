@@ -228,18 +228,48 @@ class ByteLevelBPETokenizer(Tokenizer):
         self.vocab_size = max(self.vocab.values()) + 1
 
     @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> ByteLevelBPETokenizer:
+        """BPE (Sennrich et al. 2016) over GPT-2's byte-level pieces, trained by Hugging Face `tokenizers`: ids 0
+        `<|endoftext|>` (bos and eos), 1-256 the bytes, then the merges of the most frequent pairs, `vocab_size` in all
+        (fewer when the texts allow no more merges)."""
+        tokenizers = require("tokenizers", "training the bpe tokenizer")
+        if vocab_size < 257:
+            raise ValueError(f"--vocab_size={vocab_size}: a byte-level BPE needs at least 257 ids (256 bytes and "
+                             f"{cls.EOS_TOKEN}); raise it")  # fmt: skip
+        tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = tokenizers.trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[cls.EOS_TOKEN],
+            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        model = json.loads(tok.to_str())["model"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        return cls(model["vocab"], merges)
+
+    @classmethod
     def from_files(cls, vocab_path: PathLike, merges_path: PathLike) -> ByteLevelBPETokenizer:
         """GPT-2's vocab.json and merges.txt (a '#version' first line is skipped)."""
         lines = Path(merges_path).read_text(encoding="utf-8").splitlines()
         merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
         return cls(json.loads(Path(vocab_path).read_text(encoding="utf-8")), merges)
 
-    def encode_array(self, text: str) -> np.ndarray:
+    def _check_utf8(self, text: str) -> None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise _unencodable(text[e.start], "byte_bpe", "remove unpaired surrogates from the text") from None
+
+    def encode_array(self, text: str) -> np.ndarray:
+        self._check_utf8(text)
         return np.asarray(self.tok.encode(text).ids, dtype=np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        for text in texts:
+            self._check_utf8(text)
+        return [np.asarray(e.ids, dtype=np.int32) for e in self.tok.encode_batch(list(texts))]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(self._check_ids(ids).tolist(), skip_special_tokens=True)
