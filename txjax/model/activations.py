@@ -8,6 +8,7 @@ ACTIVATIONS = {
     "relu": nn.relu,  # Vaswani et al. 2017
     "gelu": lambda x: nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # GPT-2's
+    "silu": nn.silu,  # x sigmoid(x), "swish" (Marian's opus-mt models)
     "swiglu": nn.silu,  # gated: silu(x W1) * (x W3)
     "relu2": lambda x: jnp.square(nn.relu(x)),  # ReLU^2 (So et al. 2021, Primer; modded-nanogpt)
 }

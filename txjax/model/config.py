@@ -73,6 +73,8 @@ class ModelConfig:
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
     base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
+    # pretrained encoder-decoders (txjax.convert.marian)
+    final_logits_bias: bool = False  # a learned bias [vocab] added to the logits (Marian/BART's final_logits_bias)
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():

@@ -2,6 +2,8 @@
 decoding passes the absolute position of the new token).
 
 - sinusoidal (Vaswani et al. 2017, sec. 3.5): PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d))
+- sinusoidal_halves (Marian, fairseq): the same sines and cosines, sines in the first d/2 channels and cosines in
+  the last d/2 (Hugging Face's MarianSinusoidalPositionalEmbedding) instead of interleaved
 - learned absolute: a trainable table [max_len, d] indexed by position (GPT-2); the module lives in models.py
 - rotary (RoPE, Su et al. 2021): rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d), so that
   q_m . k_n depends on m - n only
@@ -13,7 +15,7 @@ import math
 
 import jax.numpy as jnp
 
-KINDS = ("none", "sinusoidal", "learned", "rope", "alibi")
+KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "sinusoidal_halves")
 
 
 def sinusoidal(positions_BxL, d_model, base=10000.0):
@@ -22,6 +24,14 @@ def sinusoidal(positions_BxL, d_model, base=10000.0):
     angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq  # [B, L, d/2]
     pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [B, L, d/2, 2]
     return pe.reshape(*positions_BxL.shape, -1)[..., :d_model]
+
+
+def sinusoidal_halves(positions_BxL, d_model, base=10000.0):
+    """[B, L] int -> [B, L, d_model] float32: sin(p / base^(2i/d)) in channel i and cos(p / base^(2i/d)) in channel
+    d/2 + i, for i < d/2 (an odd d_model: ceil(d/2) sines, floor(d/2) cosines, as Marian's table)."""
+    inv_freq = base ** (-jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)  # [ceil(d/2)]
+    angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq  # [B, L, ceil(d/2)]
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)[..., : d_model // 2]], axis=-1)
 
 
 def apply_rope(x_BxLxHxK, positions_BxL, base=10000.0):

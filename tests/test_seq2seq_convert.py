@@ -1,0 +1,191 @@
+"""Encoder-decoder checkpoints: a tiny random MarianMTModel built by transformers, imported with `run.py import`, gives
+transformers' logits and greedy translations; a config txjax cannot represent is refused in one line; fine-tuning it
+with train.init_from lowers the loss (skipped without the `interop` extra)."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+import run  # noqa: E402
+from txjax.decode import generate  # noqa: E402
+from txjax.experiment import load_workdir  # noqa: E402
+from txjax.model.positional import sinusoidal_halves  # noqa: E402
+
+PAIRS = [
+    ("the cat sat on the mat", "el gato se sento en la alfombra"),
+    ("the dog ran in the park", "el perro corrio en el parque"),
+    ("a bird sings in the tree", "un pajaro canta en el arbol"),
+    ("the sun is hot today", "el sol esta caliente hoy"),
+    ("we read a book at night", "leemos un libro por la noche"),
+    ("my friend lives near the sea", "mi amigo vive cerca del mar"),
+] * 4
+VOCAB, CTX = 120, 64
+EOS, UNK, PAD = 0, 1, 2  # Marian's decoder starts from pad
+
+
+def marian_config(**changes):
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=CTX,
+        activation_function="swish",  # the opus-mt models'
+        scale_embedding=True,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        decoder_start_token_id=PAD,
+        forced_eos_token_id=None,  # generate would force EOS as the 40th token; txjax's greedy search does not
+    )
+    return transformers.MarianConfig(**(fields | changes))
+
+
+def save_tiny_marian(folder, **changes):
+    """A random 2+2-layer Marian with a random final_logits_bias (EOS pushed down so that greedy search runs its 40
+    tokens), saved by transformers with a BPE fast tokenizer trained on both sides of PAIRS; returns the model."""
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["</s>", "<unk>", "<pad>"])
+    bpe.train_from_iterator([s for pair in PAIRS for s in pair], trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(marian_config(**changes)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:  # the sinusoid table is a (frozen) parameter too
+                p.normal_(1.0 if "layer_norm.weight" in name else 0.0, 0.2)
+        model.final_logits_bias.normal_(0.0, 1.0)
+        model.final_logits_bias[0, EOS] = -30.0
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("marian")
+    hf = save_tiny_marian(root / "hf")
+    assert run.main(["import", f"--from={root / 'hf'}", f"--workdir={root / 'wd'}"]) == 0
+    return hf, root
+
+
+def sources(tokenizer):
+    """Two sources of different lengths, each ending with EOS as MarianTokenizer's do, right-padded."""
+    ids = [tokenizer.encode(PAIRS[0][0]) + [EOS], tokenizer.encode(PAIRS[3][0] + " " + PAIRS[4][0]) + [EOS]]
+    src = np.full((2, max(map(len, ids))), PAD, np.int32)
+    for row, s in zip(src, ids):
+        row[: len(s)] = s
+    return ids, src, (src != PAD).astype(np.int32)
+
+
+def test_positions_are_marians_table():
+    """sinusoidal_halves against transformers' MarianSinusoidalPositionalEmbedding (sines first, then cosines)."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    for d in (32, 7):
+        table = MarianSinusoidalPositionalEmbedding(CTX, d)
+        want = table.create_weight().numpy()
+        got = np.asarray(sinusoidal_halves(np.arange(CTX)[None], d))[0]
+        np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_logits_equal_transformers(imported):
+    """Logits of a source batch (one row padded) and a target prefix from the decoder start, within 1e-4."""
+    hf, root = imported
+    run_ = load_workdir(root / "wd")
+    tok = run_.tokenizer
+    assert (run_.config.family, tok.bos_id, tok.eos_id, tok.pad_id) == ("encoder_decoder", PAD, EOS, PAD)
+    _, src, mask = sources(tok)
+    tgt = np.array([[PAD, *tok.encode(PAIRS[0][1])[:6]]] * 2, np.int32)
+    with torch.no_grad():
+        want = hf(
+            input_ids=torch.tensor(src, dtype=torch.long),
+            attention_mask=torch.tensor(mask),
+            decoder_input_ids=torch.tensor(tgt, dtype=torch.long),
+        ).logits.numpy()
+    got = run_.model.apply({"params": run_.params}, src, tgt, src_segment_ids=mask)
+    assert np.abs(want).max() > 1.0  # the final_logits_bias and weights make the logits far from zero
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
+
+
+def test_greedy_translation_equals_transformers(imported):
+    """generate from sources, starting from the imported BOS (Marian's pad): the same 40 tokens as transformers'."""
+    hf, root = imported
+    run_ = load_workdir(root / "wd")
+    tok = run_.tokenizer
+    ids, src, mask = sources(tok)
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=torch.tensor(src, dtype=torch.long),
+            attention_mask=torch.tensor(mask),
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=40,
+        ).numpy()
+    assert (out[:, 0] == PAD).all()
+    got = generate(run_.model, run_.params, ids, bos_id=tok.bos_id, pad_id=tok.pad_id, max_new_tokens=40, eos_id=EOS)
+    assert [len(g) for g in got.ids] == [40, 40]
+    assert got.ids == out[:, 1:].tolist()
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(decoder_ffn_dim=96), "decoder_ffn_dim"),
+        (dict(activation_function="tanh"), "activation_function"),
+        (dict(decoder_vocab_size=VOCAB - 20), "decoder_vocab_size"),
+    ],
+)
+def test_unrepresentable_config_is_one_line(tmp_path, capsys, changes, field):
+    """config.json says what txjax cannot compute: one line naming the field, and no workdir."""
+    (tmp_path / "hf").mkdir()
+    config = marian_config().to_dict() | changes
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert run.main(["import", f"--from={tmp_path / 'hf'}", f"--workdir={tmp_path / 'wd'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{field}=" in err
+    assert not (tmp_path / "wd").exists()
+
+
+def test_init_from_fine_tunes_on_parallel_data(imported, tmp_path):
+    """train.init_from=the imported workdir on a TSV of the pairs: the loss falls; the run keeps Marian's model and
+    tokenizer (targets start from its pad)."""
+    _, root = imported
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS))
+    flags = [
+        f"--config.train.init_from={root / 'wd'}",
+        "--config.family=encoder_decoder",  # as an experiment file of parallel data says (bible_en_es.py)
+        "--config.data.kind=parallel",
+        f"--config.data.path={tsv}",
+        f"--config.data.valid_path={tsv}",
+        "--config.data.max_src_len=24",
+        "--config.data.max_tgt_len=24",
+        "--config.model.dropout=0",
+        "--config.train.steps=12",
+        "--config.train.batch_size=8",
+        "--config.train.learning_rate=3e-3",
+        "--config.train.warmup_steps=1",
+        "--config.train.log_every=1",
+        "--config.train.eval_batches=0",
+    ]
+    tuned = tmp_path / "tuned"
+    assert run.main(["train", f"--workdir={tuned}", *flags]) == 0
+    records = map(json.loads, (tuned / "metrics.jsonl").open())
+    losses = [r["loss"] for r in records if r.get("split") == "train"]
+    assert len(losses) == 12 and np.mean(losses[-3:]) < np.mean(losses[:3]) - 1.0, losses
+    result = load_workdir(tuned)
+    assert result.model.cfg.positional == "sinusoidal_halves" and result.tokenizer.bos_id == PAD
