@@ -1,6 +1,7 @@
-"""Encoder-decoder checkpoints: a tiny random MarianMTModel built by transformers, imported with `run.py import`, gives
-transformers' logits and greedy translations; a config txjax cannot represent is refused in one line; fine-tuning it
-with train.init_from lowers the loss (skipped without the `interop` extra)."""
+"""Encoder-decoder checkpoints: a tiny random MarianMTModel and BartForConditionalGeneration built by transformers,
+imported with `run.py import`, give transformers' logits and greedy translations; a config txjax cannot represent is
+refused in one line; fine-tuning the Marian one with train.init_from lowers the loss (skipped without the `interop`
+extra)."""
 
 import json
 
@@ -27,11 +28,16 @@ PAIRS = [
     ("my friend lives near the sea", "mi amigo vive cerca del mar"),
 ] * 4
 VOCAB, CTX = 120, 64
-EOS, UNK, PAD = 0, 1, 2  # Marian's decoder starts from pad
+# per model type: its specials in id order, (EOS, pad, decoder start), the config class and config fields
+MODELS = {
+    "marian": (["</s>", "<unk>", "<pad>"], (0, 2, 2), "MarianConfig", dict(activation_function="swish")),
+    "bart": (["<s>", "<pad>", "</s>", "<unk>"], (2, 1, 2), "BartConfig", dict(activation_function="gelu")),
+}
 
 
-def marian_config(**changes):
-    fields = dict(
+def hf_config(kind, **changes):
+    _, (eos, pad, start), config_class, fields = MODELS[kind]
+    fields = fields | dict(
         vocab_size=VOCAB,
         d_model=32,
         encoder_layers=2,
@@ -41,54 +47,56 @@ def marian_config(**changes):
         encoder_ffn_dim=64,
         decoder_ffn_dim=64,
         max_position_embeddings=CTX,
-        activation_function="swish",  # the opus-mt models'
         scale_embedding=True,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        decoder_start_token_id=PAD,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        decoder_start_token_id=start,  # Marian's decoder starts from pad, BART's from EOS
         forced_eos_token_id=None,  # generate would force EOS as the 40th token; txjax's greedy search does not
     )
-    return transformers.MarianConfig(**(fields | changes))
+    return getattr(transformers, config_class)(**(fields | changes))
 
 
-def save_tiny_marian(folder, **changes):
-    """A random 2+2-layer Marian with a random final_logits_bias (EOS pushed down so that greedy search runs its 40
-    tokens), saved by transformers with a BPE fast tokenizer trained on both sides of PAIRS; returns the model."""
+def save_tiny(kind, folder, **changes):
+    """A random 2+2-layer model of `kind` with a random final_logits_bias (EOS pushed down so that greedy search runs
+    its 40 tokens), saved by transformers with a BPE fast tokenizer trained on both sides of PAIRS; returns it."""
+    specials = MODELS[kind][0]
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["</s>", "<unk>", "<pad>"])
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials)
     bpe.train_from_iterator([s for pair in PAIRS for s in pair], trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>")
     torch.manual_seed(0)
-    model = transformers.MarianMTModel(marian_config(**changes)).eval()
+    config = hf_config(kind, **changes)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "embed_positions" not in name:  # the sinusoid table is a (frozen) parameter too
-                p.normal_(1.0 if "layer_norm.weight" in name else 0.0, 0.2)
+            if "embed_positions" not in name or kind != "marian":  # Marian's sinusoid table is a parameter too
+                p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.2)
         model.final_logits_bias.normal_(0.0, 1.0)
-        model.final_logits_bias[0, EOS] = -30.0
+        model.final_logits_bias[0, config.eos_token_id] = -30.0
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return model
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("marian")
-    hf = save_tiny_marian(root / "hf")
+@pytest.fixture(scope="module", params=list(MODELS))
+def imported(request, tmp_path_factory):
+    """(transformers' model, the workdir `run.py import` wrote from its folder)."""
+    root = tmp_path_factory.mktemp(request.param)
+    hf = save_tiny(request.param, root / "hf")
     assert run.main(["import", f"--from={root / 'hf'}", f"--workdir={root / 'wd'}"]) == 0
-    return hf, root
+    return hf, root / "wd"
 
 
 def sources(tokenizer):
     """Two sources of different lengths, each ending with EOS as MarianTokenizer's do, right-padded."""
-    ids = [tokenizer.encode(PAIRS[0][0]) + [EOS], tokenizer.encode(PAIRS[3][0] + " " + PAIRS[4][0]) + [EOS]]
-    src = np.full((2, max(map(len, ids))), PAD, np.int32)
-    for row, s in zip(src, ids):
-        row[: len(s)] = s
-    return ids, src, (src != PAD).astype(np.int32)
+    eos = tokenizer.eos_id
+    ids = [tokenizer.encode(PAIRS[0][0]) + [eos], tokenizer.encode(PAIRS[3][0] + " " + PAIRS[4][0]) + [eos]]
+    src = np.full((2, max(map(len, ids))), tokenizer.pad_id, np.int32)
+    mask = np.zeros_like(src)
+    for row, row_mask, s in zip(src, mask, ids):
+        row[: len(s)], row_mask[: len(s)] = s, 1
+    return ids, src, mask
 
 
 def test_positions_are_marians_table():
@@ -104,12 +112,13 @@ def test_positions_are_marians_table():
 
 def test_logits_equal_transformers(imported):
     """Logits of a source batch (one row padded) and a target prefix from the decoder start, within 1e-4."""
-    hf, root = imported
-    run_ = load_workdir(root / "wd")
-    tok = run_.tokenizer
-    assert (run_.config.family, tok.bos_id, tok.eos_id, tok.pad_id) == ("encoder_decoder", PAD, EOS, PAD)
+    hf, workdir = imported
+    run_ = load_workdir(workdir)
+    tok, config = run_.tokenizer, hf.config
+    want_ids = (config.decoder_start_token_id, config.eos_token_id, config.pad_token_id)
+    assert (run_.config.family, tok.bos_id, tok.eos_id, tok.pad_id) == ("encoder_decoder", *want_ids)
     _, src, mask = sources(tok)
-    tgt = np.array([[PAD, *tok.encode(PAIRS[0][1])[:6]]] * 2, np.int32)
+    tgt = np.array([[tok.bos_id, *tok.encode(PAIRS[0][1])[:6]]] * 2, np.int32)
     with torch.no_grad():
         want = hf(
             input_ids=torch.tensor(src, dtype=torch.long),
@@ -122,9 +131,9 @@ def test_logits_equal_transformers(imported):
 
 
 def test_greedy_translation_equals_transformers(imported):
-    """generate from sources, starting from the imported BOS (Marian's pad): the same 40 tokens as transformers'."""
-    hf, root = imported
-    run_ = load_workdir(root / "wd")
+    """generate from sources, starting from the imported BOS (the decoder start): transformers' 40 tokens."""
+    hf, workdir = imported
+    run_ = load_workdir(workdir)
     tok = run_.tokenizer
     ids, src, mask = sources(tok)
     with torch.no_grad():
@@ -135,8 +144,9 @@ def test_greedy_translation_equals_transformers(imported):
             num_beams=1,
             max_new_tokens=40,
         ).numpy()
-    assert (out[:, 0] == PAD).all()
-    got = generate(run_.model, run_.params, ids, bos_id=tok.bos_id, pad_id=tok.pad_id, max_new_tokens=40, eos_id=EOS)
+    assert (out[:, 0] == tok.bos_id).all()
+    strategy = dict(max_new_tokens=40, eos_id=tok.eos_id)
+    got = generate(run_.model, run_.params, ids, bos_id=tok.bos_id, pad_id=tok.pad_id, **strategy)
     assert [len(g) for g in got.ids] == [40, 40]
     assert got.ids == out[:, 1:].tolist()
 
@@ -152,7 +162,7 @@ def test_greedy_translation_equals_transformers(imported):
 def test_unrepresentable_config_is_one_line(tmp_path, capsys, changes, field):
     """config.json says what txjax cannot compute: one line naming the field, and no workdir."""
     (tmp_path / "hf").mkdir()
-    config = marian_config().to_dict() | changes
+    config = hf_config("marian").to_dict() | changes
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     assert run.main(["import", f"--from={tmp_path / 'hf'}", f"--workdir={tmp_path / 'wd'}"]) == 2
     err = capsys.readouterr().err.strip()
@@ -160,14 +170,15 @@ def test_unrepresentable_config_is_one_line(tmp_path, capsys, changes, field):
     assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.parametrize("imported", ["marian"], indirect=True)
 def test_init_from_fine_tunes_on_parallel_data(imported, tmp_path):
     """train.init_from=the imported workdir on a TSV of the pairs: the loss falls; the run keeps Marian's model and
     tokenizer (targets start from its pad)."""
-    _, root = imported
+    _, workdir = imported
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS))
     flags = [
-        f"--config.train.init_from={root / 'wd'}",
+        f"--config.train.init_from={workdir}",
         "--config.family=encoder_decoder",  # as an experiment file of parallel data says (bible_en_es.py)
         "--config.data.kind=parallel",
         f"--config.data.path={tsv}",
@@ -188,4 +199,4 @@ def test_init_from_fine_tunes_on_parallel_data(imported, tmp_path):
     losses = [r["loss"] for r in records if r.get("split") == "train"]
     assert len(losses) == 12 and np.mean(losses[-3:]) < np.mean(losses[:3]) - 1.0, losses
     result = load_workdir(tuned)
-    assert result.model.cfg.positional == "sinusoidal_halves" and result.tokenizer.bos_id == PAD
+    assert result.model.cfg.positional == "sinusoidal_halves" and result.tokenizer.bos_id == MODELS["marian"][1][2]

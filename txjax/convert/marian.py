@@ -83,17 +83,24 @@ def _same(hf: Mapping, encoder: str, decoder: str) -> int:
 
 def config_from_hf(hf: Mapping) -> ModelConfig:
     """A Marian config.json (as a dict) -> ModelConfig; unrepresentable fields are a ValueError naming them."""
-    kind = hf.get("model_type")
-    if kind not in MODEL_TYPES:
-        raise ValueError(f"config.json: model_type={kind!r} is not a Marian model ({', '.join(MODEL_TYPES)})")
-    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "max_position_embeddings"):
-        if not isinstance(hf.get(name), int):
-            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
-    if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
+    if hf.get("decoder_vocab_size") not in (None, hf.get("vocab_size")):
         raise ValueError(
             f"config.json: decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']} "
             "(txjax's source and target share one vocabulary size)"
         )
+    share = hf.get("share_encoder_decoder_embeddings", True)
+    return shared_config(hf, MODEL_TYPES, share_embeddings=share, **_MARIAN_FIELDS)
+
+
+def shared_config(hf: Mapping, model_types: tuple[str, ...], **fields) -> ModelConfig:
+    """The ModelConfig of a BART-lineage config.json (Marian, BART): sizes, activation, dropout, embedding scale and
+    tying, then `fields` (what the family fixes); a field txjax cannot represent is a ValueError naming it."""
+    kind = hf.get("model_type")
+    if kind not in model_types:
+        raise ValueError(f"config.json: model_type={kind!r} is not one of {', '.join(model_types)}")
+    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "max_position_embeddings"):
+        if not isinstance(hf.get(name), int):
+            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
     act = hf.get("activation_function", "gelu")
     if act not in ACTIVATIONS:
         raise ValueError(f"config.json: activation_function={act!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -109,14 +116,13 @@ def config_from_hf(hf: Mapping) -> ModelConfig:
         num_encoder_layers=hf["encoder_layers"],
         max_len=hf["max_position_embeddings"],
         activation=ACTIVATIONS[act],
-        share_embeddings=hf.get("share_encoder_decoder_embeddings", True),
         tie_embeddings=hf.get("tie_word_embeddings", True),
         embed_scale=bool(hf.get("scale_embedding", False)),
-        norm_eps=1e-5,  # torch.nn.LayerNorm's default, which Marian's layers use
+        norm_eps=1e-5,  # torch.nn.LayerNorm's default, which these models' layers use
         init_std=hf.get("init_std", 0.02),
         dropout=float(hf.get("dropout", 0.0)),
         attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        **_MARIAN_FIELDS,
+        **fields,
     )
 
 
@@ -161,7 +167,7 @@ def _layer(get: Callable, cfg: ModelConfig, cross: bool) -> dict:
     return layer
 
 
-def _equal_copy(t: hf_folder.Tensors, name: str, table: np.ndarray, what: str) -> None:
+def equal_copy(t: hf_folder.Tensors, name: str, table: np.ndarray, what: str) -> None:
     """A checkpoint may store a tied or shared table twice; the copy must be the table."""
     if name in t and not np.array_equal(t.get(name, table.shape), table):
         raise ValueError(f"{hf_folder.WEIGHTS_FILE}: {name} differs from {what}, which config.json ties it to")
@@ -174,27 +180,38 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     d, v = cfg.d_model, cfg.vocab_size
     if cfg.share_embeddings:
         src = tgt = t.get("shared.weight", (v, d))
-        _equal_copy(t, "encoder.embed_tokens.weight", src, "model.shared.weight")
-        _equal_copy(t, "decoder.embed_tokens.weight", src, "model.shared.weight")
+        equal_copy(t, "encoder.embed_tokens.weight", src, "model.shared.weight")
+        equal_copy(t, "decoder.embed_tokens.weight", src, "model.shared.weight")
         params = {"src_embed": {"tokens": {"embedding": src}}}
-        head = params["src_embed"]
     else:
         src, tgt = t.get("encoder.embed_tokens.weight", (v, d)), t.get("decoder.embed_tokens.weight", (v, d))
         if "shared.weight" in t:
             t.get("shared.weight", (v, d))  # unused by an unshared model (HF keeps it for resizing)
         params = {"src_embed": {"tokens": {"embedding": src}}, "tgt_embed": {"tokens": {"embedding": tgt}}}
-        head = params["tgt_embed"]
+    head_from_hf(t, cfg, params["src_embed" if cfg.share_embeddings else "tgt_embed"])
+    return t.finish(params | stacks_from_hf(t, cfg), cfg, _BUFFERS, FAMILY)
+
+
+def head_from_hf(t: hf_folder.Tensors, cfg: ModelConfig, head: dict) -> None:
+    """Adds the LM head (untied: lm_head.weight; tied: a stored copy must be the table) and final_logits_bias to the
+    params of the Embedder whose token table `head` holds."""
+    v, d = cfg.vocab_size, cfg.d_model
     if cfg.tie_embeddings:
-        _equal_copy(t, "lm_head.weight", tgt, "the decoder's token embedding")
+        equal_copy(t, "lm_head.weight", head["tokens"]["embedding"], "the decoder's token embedding")
     else:
         head["lm_head"] = {"kernel": t.get("lm_head.weight", (v, d)).T}
     head["final_logits_bias"] = {"bias": t.get("final_logits_bias", (1, v))[0]}
+
+
+def stacks_from_hf(t: hf_folder.Tensors, cfg: ModelConfig) -> dict:
+    """{"encoder": {layers_i}, "decoder": {layers_i}} from `encoder.layers.i.*` and `decoder.layers.i.*`."""
+    params = {}
     for stack, n, cross in (("encoder", cfg.encoder_layers, False), ("decoder", cfg.num_layers, True)):
         params[stack] = {
             f"layers_{i}": _layer(lambda name, s, p=f"{stack}.layers.{i}": t.get(f"{p}.{name}", s), cfg, cross)
             for i in range(n)
         }
-    return t.finish(params, cfg, _BUFFERS, FAMILY)
+    return params
 
 
 # ----------------------------------------------------------------------------------------------------------------

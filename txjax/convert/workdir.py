@@ -1,11 +1,11 @@
 """A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
-Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Marian
-encoder-decoder folder (txjax.convert.marian) or a .gguf file (txjax.convert.gguf) and writes what `run.py train`
-writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section and family the
-checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters, fresh AdamW
-moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and training from it (or from
-`train.init_from=DIR`) fine-tunes the model. The data and train sections default to a small fine-tuning run on
+Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Marian or
+BART encoder-decoder folder (txjax.convert.marian, .bart) or a .gguf file (txjax.convert.gguf) and writes what
+`run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section
+and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters,
+fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and training from it (or
+from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a small fine-tuning run on
 tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's on ../shared/data/bible's
 English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything is read and checked before
 the workdir appears; a failure leaves nothing behind.
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import gguf, gpt2, llama, marian
+from txjax.convert import bart, gguf, gpt2, llama, marian
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -38,7 +38,7 @@ from txjax.state.train_state import TrainState, init_state
 
 
 def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
-    """(ModelConfig, params, tokenizer, family) of a GPT-2, Llama-family or Marian folder or a .gguf file."""
+    """(ModelConfig, params, tokenizer, family) of a GPT-2, Llama-family, Marian or BART folder or a .gguf file."""
     path = Path(source).expanduser()
     if path.suffix == ".gguf" or path.is_file():
         return (*gguf.load_gguf(path), "decoder_lm")
@@ -49,6 +49,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
         return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path), "decoder_lm")
     if hf.get("model_type") in marian.MODEL_TYPES:
         return (*marian.load_marian(path), marian.FAMILY)
+    if hf.get("model_type") in bart.MODEL_TYPES:
+        return (*bart.load_bart(path), bart.FAMILY)
     return (*llama.load_llama(path), read_tokenizer(path, hf), "decoder_lm")
 
 

@@ -75,6 +75,7 @@ class ModelConfig:
     base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
     # pretrained encoder-decoders (txjax.convert.marian)
     final_logits_bias: bool = False  # a learned bias [vocab] added to the logits (Marian/BART's final_logits_bias)
+    embed_norm: bool = False  # a norm of each stack's input embeddings (BART's layernorm_embedding)
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():

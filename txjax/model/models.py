@@ -3,7 +3,9 @@
 DecoderLM:       logits = Head(LN(Blocks(Embed(tokens) + PE(positions))))            (GPT-2 / nanoGPT)
 EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(DecoderBlocks(Embed(tgt) + PE, enc)))
                  (Vaswani et al. 2017, fig. 1; the decoder blocks add cross-attention over `enc`)
-The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix.
+The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix (plus a bias b on
+the logits with final_logits_bias, Marian's and BART's); embed_norm adds a LN of each stack's input (BART's
+layernorm_embedding).
 muP (`parametrization="mup"`, Yang et al. 2022, "Tensor Programs V", Table 8, the formulation with multipliers), with
 width multiplier m = d_model / base_width: hidden (matrix-like) weights, the attention and FFN kernels, are drawn
 with variance init_std^2 / m (1/fan_in) and take Adam learning rate lr / m (txjax.state.optim.mup_lr_multipliers);
@@ -115,6 +117,8 @@ class Stack(nn.Module):
 
     def _layers(self, x_BxLxD, ctx, deterministic, decode):
         cfg = self.cfg
+        if cfg.embed_norm:  # BART: each stack normalises its own input (the embeddings + positions)
+            x_BxLxD = make_norm(cfg, "embed_norm")(x_BxLxD)
         block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode)
