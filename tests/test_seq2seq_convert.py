@@ -28,10 +28,26 @@ PAIRS = [
     ("my friend lives near the sea", "mi amigo vive cerca del mar"),
 ] * 4
 VOCAB, CTX = 120, 64
-# per model type: its specials in id order, (EOS, pad, decoder start), the config class and config fields
+BART_SIZES = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=CTX,
+    scale_embedding=True,
+)
+# T5: d_kv apart from d_model / heads, 8 buckets up to distance 20, so that 40 tokens reach the logarithmic ones
+T5_SIZES = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2, relative_attention_num_buckets=8)
+T5_SIZES |= dict(relative_attention_max_distance=20, n_positions=CTX)
+# per model: its specials in id order, (EOS, pad, decoder start), the config class and its fields
 MODELS = {
-    "marian": (["</s>", "<unk>", "<pad>"], (0, 2, 2), "MarianConfig", dict(activation_function="swish")),
-    "bart": (["<s>", "<pad>", "</s>", "<unk>"], (2, 1, 2), "BartConfig", dict(activation_function="gelu")),
+    "marian": (["</s>", "<unk>", "<pad>"], (0, 2, 2), "MarianConfig", BART_SIZES | dict(activation_function="swish")),
+    "bart": (["<s>", "<pad>", "</s>", "<unk>"], (2, 1, 2), "BartConfig", BART_SIZES | dict(activation_function="gelu")),
+    "t5": (["<pad>", "</s>", "<unk>"], (1, 0, 0), "T5Config", T5_SIZES | dict(feed_forward_proj="relu")),
+    "t5v1_1": (["<pad>", "</s>", "<unk>"], (1, 0, 0), "T5Config", T5_SIZES | dict(feed_forward_proj="gated-gelu")),
 }
 
 
@@ -39,26 +55,20 @@ def hf_config(kind, **changes):
     _, (eos, pad, start), config_class, fields = MODELS[kind]
     fields = fields | dict(
         vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=CTX,
-        scale_embedding=True,
         eos_token_id=eos,
         pad_token_id=pad,
-        decoder_start_token_id=start,  # Marian's decoder starts from pad, BART's from EOS
+        decoder_start_token_id=start,  # Marian's and T5's decoders start from pad, BART's from EOS
         forced_eos_token_id=None,  # generate would force EOS as the 40th token; txjax's greedy search does not
     )
+    if kind == "t5v1_1":
+        fields["tie_word_embeddings"] = False  # v1.1: no d_model^-0.5 on the decoder output (transformers 5 ties)
     return getattr(transformers, config_class)(**(fields | changes))
 
 
 def save_tiny(kind, folder, **changes):
-    """A random 2+2-layer model of `kind` with a random final_logits_bias (EOS pushed down so that greedy search runs
-    its 40 tokens), saved by transformers with a BPE fast tokenizer trained on both sides of PAIRS; returns it."""
+    """A random 2+2-layer model of `kind` with a random final_logits_bias (T5: relative bias and tokens of std 1) and
+    EOS pushed down (T5: its token row zero) so that greedy search runs its 40 tokens, saved by transformers with a
+    BPE fast tokenizer trained on both sides of PAIRS; returns it."""
     specials = MODELS[kind][0]
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
@@ -72,8 +82,15 @@ def save_tiny(kind, folder, **changes):
         for name, p in model.named_parameters():
             if "embed_positions" not in name or kind != "marian":  # Marian's sinusoid table is a parameter too
                 p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.2)
-        model.final_logits_bias.normal_(0.0, 1.0)
-        model.final_logits_bias[0, config.eos_token_id] = -30.0
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0.0, 1.0)
+            model.final_logits_bias[0, config.eos_token_id] = -30.0
+        else:
+            for name, p in model.named_parameters():
+                if "relative_attention_bias" in name:
+                    p.normal_(0.0, 1.0)
+            model.get_input_embeddings().weight.normal_(0.0, 1.0)  # T5's init: the head reads it at d_model^-0.5
+            model.get_input_embeddings().weight[config.eos_token_id] = 0.0
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return model
@@ -152,17 +169,19 @@ def test_greedy_translation_equals_transformers(imported):
 
 
 @pytest.mark.parametrize(
-    "changes, field",
+    "kind, changes, field",
     [
-        (dict(decoder_ffn_dim=96), "decoder_ffn_dim"),
-        (dict(activation_function="tanh"), "activation_function"),
-        (dict(decoder_vocab_size=VOCAB - 20), "decoder_vocab_size"),
+        ("marian", dict(decoder_ffn_dim=96), "decoder_ffn_dim"),
+        ("marian", dict(activation_function="tanh"), "activation_function"),
+        ("marian", dict(decoder_vocab_size=VOCAB - 20), "decoder_vocab_size"),
+        ("bart", dict(encoder_attention_heads=4), "decoder_attention_heads"),
+        ("t5", dict(feed_forward_proj="gated-relu"), "feed_forward_proj"),
     ],
 )
-def test_unrepresentable_config_is_one_line(tmp_path, capsys, changes, field):
+def test_unrepresentable_config_is_one_line(tmp_path, capsys, kind, changes, field):
     """config.json says what txjax cannot compute: one line naming the field, and no workdir."""
     (tmp_path / "hf").mkdir()
-    config = hf_config("marian").to_dict() | changes
+    config = hf_config(kind).to_dict() | changes
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     assert run.main(["import", f"--from={tmp_path / 'hf'}", f"--workdir={tmp_path / 'wd'}"]) == 2
     err = capsys.readouterr().err.strip()

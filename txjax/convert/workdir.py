@@ -1,14 +1,14 @@
 """A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
-Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Marian or
-BART encoder-decoder folder (txjax.convert.marian, .bart) or a .gguf file (txjax.convert.gguf) and writes what
-`run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section
-and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters,
-fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and training from it (or
-from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a small fine-tuning run on
-tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's on ../shared/data/bible's
-English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything is read and checked before
-the workdir appears; a failure leaves nothing behind.
+Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Marian,
+BART or T5 encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and
+writes what `run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its
+model section and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the
+imported parameters, fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and
+training from it (or from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a
+small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's
+on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything
+is read and checked before the workdir appears; a failure leaves nothing behind.
 
 Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2 or Llama/Qwen2 config.json,
 model.safetensors, the tokenizer's files) that transformers' from_pretrained loads.
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import bart, gguf, gpt2, llama, marian
+from txjax.convert import bart, gguf, gpt2, llama, marian, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -38,7 +38,7 @@ from txjax.state.train_state import TrainState, init_state
 
 
 def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
-    """(ModelConfig, params, tokenizer, family) of a GPT-2, Llama-family, Marian or BART folder or a .gguf file."""
+    """(ModelConfig, params, tokenizer, family) of a GPT-2, Llama-family, Marian, BART or T5 folder or a .gguf file."""
     path = Path(source).expanduser()
     if path.suffix == ".gguf" or path.is_file():
         return (*gguf.load_gguf(path), "decoder_lm")
@@ -51,6 +51,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
         return (*marian.load_marian(path), marian.FAMILY)
     if hf.get("model_type") in bart.MODEL_TYPES:
         return (*bart.load_bart(path), bart.FAMILY)
+    if hf.get("model_type") in t5.MODEL_TYPES:
+        return (*t5.load_t5(path), t5.FAMILY)
     return (*llama.load_llama(path), read_tokenizer(path, hf), "decoder_lm")
 
 

@@ -119,6 +119,9 @@ class Stack(nn.Module):
         cfg = self.cfg
         if cfg.embed_norm:  # BART: each stack normalises its own input (the embeddings + positions)
             x_BxLxD = make_norm(cfg, "embed_norm")(x_BxLxD)
+        if cfg.positional == "relative_buckets":  # T5: one bias table per stack, read by every layer's attention
+            init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (None, "heads"))
+            ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode)
