@@ -168,6 +168,22 @@ def test_greedy_translation_equals_transformers(imported):
     assert got.ids == out[:, 1:].tolist()
 
 
+@pytest.mark.parametrize("imported", ["marian"], indirect=True)
+def test_export_round_trip(imported, tmp_path):
+    """run.py export of the imported Marian workdir: a folder transformers loads, with the same logits."""
+    hf, workdir = imported
+    assert run.main(["export", f"--workdir={workdir}", f"--to={tmp_path / 'out'}"]) == 0
+    back = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tok.eos_token_id == hf.config.eos_token_id and back.config.decoder_start_token_id == tok.pad_token_id
+    src = torch.tensor([[5, 17, 9, 30, hf.config.eos_token_id]])
+    tgt = torch.tensor([[hf.config.decoder_start_token_id, 7, 11, 40]])
+    with torch.no_grad():
+        want = hf(input_ids=src, decoder_input_ids=tgt).logits
+        got = back(input_ids=src, decoder_input_ids=tgt).logits
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(
     "kind, changes, field",
     [

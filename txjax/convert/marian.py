@@ -22,6 +22,9 @@ activation_dropout (dropout inside the FFN, training only) has no txjax counterp
 changes the function computed (a decoder vocabulary of its own, different encoder and decoder widths, an activation
 txjax lacks) is a one-line ValueError naming the config.json field.
 
+Export (`run.py export` of such a workdir) writes the inverse: config.json, model.safetensors as
+MarianMTModel.save_pretrained names them, and the tokenizer's files.
+
 Tokenizer: the folder's tokenizer.json (a `tokenizers` pipeline). Marian's own source.spm/target.spm + vocab.json
 (MarianTokenizer, which has no fast form in transformers) are not read: a folder with only those is refused in one
 line.
@@ -29,14 +32,19 @@ line.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import flax.linen as nn
+import jax
 import numpy as np
+from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.model.config import ModelConfig
+from txjax.model.models import unstack_layers
 
 FAMILY = "encoder_decoder"
 MODEL_TYPES = ("marian",)
@@ -57,6 +65,7 @@ _MARIAN_FIELDS = {
     "use_bias": True,
     "attention_scale": "sqrt",
     "final_logits_bias": True,
+    "embed_norm": False,
     "qk_norm": False,
     "logit_softcap": 0.0,
     "parametrization": "standard",
@@ -239,3 +248,98 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
     tokenizer = read_tokenizer(folder, hf)
     return cfg, params_from_hf(hf_folder.read_tensors(folder), cfg), tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# EncoderDecoder -> a MarianMTModel folder
+
+
+def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
+    """ModelConfig -> a config.json that MarianMTModel loads; a field Marian lacks is a ValueError naming it."""
+    for name, want in _MARIAN_FIELDS.items():
+        if getattr(cfg, name) != want:
+            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Marian (needs {want!r})")
+    names = {mine: hf for hf, mine in ACTIVATIONS.items() if hf not in ("silu", "gelu_pytorch_tanh")}
+    if cfg.activation not in names or cfg.kv_heads != cfg.num_heads or cfg.head_dim * cfg.num_heads != cfg.d_model:
+        raise ValueError(
+            f"model.activation={cfg.activation!r}, num_kv_heads or d_head cannot be exported to Marian (needs one of "
+            f"{', '.join(names)}, num_kv_heads=num_heads, d_head=d_model/num_heads)"
+        )
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": cfg.vocab_size,
+        "decoder_vocab_size": cfg.vocab_size,
+        "d_model": cfg.d_model,
+        "encoder_layers": cfg.encoder_layers,
+        "decoder_layers": cfg.num_layers,
+        "encoder_attention_heads": cfg.num_heads,
+        "decoder_attention_heads": cfg.num_heads,
+        "encoder_ffn_dim": cfg.d_ff,
+        "decoder_ffn_dim": cfg.d_ff,
+        "max_position_embeddings": cfg.max_len,
+        "activation_function": names[cfg.activation],
+        "scale_embedding": cfg.embed_scale,
+        "share_encoder_decoder_embeddings": cfg.share_embeddings,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "init_std": cfg.init_std,
+        "decoder_start_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id,
+        "forced_eos_token_id": tokenizer.eos_id,
+        "is_encoder_decoder": True,
+        "dtype": "float32",
+    }
+
+
+def _layer_to_hf(p: Mapping, cfg: ModelConfig, cross: bool) -> dict:
+    """Inverse of _layer: one block's params -> {name: array} without the `<stack>.layers.i.` prefix."""
+    d = cfg.d_model
+    out = {}
+    attentions = (("self_attn", "self_attention"),) + ((("encoder_attn", "cross_attention"),) if cross else ())
+    for hf, mine in attentions:
+        a = p[mine]
+        for x, name in (("q", "query"), ("k", "key"), ("v", "value")):
+            out[f"{hf}.{x}_proj.weight"] = a[name].reshape(d, -1).T
+            out[f"{hf}.{x}_proj.bias"] = a[f"{name}_bias"].reshape(-1)
+        out[f"{hf}.out_proj.weight"], out[f"{hf}.out_proj.bias"] = a["out"].reshape(-1, d).T, a["out_bias"]
+    norms = {"self_attn_layer_norm": "self_attention_norm", "final_layer_norm": "ffn_norm"}
+    norms |= {"encoder_attn_layer_norm": "cross_attention_norm"} if cross else {}
+    for hf, mine in norms.items():
+        out[f"{hf}.weight"], out[f"{hf}.bias"] = p[mine]["scale"], p[mine]["bias"]
+    for hf, mine in (("fc1", "wi"), ("fc2", "wo")):
+        out[f"{hf}.weight"], out[f"{hf}.bias"] = p["ffn"][mine]["kernel"].T, p["ffn"][mine]["bias"]
+    return out
+
+
+_EMBEDDERS = (("encoder", "src_embed"), ("decoder", "tgt_embed"))
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """EncoderDecoder params (scanned or looped) -> HF tensors named as MarianMTModel.save_pretrained names them."""
+    hf_folder.check_params(params, cfg, FAMILY)
+    params = unstack_layers(jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params)))
+    head = params["src_embed" if cfg.share_embeddings else "tgt_embed"]
+    if cfg.share_embeddings:
+        out = {"model.shared.weight": params["src_embed"]["tokens"]["embedding"]}
+    else:
+        out = {f"model.{stack}.embed_tokens.weight": params[e]["tokens"]["embedding"] for stack, e in _EMBEDDERS}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = head["lm_head"]["kernel"].T
+    out["final_logits_bias"] = head["final_logits_bias"]["bias"][None]
+    for stack, n, cross in (("encoder", cfg.encoder_layers, False), ("decoder", cfg.num_layers, True)):
+        for i in range(n):
+            layer = _layer_to_hf(params[stack][f"layers_{i}"], cfg, cross)
+            out.update({f"model.{stack}.layers.{i}.{k}": v for k, v in layer.items()})
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def write_marian(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
+    """Writes config.json + model.safetensors + the tokenizer's files into `folder` (MarianMTModel and
+    AutoTokenizer load them)."""
+    hf_config, tensors = config_to_hf(cfg, tokenizer), params_to_hf(params, cfg)
+    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_folder.write_tokenizer(folder, tokenizer, cfg.max_len)

@@ -10,7 +10,7 @@ small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shorte
 on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything
 is read and checked before the workdir appears; a failure leaves nothing behind.
 
-Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2 or Llama/Qwen2 config.json,
+Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2 or Marian config.json,
 model.safetensors, the tokenizer's files) that transformers' from_pretrained loads.
 """
 
@@ -129,6 +129,8 @@ def export_workdir(workdir, target) -> dict:
     table, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
     run = load_workdir(workdir)
     cfg, tokenizer = run.model.cfg, run.tokenizer
+    if run.config.family == marian.FAMILY:
+        return _export_encoder_decoder(run, target)
     if run.config.family != "decoder_lm":
         raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
     write_model = gpt2.write_gpt2 if cfg.positional == "learned" else llama.write_llama
@@ -142,4 +144,17 @@ def export_workdir(workdir, target) -> dict:
             _write_gpt2_tokenizer(tmp, tokenizer)
 
     path = write_atomically(target, write)
+    return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
+
+
+def _export_encoder_decoder(run, target) -> dict:
+    """A Marian-shaped EncoderDecoder (sinusoidal_halves positions, post-LN, biases, final_logits_bias) with a
+    pretrained tokenizer -> a MarianMTModel folder; any other encoder-decoder is refused in one line."""
+    if run.model.cfg.positional != "sinusoidal_halves" or not isinstance(run.tokenizer, HFTokenizer):
+        raise ValueError(
+            "only an encoder-decoder imported from Marian (positional='sinusoidal_halves', a pretrained tokenizer) "
+            "can be exported; BART and T5 export is not written"
+        )
+    params = jax.device_get(run.params)
+    path = write_atomically(target, lambda tmp: marian.write_marian(tmp, run.model.cfg, params, run.tokenizer))
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
