@@ -17,7 +17,7 @@ tokenizers = pytest.importorskip("tokenizers")
 import run  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
-from txjax.model.positional import sinusoidal_halves  # noqa: E402
+from txjax.model.positional import relative_bucket, sinusoidal_halves  # noqa: E402
 
 PAIRS = [
     ("the cat sat on the mat", "el gato se sento en la alfombra"),
@@ -125,6 +125,19 @@ def test_positions_are_marians_table():
         want = table.create_weight().numpy()
         got = np.asarray(sinusoidal_halves(np.arange(CTX)[None], d))[0]
         np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_relative_buckets_are_t5s():
+    """relative_bucket against transformers' T5Attention._relative_position_bucket, both directions and the causal
+    form, distances past max_distance included."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    relative = np.arange(-300, 301)[None, :]
+    for bidirectional in (True, False):
+        for buckets, distance in ((32, 128), (8, 20)):
+            want = T5Attention._relative_position_bucket(torch.tensor(relative), bidirectional, buckets, distance)
+            got = relative_bucket(relative, bidirectional, buckets, distance)
+            np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
 def test_logits_equal_transformers(imported):
