@@ -239,7 +239,7 @@ class MultiHeadAttention(nn.Module):
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
-    max_distance: int = 128  # relative_table's: the distance of its last logarithmic bucket (T5)
+    max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
     norm_eps: float = 1e-5
     sow_weights: bool = False

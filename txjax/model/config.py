@@ -73,11 +73,11 @@ class ModelConfig:
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
     base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
-    # pretrained encoder-decoders (txjax.convert.marian)
+    # pretrained encoder-decoders (txjax.convert.marian, .bart, .t5)
     final_logits_bias: bool = False  # a learned bias [vocab] added to the logits (Marian/BART's final_logits_bias)
     embed_norm: bool = False  # a norm of each stack's input embeddings (BART's layernorm_embedding)
     relative_buckets: int = 32  # positional='relative_buckets' (T5): buckets of its table [buckets, heads]
-    relative_max_distance: int = 128  # ... and the distance where its last logarithmic bucket starts
+    relative_max_distance: int = 128  # ... and the distance from which on all share its last bucket
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():

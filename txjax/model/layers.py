@@ -69,7 +69,7 @@ class FeedForward(nn.Module):
         return self.linear("wo", x_BxLxD.shape[-1], ("mlp", "embed"), cfg.out_init_std)(self.hidden(x_BxLxD))
 
     def hidden(self, x_BxLxD):
-        """act(x W1 + b1), or SwiGLU's silu(x W1) * x W3: [B, L, d_ff]."""
+        """act(x W1 + b1), or a gated act(x W1) * x W3 (SwiGLU, GeGLU): [B, L, d_ff]."""
         w_in = lambda name: self.linear(name, self.cfg.d_ff, ("embed", "mlp"), self.cfg.hidden_init_std)(x_BxLxD)
         act = ACTIVATIONS[self.cfg.activation]
         return act(w_in("wi")) * w_in("wi_gate") if self.cfg.activation in GATED else act(w_in("wi"))
