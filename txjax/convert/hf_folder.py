@@ -1,6 +1,6 @@
 """What every Hugging Face folder conversion shares: reading config.json and the safetensors weights (one file or
 shards, with a progress bar), checking params against DecoderLM's tree, writing a folder atomically, and the fast
-tokenizer's files.
+tokenizer's files. (An encoder-decoder's params are checked against EncoderDecoder's tree: `family`.)
 
 Every problem is a one-line ValueError naming the file; writing goes to a temporary folder renamed into place, so a
 failure leaves nothing at the target.
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.extras import require
+from txjax.families import build, init_params
 from txjax.model.config import ModelConfig
-from txjax.model.models import DecoderLM, stack_layers, unstack_layers
+from txjax.model.models import stack_layers, unstack_layers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -91,14 +91,14 @@ class Tensors:
         self.used.add(name)
         return np.asarray(self.named[name], np.float32)
 
-    def finish(self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = ()) -> dict:
+    def finish(self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = (), family="decoder_lm") -> dict:
         """The params (looped layers_i, stacked when cfg.scan_layers), once every tensor but `buffers` (name
-        suffixes of non-parameters) was used and the tree is DecoderLM(cfg)'s."""
+        suffixes of non-parameters) was used and the tree is the `family` model's (DecoderLM(cfg)'s)."""
         extra = sorted(k for k in self.named if k not in self.used and not k.endswith(buffers))
         if extra:
             raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused)")
         params = stack_layers(params) if cfg.scan_layers else params
-        check_params(params, cfg)
+        check_params(params, cfg, family)
         return params
 
 
@@ -110,20 +110,21 @@ def looped_numpy(params: Mapping, cfg: ModelConfig) -> tuple[dict, dict]:
     return params, unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
 
 
-def expected_shapes(cfg: ModelConfig):
-    """The param tree of DecoderLM(cfg), as ShapeDtypeStructs (nothing is computed)."""
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = jax.eval_shape(lambda: DecoderLM(cfg).init(jax.random.key(0), tokens))
-    return nn.meta.unbox(variables["params"])
+def expected_shapes(cfg: ModelConfig, family="decoder_lm"):
+    """The param tree of the `family` model (DecoderLM, EncoderDecoder) of cfg, as ShapeDtypeStructs (nothing is
+    computed)."""
+    return jax.eval_shape(lambda: init_params(build(family, cfg), jax.random.key(0)))
 
 
-def check_params(params: Mapping, cfg: ModelConfig) -> None:
-    """The params have exactly DecoderLM(cfg)'s tree and shapes, else a ValueError naming the first difference."""
-    want = {jax.tree_util.keystr(p): s.shape for p, s in jax.tree_util.tree_leaves_with_path(expected_shapes(cfg))}
+def check_params(params: Mapping, cfg: ModelConfig, family="decoder_lm") -> None:
+    """The params have exactly the `family` model's tree and shapes (DecoderLM(cfg)'s by default), else a
+    ValueError naming the first difference."""
+    shapes = expected_shapes(cfg, family)
+    want = {jax.tree_util.keystr(p): s.shape for p, s in jax.tree_util.tree_leaves_with_path(shapes)}
     got = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))}
     for path in sorted(want.keys() | got.keys()):
         if want.get(path) != got.get(path):
-            raise ValueError(f"params{path}: shape {got.get(path)}, DecoderLM(cfg) expects {want.get(path)}")
+            raise ValueError(f"params{path}: shape {got.get(path)}, the {family} model expects {want.get(path)}")
 
 
 def write_atomically(target, write: Callable[[Path], None]) -> Path:

@@ -1,15 +1,16 @@
 """A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
-Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama) or a .gguf
-file (txjax.convert.gguf) and writes what `run.py train` writes (txjax.experiment.load_workdir reads it):
-config.json (the resolved config, its model section the checkpoint's), tokenizer/ (the model's own) and
-checkpoints/ holding step 0 (the imported parameters, fresh AdamW moments). So `run.py eval`, `generate`,
-`attention` and `inspect` work on it, and training from it (or from `train.init_from=DIR`) fine-tunes the model.
-The data and train sections default to a small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare,
-shortened for a CPU); `--config=FILE` and `--config.a.b=value` change them. Everything is read and checked before
-the workdir appears; a failure leaves nothing behind.
+Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Marian,
+BART or T5 encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and
+writes what `run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its
+model section and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the
+imported parameters, fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and
+training from it (or from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a
+small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's
+on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything
+is read and checked before the workdir appears; a failure leaves nothing behind.
 
-Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2 or Llama/Qwen2 config.json,
+Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2 or Marian config.json,
 model.safetensors, the tokenizer's files) that transformers' from_pretrained loads.
 """
 
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import gguf, gpt2, llama
+from txjax.convert import bart, gguf, gpt2, llama, marian, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -36,27 +37,40 @@ from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import TrainState, init_state
 
 
-def read_checkpoint(source) -> tuple[ModelConfig, dict, object]:
-    """(ModelConfig, params, tokenizer) of a GPT-2 or Llama-family folder or a .gguf file."""
+def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
+    """(ModelConfig, params, tokenizer, family) of a GPT-2, Llama-family, Marian, BART or T5 folder or a .gguf file."""
     path = Path(source).expanduser()
     if path.suffix == ".gguf" or path.is_file():
-        return gguf.load_gguf(path)
+        return (*gguf.load_gguf(path), "decoder_lm")
     if not path.is_dir():
         raise ValueError(f"{path}: no such folder or .gguf file")
     hf = read_config(path)
     if hf.get("model_type") == "gpt2":
-        return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path))
-    return (*llama.load_llama(path), read_tokenizer(path, hf))
+        return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path), "decoder_lm")
+    if hf.get("model_type") in marian.MODEL_TYPES:
+        return (*marian.load_marian(path), marian.FAMILY)
+    if hf.get("model_type") in bart.MODEL_TYPES:
+        return (*bart.load_bart(path), bart.FAMILY)
+    if hf.get("model_type") in t5.MODEL_TYPES:
+        return (*t5.load_t5(path), t5.FAMILY)
+    return (*llama.load_llama(path), read_tokenizer(path, hf), "decoder_lm")
 
 
-def run_config(cfg: ModelConfig, tokenizer, experiment: str | None = None, overrides=()) -> ml_collections.ConfigDict:
+def run_config(
+    cfg: ModelConfig, tokenizer, experiment: str | None = None, overrides=(), family: str = "decoder_lm"
+) -> ml_collections.ConfigDict:
     """The run config of an imported model: model = cfg, then the experiment's data/train sections and overrides."""
     config = config_lib.load_config(experiment) if experiment else config_lib.base_config()
-    if not experiment:
+    if not experiment and family == "decoder_lm":
         config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", seq_len=min(256, cfg.max_len))
+    elif not experiment:
+        bible, longest = "../shared/data/bible/{}.en-es.tsv", min(128, cfg.max_len)
+        config.data.update(kind="parallel", path=bible.format("train"), valid_path=bible.format("valid"))
+        config.data.update(test_path=bible.format("test"), max_src_len=longest, max_tgt_len=longest)
+    if not experiment:
         config.train.update(steps=20, batch_size=4, learning_rate=3e-5, warmup_steps=2, weight_decay=0.0)
         config.train.update(eval_every=0, eval_batches=8, checkpoint_every=20, log_every=5)
-    config.family = "decoder_lm"
+    config.family = family
     config.data.tokenizer = tokenizer.kind  # restored from the workdir's tokenizer/, never rebuilt
     config.model.update(dataclasses.asdict(cfg))
     for flag in overrides:
@@ -66,17 +80,17 @@ def run_config(cfg: ModelConfig, tokenizer, experiment: str | None = None, overr
 
 def import_model(source, workdir, experiment: str | None = None, overrides=()) -> dict:
     """Writes the workdir; returns a summary (workdir, parameter count, vocab size, context)."""
-    hf_cfg, params, tokenizer = read_checkpoint(source)
+    hf_cfg, params, tokenizer, family = read_checkpoint(source)
     if tokenizer.vocab_size > hf_cfg.vocab_size:
         raise ValueError(
             f"{source}: the tokenizer has {tokenizer.vocab_size} ids, more than the model's "
             f"vocab_size={hf_cfg.vocab_size}"
         )
-    config = run_config(hf_cfg, tokenizer, experiment, overrides)
+    config = run_config(hf_cfg, tokenizer, experiment, overrides, family)
     cfg = config_lib.model_config(config.model.to_dict())
     if not cfg.scan_layers:
         params = unstack_layers(params)
-    check_params(params, cfg)  # an override that changes a shape is an error here, before anything is written
+    check_params(params, cfg, family)  # an override that changes a shape is an error here, before anything is written
     model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train), cfg)
     params = jax.tree.map(jnp.asarray, params)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
@@ -115,6 +129,8 @@ def export_workdir(workdir, target) -> dict:
     table, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
     run = load_workdir(workdir)
     cfg, tokenizer = run.model.cfg, run.tokenizer
+    if run.config.family == marian.FAMILY:
+        return _export_encoder_decoder(run, target)
     if run.config.family != "decoder_lm":
         raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
     write_model = gpt2.write_gpt2 if cfg.positional == "learned" else llama.write_llama
@@ -128,4 +144,17 @@ def export_workdir(workdir, target) -> dict:
             _write_gpt2_tokenizer(tmp, tokenizer)
 
     path = write_atomically(target, write)
+    return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
+
+
+def _export_encoder_decoder(run, target) -> dict:
+    """A Marian-shaped EncoderDecoder (sinusoidal_halves positions, post-LN, biases, final_logits_bias) with a
+    pretrained tokenizer -> a MarianMTModel folder; any other encoder-decoder is refused in one line."""
+    if run.model.cfg.positional != "sinusoidal_halves" or not isinstance(run.tokenizer, HFTokenizer):
+        raise ValueError(
+            "only an encoder-decoder imported from Marian (positional='sinusoidal_halves', a pretrained tokenizer) "
+            "can be exported; BART and T5 export is not written"
+        )
+    params = jax.device_get(run.params)
+    path = write_atomically(target, lambda tmp: marian.write_marian(tmp, run.model.cfg, params, run.tokenizer))
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}

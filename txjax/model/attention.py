@@ -239,6 +239,7 @@ class MultiHeadAttention(nn.Module):
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope_base: float | None = None  # rotate q and k (RoPE) when set
     alibi: bool = False
+    max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
     norm_eps: float = 1e-5
     sow_weights: bool = False
@@ -247,11 +248,26 @@ class MultiHeadAttention(nn.Module):
     out_init_std: float = 0.02  # W^O (GPT-2 scales it by 1/sqrt(2 * layers))
 
     @nn.compact
-    def __call__(self, x_BxLxD, mask, *, q_pos, kv=None, k_pos=None, causal=False, deterministic=True, decode=False):
+    def __call__(
+        self,
+        x_BxLxD,
+        mask,
+        *,
+        q_pos,
+        kv=None,
+        k_pos=None,
+        causal=False,
+        deterministic=True,
+        decode=False,
+        relative_table=None,
+    ):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
         mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk], None or
         blockwise.Segments (segment ids: read as they are by segment_backend's choice, else made dense); q_pos
-        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order. -> [B, Lq, D]."""
+        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; relative_table
+        [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
+        -> [B, Lq, D]."""
+        bidirectional = not causal
         k_pos = q_pos if k_pos is None else k_pos
         by_segments = segment_backend(self.impl, mask, decode or self.sow_weights, self.block_sizes)
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
@@ -263,6 +279,8 @@ class MultiHeadAttention(nn.Module):
         if decode:  # the cache's mask holds the causal order of its slots
             k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask)
             causal = False
+        if by_segments is not None and relative_table is not None:
+            raise ValueError("model.positional='relative_buckets' needs model.attention_impl=reference (or auto)")
         if by_segments is not None:  # masks and ALiBi made block by block (ring step by ring step)
             slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
             scale = score_scale(self.scale, self.head_dim)
@@ -273,6 +291,8 @@ class MultiHeadAttention(nn.Module):
         bias_BxHxLxS = None
         if self.alibi:
             bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
+        if relative_table is not None:
+            bias_BxHxLxS = positional.relative_bias(q_pos, k_pos, relative_table, bidirectional, self.max_distance)
         if causal and self.impl == "reference":  # the causal order on explicit positions, as part of the mask
             mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
         out_BxLxHxK = self.attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic)

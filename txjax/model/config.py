@@ -73,12 +73,18 @@ class ModelConfig:
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
     base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
+    # pretrained encoder-decoders (txjax.convert.marian, .bart, .t5)
+    final_logits_bias: bool = False  # a learned bias [vocab] added to the logits (Marian/BART's final_logits_bias)
+    embed_norm: bool = False  # a norm of each stack's input embeddings (BART's layernorm_embedding)
+    relative_buckets: int = 32  # positional='relative_buckets' (T5): buckets of its table [buckets, heads]
+    relative_max_distance: int = 128  # ... and the distance from which on all share its last bucket
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         positive = ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "base_width")
+        positive += ("relative_buckets", "relative_max_distance")
         for name in (*positive, "attention_block_q", "attention_block_kv"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
@@ -107,6 +113,8 @@ class ModelConfig:
                 "model.attention_impl='blockwise' has no dropout on the attention weights: set "
                 "model.attention_dropout=0 or model.attention_impl=reference"
             )
+        if self.positional == "relative_buckets" and self.attention_impl == "blockwise":
+            raise ValueError("model.positional='relative_buckets' has no blockwise form: set model.attention_impl=auto")
         if self.logit_softcap < 0:
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
         if self.parametrization == "mup" and self.attention_scale != "linear":

@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txjax.model import precision as precision_lib
-from txjax.model.activations import ACTIVATIONS
+from txjax.model.activations import ACTIVATIONS, GATED
 from txjax.model.attention import MultiHeadAttention, resolve_impl
 from txjax.model.config import ModelConfig
 from txjax.parallel.sharding import BATCH_LENGTH, constrain
@@ -69,10 +69,10 @@ class FeedForward(nn.Module):
         return self.linear("wo", x_BxLxD.shape[-1], ("mlp", "embed"), cfg.out_init_std)(self.hidden(x_BxLxD))
 
     def hidden(self, x_BxLxD):
-        """act(x W1 + b1), or SwiGLU's silu(x W1) * x W3: [B, L, d_ff]."""
+        """act(x W1 + b1), or a gated act(x W1) * x W3 (SwiGLU, GeGLU): [B, L, d_ff]."""
         w_in = lambda name: self.linear(name, self.cfg.d_ff, ("embed", "mlp"), self.cfg.hidden_init_std)(x_BxLxD)
         act = ACTIVATIONS[self.cfg.activation]
-        return act(w_in("wi")) * w_in("wi_gate") if self.cfg.activation == "swiglu" else act(w_in("wi"))
+        return act(w_in("wi")) * w_in("wi_gate") if self.cfg.activation in GATED else act(w_in("wi"))
 
     def linear(self, name, features, axes, std):
         return dense(features, axes, self.cfg.use_bias, self.cfg.compute_dtype, std, name=name)
@@ -93,6 +93,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         block_sizes=(cfg.attention_block_q, cfg.attention_block_kv),
         rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
         alibi=not cross and cfg.positional == "alibi",
+        max_distance=cfg.relative_max_distance,
         qk_norm=cfg.qk_norm,
         norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
@@ -129,7 +130,13 @@ class Block(nn.Module):
         ln = lambda name: make_norm(cfg, f"{name}_norm")
         self_attn = make_attention(cfg, False, "self_attention", self.sow_weights)
         mha = lambda t: self_attn(
-            t, ctx["mask"], q_pos=ctx["pos"], causal=self.causal, deterministic=deterministic, decode=decode
+            t,
+            ctx["mask"],
+            q_pos=ctx["pos"],
+            causal=self.causal,
+            deterministic=deterministic,
+            decode=decode,
+            relative_table=ctx.get("relative_table"),  # T5's bucketed bias, one table per stack (models.Stack)
         )
         if self.cross:
             cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)

@@ -3,7 +3,9 @@
 DecoderLM:       logits = Head(LN(Blocks(Embed(tokens) + PE(positions))))            (GPT-2 / nanoGPT)
 EncoderDecoder:  enc = LN(EncoderBlocks(Embed(src) + PE));  logits = Head(LN(DecoderBlocks(Embed(tgt) + PE, enc)))
                  (Vaswani et al. 2017, fig. 1; the decoder blocks add cross-attention over `enc`)
-The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix.
+The LM head is x E^T when tied to the token embedding E, else a separate [d_model, vocab] matrix (plus a bias b on
+the logits with final_logits_bias, Marian's and BART's); embed_norm adds a LN of each stack's input (BART's
+layernorm_embedding).
 muP (`parametrization="mup"`, Yang et al. 2022, "Tensor Programs V", Table 8, the formulation with multipliers), with
 width multiplier m = d_model / base_width: hidden (matrix-like) weights, the attention and FFN kernels, are drawn
 with variance init_std^2 / m (1/fan_in) and take Adam learning rate lr / m (txjax.state.optim.mup_lr_multipliers);
@@ -30,6 +32,17 @@ from txjax.model.config import ModelConfig
 from txjax.model.layers import Block, dense, make_norm
 
 
+class LogitsBias(nn.Module):
+    """z + b, b [V] a learned bias on the logits (zeros at init): Marian's and BART's final_logits_bias."""
+
+    vocab_size: int
+
+    @nn.compact
+    def __call__(self, logits_BxLxV):
+        init = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
+        return logits_BxLxV + self.param("bias", init, (self.vocab_size,))
+
+
 class Embedder(nn.Module):
     """Token embedding (+ absolute positional encoding): [B, L] ids -> [B, L, D]; and the LM head."""
 
@@ -52,6 +65,8 @@ class Embedder(nn.Module):
             )
         if not cfg.tie_embeddings:
             self.lm_head = dense(cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std)
+        if cfg.final_logits_bias:  # a module, so that an encoder's unshared Embedder (never a head) has none
+            self.final_logits_bias = LogitsBias(cfg.vocab_size)
 
     def __call__(self, tokens_BxL, positions_BxL):
         cfg = self.cfg
@@ -60,6 +75,8 @@ class Embedder(nn.Module):
             x_BxLxD = x_BxLxD + self.positions(positions_BxL)
         elif cfg.positional == "sinusoidal":
             x_BxLxD = x_BxLxD + positional.sinusoidal(positions_BxL, cfg.d_model)
+        elif cfg.positional == "sinusoidal_halves":
+            x_BxLxD = x_BxLxD + positional.sinusoidal_halves(positions_BxL, cfg.d_model)
         return (
             x_BxLxD  # float32: the residual stream stays float32, each matmul casts its inputs (txjax.model.precision)
         )
@@ -67,7 +84,8 @@ class Embedder(nn.Module):
     def logits(self, x_BxLxD):
         """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product
         in the compute dtype (x comes from a float32 norm), accumulated in float32; under muP divided by the width
-        multiplier m; soft-capped when logit_softcap = c > 0: c tanh(z / c)."""
+        multiplier m; plus final_logits_bias b when the config has one; soft-capped when logit_softcap = c > 0:
+        c tanh(z / c)."""
         x_BxLxD = x_BxLxD.astype(self.cfg.compute_dtype)
         with precision.matmul_precision(self.cfg.matmul_precision, self.cfg.compute_dtype):
             if not self.cfg.tie_embeddings:
@@ -77,6 +95,8 @@ class Embedder(nn.Module):
                 logits_BxLxV = precision.einsum("bld,vd->blv", x_BxLxD, embedding_VxD, out_dtype=jnp.float32)
         if self.cfg.parametrization == "mup":  # muP's readout multiplier 1/m, tied head or not
             logits_BxLxV = logits_BxLxV / self.cfg.width_multiplier
+        if self.cfg.final_logits_bias:
+            logits_BxLxV = self.final_logits_bias(logits_BxLxV)
         cap = self.cfg.logit_softcap
         return cap * jnp.tanh(logits_BxLxV / cap) if cap > 0 else logits_BxLxV
 
@@ -97,6 +117,11 @@ class Stack(nn.Module):
 
     def _layers(self, x_BxLxD, ctx, deterministic, decode):
         cfg = self.cfg
+        if cfg.embed_norm:  # BART: each stack normalises its own input (the embeddings + positions)
+            x_BxLxD = make_norm(cfg, "embed_norm")(x_BxLxD)
+        if cfg.positional == "relative_buckets":  # T5: one bias table per stack, read by every layer's attention
+            init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (None, "heads"))
+            ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode)
