@@ -54,5 +54,5 @@ def get_config():
     config.train.update(max_minutes=20.0, eval_every_minutes=5.0, eval_generation=True)  # the budget, timed evals
     config.train.update(schedule="wsd", decay_start="budget", decay_fraction=0.2)  # decay over its last 4 minutes
     config.train.update(log_every=50, eval_every=0, eval_batches=0, checkpoint_every=250)
-    config.decode.update(method="beam", max_new_tokens=160, beam_size=4, length_penalty=0.6)
+    config.decode.update(method="beam", max_new_tokens=128, beam_size=4, length_penalty=0.6)  # what 128 positions hold
     return config

@@ -2,6 +2,7 @@
 missing optional package is one line naming the extra that installs it."""
 
 import sys
+from pathlib import Path
 
 import pytest
 from test_decode import EOS, LM_PROMPTS, lm, lm_greedy
@@ -13,6 +14,8 @@ from txjax.convert.hf_folder import read_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.extras import MissingExtra
+
+REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- temperature 0 is greedy
 
@@ -73,6 +76,33 @@ def test_run_py_generate_temperature_zero_prints_the_greedy_text(monkeypatch, ca
 
     assert run.main(["generate", "--workdir=unused", "--prompt=3141", "--temperature=-1"]) == 2
     assert capsys.readouterr().err == "error: temperature=-1.0 must be >= 0 (0 = greedy)\n"
+
+
+def test_the_docs_translation_command_runs_as_written_on_a_workdir_asking_more_than_its_context(monkeypatch, capsys):
+    """docs/decoding.md's bible command, on an encoder-decoder whose saved decode section asks for more tokens than
+    its context holds (bible workdirs trained with max_new_tokens 160 > max_len 128): a note, then the text."""
+    import shlex
+
+    from test_decode import seq2seq
+
+    import txjax.cli.generate
+    from txjax import config as config_lib
+    from txjax.data import CharTokenizer
+    from txjax.experiment import TrainedRun
+
+    docs = (REPO / "docs" / "decoding.md").read_text().splitlines()
+    command = shlex.split(next(line for line in docs if line.startswith("python run.py generate --workdir=runs/bible")))
+    prompt = command[-1].removeprefix("--prompt=")
+    tokenizer = CharTokenizer(prompt, specials=True)
+    model, params = seq2seq(vocab_size=tokenizer.vocab_size, max_len=64)
+    config = config_lib.load_config(REPO / "experiments" / "bible_en_es.py")
+    config.decode.max_new_tokens = 160  # as bible workdirs trained before the experiment said 128
+    fake_run = TrainedRun(config, model, tokenizer, params, 0)
+    monkeypatch.setattr(txjax.cli.generate, "load_workdir", lambda workdir, average=1: fake_run)
+    assert run.main(command[2:]) == 0
+    out = capsys.readouterr()
+    assert out.err == "note: max_new_tokens=160 is more than the output's context (max_len=64): at most 64 tokens\n"
+    assert out.out.endswith("\n")  # the translation's line (a random model's may be empty: it may emit EOS first)
 
 
 # ---------------------------------------------------------------- a missing optional package is one line

@@ -195,3 +195,51 @@ def test_bad_inputs_are_one_line_and_write_nothing(bpe, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and message in err and "\n" not in err, err
         assert not workdir.exists() and not list(tmp_path.glob(".run.*"))
+
+
+def test_headers_that_describe_too_much_are_one_line_before_any_tensor_is_read(bpe, tmp_path, capsys, monkeypatch):
+    """A 2 KB GGUF whose metadata describes d_model 200,000 (terabytes as float32) is refused by the memory check
+    before any tensor is dequantized; a safetensors tensor whose header shape disagrees with config.json is refused
+    by name without being read."""
+    import safetensors.numpy
+
+    from txjax.convert import hf_folder
+
+    def no_reading(*args):
+        raise AssertionError("a tensor was dequantized")
+
+    read, read_tensor = [], hf_folder._read
+    monkeypatch.setattr(gguf.quants, "dequantize", no_reading)
+    monkeypatch.setattr(hf_folder, "_read", lambda path, key: read.append(key) or read_tensor(path, key))
+    huge = tmp_path / "huge.gguf"
+    w = gguf.GGUFWriter(str(huge), "llama")
+    for add, value in [("context_length", 32), ("embedding_length", 200_000), ("feed_forward_length", 16)]:
+        getattr(w, f"add_{add}")(value)
+    for add, value in [("block_count", 1), ("head_count", 2), ("layer_norm_rms_eps", 1e-5), ("vocab_size", 300)]:
+        getattr(w, f"add_{add}")(value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(bpe["tokens"])
+    w.add_token_merges(bpe["merges"])
+    w.add_tensor("token_embd.weight", np.zeros((300, 8), np.float32))
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+    lying = tmp_path / "lying"
+    lying.mkdir()
+    hf = {"model_type": "llama", "vocab_size": 50, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1}
+    hf |= {"num_attention_heads": 2, "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
+    (lying / "config.json").write_text(json.dumps(hf))
+    tensors = {"model.embed_tokens.weight": np.zeros((50, 8), np.float32), "model.norm.weight": np.ones(8, np.float32)}
+    tensors["model.layers.0.self_attn.q_proj.weight"] = np.zeros((4096, 8), np.float32)  # config: (8, 8)
+    safetensors.numpy.save_file(tensors, str(lying / "model.safetensors"))
+    d = 200_000  # q, k, v, o; SwiGLU's 3 matrices (d_ff 16); embedding and head (vocab 300); 3 norms
+    cases = {
+        huge: f"its header describes a model of {4 * d * d + 3 * d * 16 + 2 * 300 * d + 3 * d:,} parameters",
+        lying: "model.safetensors: layers.0.self_attn.q_proj.weight has shape (4096, 8), the config implies (8, 8)",
+    }
+    for source, message in cases.items():
+        workdir = tmp_path / "run"
+        assert run.main(["import", f"--from={source}", f"--workdir={workdir}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and message in err and "\n" not in err, err
+        assert not workdir.exists()
+    assert read == []  # every header checked before any tensor is read

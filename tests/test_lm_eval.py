@@ -23,6 +23,7 @@ from test_llama_convert import save_tiny_llama  # noqa: E402
 import run  # noqa: E402
 from txjax.cli.lm_eval import load_tasks  # noqa: E402
 from txjax.config import ConfigError  # noqa: E402
+from txjax.evaluate import lm_eval_model  # noqa: E402
 from txjax.evaluate.lm_eval_model import TxjaxLM, bucket_length, pack, token_windows  # noqa: E402
 from txjax.evaluate.score_text import score_tokens  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
@@ -155,3 +156,9 @@ def test_cli_errors_are_one_line(monkeypatch, workdir, tmp_path, capsys):
         assert run.main(["lm-eval", f"--workdir={workdir}", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error: ") and words in err[-1], err
+    # the harness's own CLI (python -m txjax.evaluate.lm_eval_model) on a task whose dataset it cannot read (a hub
+    # task offline): the same line
+    harness = ["--model", "txjax", "--model_args", f"workdir={workdir}", "--include_path", str(tmp_path)]
+    assert lm_eval_model.main([*harness, "--tasks", "gone"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: task 'gone': its dataset could not be read"), err

@@ -11,6 +11,7 @@ from txjax.decode import generate_from_workdir, strategy_from_config
 from txjax.decode.strategy import METHODS
 from txjax.decode.stream import stream_from_workdir, streams
 from txjax.experiment import load_workdir
+from txjax.families import family_of
 from txjax.ranges import SEED_MAX
 
 
@@ -22,6 +23,7 @@ def main(argv: list[str]) -> None:
     Defaults: the workdir config's `decode` section. Without --method, a sampling option (--temperature, ...) means
     --method=sample and a beam option means --method=beam; an option of another method than --method is an error.
     --temperature=0 is greedy (as in vLLM and llama.cpp): the same tokens as --method=greedy, top_k/top_p ignored.
+    A translation is at most max_len tokens (a note says so when --max_new_tokens or the config asks for more).
     An LM's one output (greedy, or one sample) prints as it is generated, sliding past the context when
     --max_new_tokens needs it (a note says so first).
     """
@@ -51,6 +53,14 @@ def main(argv: list[str]) -> None:
         run = load_workdir(args.pop("workdir"), average=args.pop("average"))
         prompt, seed, chat = args.pop("prompt"), args.pop("seed"), args.pop("chat")
         strategy = strategy_from_config(run.config.decode, run.tokenizer.eos_id, **args)
+        max_len = run.model.cfg.max_len
+        if not family_of(run.model).continues_prompt and strategy["max_new_tokens"] > max_len:  # as eval decodes
+            print(
+                f"note: max_new_tokens={strategy['max_new_tokens']} is more than the output's context (max_len="
+                f"{max_len}): at most {max_len} tokens",
+                file=sys.stderr,
+            )
+            args["max_new_tokens"] = strategy["max_new_tokens"] = max_len
         if strategy.get("top_k", 0) > run.model.cfg.vocab_size:
             print(
                 f"note: top_k={strategy['top_k']} is more than the vocabulary ({run.model.cfg.vocab_size} tokens): "

@@ -78,5 +78,8 @@ def load_bart(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     folder = Path(folder).expanduser()
     hf = hf_folder.read_config(folder)
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
+    hf_folder.check_fits(cfg, folder, FAMILY)
     tokenizer = marian.read_tokenizer(folder, hf)
-    return cfg, params_from_hf(hf_folder.read_tensors(folder), cfg), tokenizer
+    tensors = hf_folder.read_tensors(folder)
+    hf_folder.check_headers(params_from_hf, tensors, cfg)
+    return cfg, params_from_hf(tensors, cfg), tokenizer

@@ -1,6 +1,7 @@
 """GGUF files (llama.cpp's format) -> DecoderLM parameters and the model's own tokenizer.
 
-Read with the `gguf` package: `GGUFReader` maps the file, `gguf.quants.dequantize` turns each tensor's blocks
+Read with the `gguf` package: `GGUFReader` maps the file (each tensor's header is checked against the file and the
+model the metadata describes against memory before any is read), `gguf.quants.dequantize` turns each tensor's blocks
 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants, ... whatever that package dequantizes) into float32. GGUF lists
 shapes fastest axis first, so a [in, out] tensor is NumPy's [out, in]: a Hugging Face Linear weight. Tensors are
 renamed to Hugging Face's names (`_NAMES`) and handed to txjax.convert.llama, with one difference: for the `llama`
@@ -16,12 +17,13 @@ control tokens become special tokens, user-defined ones added tokens; BOS/EOS/pa
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from txjax.convert.hf_folder import Stored, check_fits, check_headers
 from txjax.convert.llama import config_from_hf, params_from_hf
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.extras import require
@@ -99,29 +101,35 @@ class GGUFFile:
             raise ValueError(f"{self.path}: metadata key {key!r} is missing")
         return value
 
-    def tensors(self) -> dict[str, np.ndarray]:
-        """Every tensor as float32 NumPy in its NumPy shape (reversed GGUF shape), renamed to Hugging Face names."""
+    def tensors(self) -> dict[str, Stored]:
+        """Every tensor by its header, in its NumPy shape (reversed GGUF shape), renamed to Hugging Face names, each
+        dequantized when it is read (Tensors.get); a header whose shape, type and bytes disagree, or point past the
+        end of the file, is a ValueError naming the tensor, before any is read."""
         gguf = require("gguf", "reading a .gguf file")
 
-        out = {}
-        # a bar in a terminal (disable=None: none when stderr is a file or pipe, so errors stay one line)
-        with tqdm(
-            total=sum(int(t.n_bytes) for t in self.reader.tensors), unit="B", unit_scale=True, disable=None
-        ) as bar:
-            bar.set_description(f"dequantizing {self.path.name}")
-            for t in self.reader.tensors:
-                hf_name = _hf_name(t.name)
-                if hf_name is None:
-                    raise ValueError(f"{self.path}: tensor {t.name!r} has no place in a Llama-family model")
-                try:
-                    values = gguf.quants.dequantize(t.data, t.tensor_type)
-                except NotImplementedError:
-                    raise ValueError(
-                        f"{self.path}: {t.name} is {t.tensor_type.name}, which gguf cannot dequantize"
-                    ) from None
-                out[hf_name] = np.asarray(values, np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
-                bar.update(int(t.n_bytes))
+        out, size = {}, self.path.stat().st_size
+        for t in self.reader.tensors:
+            hf_name = _hf_name(t.name)
+            if hf_name is None:
+                raise ValueError(f"{self.path}: tensor {t.name!r} has no place in a Llama-family model")
+            block, block_bytes = gguf.GGML_QUANT_SIZES.get(t.tensor_type, (1, None))  # None: dequantize says
+            n_elements = int(np.prod([int(n) for n in t.shape], dtype=object))
+            claimed = int(t.n_bytes) if block_bytes is None else n_elements // block * block_bytes
+            if n_elements % block or claimed != int(t.n_bytes) or int(t.data_offset) + claimed > size:
+                raise ValueError(
+                    f"{self.path}: the header of tensor {t.name} ({t.tensor_type.name}, shape {list(t.shape)}) claims "
+                    f"{claimed:,} bytes at offset {int(t.data_offset):,}, the file has {size:,}: it is damaged"
+                )
+            shape = tuple(reversed([int(n) for n in t.shape]))
+            out[hf_name] = Stored(shape, claimed, lambda t=t, shape=shape: self._dequantize(t).reshape(shape))
         return out
+
+    def _dequantize(self, t) -> np.ndarray:
+        gguf = require("gguf", "reading a .gguf file")
+        try:
+            return gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ValueError(f"{self.path}: {t.name} is {t.tensor_type.name}, which gguf cannot dequantize") from None
 
 
 def config_from_gguf(f: GGUFFile, has_head: bool) -> ModelConfig:
@@ -199,12 +207,14 @@ def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
 def load_gguf(path) -> tuple[ModelConfig, dict, HFTokenizer]:
     """A .gguf file -> (ModelConfig, DecoderLM params as float32 NumPy, the model's tokenizer)."""
     f = GGUFFile(path)
-    config_from_gguf(f, has_head=True)  # a bad architecture or field fails before anything is dequantized
+    check_fits(config_from_gguf(f, has_head=True), f.path)  # before anything is dequantized
     tokenizer = tokenizer_from_gguf(f)
     tensors = f.tensors()
     cfg = config_from_gguf(f, has_head="lm_head.weight" in tensors)
+    convert = functools.partial(params_from_hf, pairs_layout=_PAIRS_LAYOUT[f.get("general.architecture")])
     try:
-        params = params_from_hf(tensors, cfg, pairs_layout=_PAIRS_LAYOUT[f.get("general.architecture")])
+        check_headers(convert, tensors, cfg)  # every tensor's shape against the metadata's, before any is read
+        params = convert(tensors, cfg)
     except ValueError as e:
         raise ValueError(f"{f.path}: {e}") from None
     return cfg, params, tokenizer

@@ -186,7 +186,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
     get = t.get
     wte_VxD = get("wte.weight", (cfg.vocab_size, cfg.d_model))
     if "lm_head.weight" in t:
-        if not np.array_equal(get("lm_head.weight", wte_VxD.shape), wte_VxD):
+        if not hf_folder.same(get("lm_head.weight", wte_VxD.shape), wte_VxD):
             raise ValueError(
                 f"{hf_folder.WEIGHTS_FILE}: lm_head.weight differs from wte.weight (an untied head is not supported)"
             )
@@ -228,7 +228,10 @@ def load_gpt2(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained GPT-2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
     folder = Path(folder).expanduser()
     cfg = config_from_hf(hf_folder.read_config(folder))
-    return cfg, params_from_hf(hf_folder.read_tensors(folder), cfg)
+    hf_folder.check_fits(cfg, folder)  # before gigabytes of weights are read
+    tensors = hf_folder.read_tensors(folder)
+    hf_folder.check_headers(params_from_hf, tensors, cfg)
+    return cfg, params_from_hf(tensors, cfg)
 
 
 def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:

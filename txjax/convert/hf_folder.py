@@ -2,21 +2,28 @@
 shards, with a progress bar), checking params against DecoderLM's tree, writing a folder atomically, and the fast
 tokenizer's files. (An encoder-decoder's params are checked against EncoderDecoder's tree: `family`.)
 
-Every problem is a one-line ValueError naming the file; writing goes to a temporary folder renamed into place, so a
-failure leaves nothing at the target.
+Headers are not believed: the model a config (or GGUF header) describes must fit in memory (check_fits), and the
+converter runs once on the tensors' headers alone (check_headers), before any tensor is read; then the weights,
+`Stored` tensors known by their header, are each read when the converter asks for it (Tensors.get), in their stored
+dtype, and converted to float32 there, so one tensor at a time is in flight. Every problem is a one-line ValueError
+naming the file or tensor; writing goes to a temporary folder renamed into place, so a failure leaves nothing at the
+target.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
@@ -26,6 +33,7 @@ from txjax.extras import require
 from txjax.families import build, init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import stack_layers, unstack_layers
+from txjax.ops.memory import device_bytes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -43,9 +51,46 @@ def read_config(folder: Path) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
-def read_tensors(folder: Path) -> dict[str, np.ndarray]:
-    """All tensors of model.safetensors, or of the shards model.safetensors.index.json lists, as float32 numpy
-    (bfloat16 and float16 files too: safetensors' flax reader knows bfloat16, NumPy does not)."""
+@dataclass(frozen=True)
+class Stored:
+    """A tensor in a file, known by its header: its shape (NumPy's order), bytes, and how to read it (in its stored
+    dtype; Tensors.get converts it)."""
+
+    shape: tuple[int, ...]
+    nbytes: int
+    read: Callable[[], np.ndarray]
+
+
+def check_fits(cfg: ModelConfig, source, family="decoder_lm") -> None:
+    """A ValueError when the `family` model `cfg` describes (read from a header) cannot be imported in this machine's
+    memory: its parameters and Adam's two moments in float32 (the train state run.py import writes), before any
+    tensor is read."""
+    shapes = jax.tree.leaves(expected_shapes(cfg, family))
+    params = sum(math.prod(s.shape) for s in shapes)
+    need, available = 3 * 4 * params, device_bytes()
+    if need > available:
+        raise ValueError(
+            f"{source}: its header describes a model of {params:,} parameters (d_model {cfg.d_model}, "
+            f"{cfg.num_layers} layers, vocab {cfg.vocab_size}); importing it needs about {need / 2**30:.1f} GiB "
+            f"(float32 parameters and optimizer moments), more than the {available / 2**30:.1f} GiB available"
+        )
+
+
+def check_headers(convert: Callable, tensors: Mapping[str, Stored], cfg: ModelConfig) -> None:
+    """convert(tensors, cfg) run on the headers alone, abstractly (jax.eval_shape; each tensor a zeros of its
+    header's shape): a missing, extra or misshapen tensor is its ValueError before any tensor is read."""
+    headers = {k: Stored(v.shape, 0, lambda s=v.shape: jnp.zeros(s, jnp.float32)) for k, v in tensors.items()}
+    jax.eval_shape(lambda: convert(headers, cfg))
+
+
+def same(a, b) -> bool:
+    """np.array_equal of two tensors; in check_headers' pass (values unknown) True: their shapes were checked."""
+    return isinstance(a, jax.core.Tracer) or np.array_equal(a, b)
+
+
+def read_tensors(folder: Path) -> dict[str, Stored]:
+    """Every tensor of model.safetensors, or of the shards model.safetensors.index.json lists, by its header (read
+    when Tensors.get asks: bfloat16 and float16 too, through safetensors' flax reader, which knows bfloat16)."""
     if (folder / WEIGHTS_FILE).is_file():
         files = [folder / WEIGHTS_FILE]
     elif (folder / INDEX_FILE).is_file():
@@ -53,30 +98,39 @@ def read_tensors(folder: Path) -> dict[str, np.ndarray]:
     else:
         raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
     tensors = {}
-    # a bar in a terminal (disable=None: none when stderr is a file or pipe, so errors stay one line)
-    with tqdm(
-        total=sum(f.stat().st_size for f in files if f.is_file()), unit="B", unit_scale=True, disable=None
-    ) as bar:
-        for path in files:
-            bar.set_description(f"reading {path.name}")
-            try:
-                with safe_open(path, framework="flax") as f:
-                    for key in f.keys():
-                        stored = f.get_tensor(key)
-                        tensors[key] = np.asarray(stored, np.float32)
-                        bar.update(stored.nbytes)
-            except (SafetensorError, OSError) as e:
-                raise ValueError(f"{path}: unreadable safetensors file ({e}); is it complete?") from None
+    for path in files:
+        try:
+            with safe_open(path, framework="flax") as f:
+                for key in f.keys():
+                    header = f.get_slice(key)
+                    shape, size = tuple(header.get_shape()), _DTYPE_BYTES.get(header.get_dtype(), 4)
+                    tensors[key] = Stored(shape, size * math.prod(shape), lambda p=path, k=key: _read(p, k))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{path}: unreadable safetensors file ({e}); is it complete?") from None
     return tensors
 
 
-class Tensors:
-    """A checkpoint's tensors handed out by name and expected shape, float32; the names used are remembered, so that
-    a tensor nothing asked for is an error too (`finish`)."""
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
-    def __init__(self, tensors: Mapping[str, np.ndarray], prefix: str):
+
+def _read(path: Path, key: str) -> np.ndarray:
+    try:
+        with safe_open(path, framework="flax") as f:
+            return f.get_tensor(key)
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: tensor {key} is unreadable ({e}); is the file complete?") from None
+
+
+class Tensors:
+    """A checkpoint's tensors (arrays, or Stored ones read here one at a time) handed out by name and expected shape,
+    float32; the names used are remembered, so that a tensor nothing asked for is an error too (`finish`)."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray | Stored], prefix: str):
         self.named = {k.removeprefix(prefix): v for k, v in tensors.items()}
         self.used = set()
+        stored = sum(v.nbytes for v in self.named.values() if isinstance(v, Stored))
+        # a bar in a terminal (disable=None: none when stderr is a file or pipe, so errors stay one line)
+        self.bar = tqdm(total=stored, unit="B", unit_scale=True, disable=None if stored else True, desc="reading")
 
     def __contains__(self, name: str) -> bool:
         return name in self.named
@@ -89,11 +143,18 @@ class Tensors:
                 f"{WEIGHTS_FILE}: {name} has shape {tuple(self.named[name].shape)}, the config implies {shape}"
             )
         self.used.add(name)
-        return np.asarray(self.named[name], np.float32)
+        value = self.named[name]
+        if isinstance(value, Stored):
+            value = value.read()
+            if tuple(np.shape(value)) != shape:
+                raise ValueError(f"{WEIGHTS_FILE}: {name} holds shape {np.shape(value)}, its header says {shape}")
+            self.bar.update(self.named[name].nbytes)
+        return value if isinstance(value, jax.core.Tracer) else np.asarray(value, np.float32)  # tracer: check_headers
 
     def finish(self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = (), family="decoder_lm") -> dict:
         """The params (looped layers_i, stacked when cfg.scan_layers), once every tensor but `buffers` (name
         suffixes of non-parameters) was used and the tree is the `family` model's (DecoderLM(cfg)'s)."""
+        self.bar.close()
         extra = sorted(k for k in self.named if k not in self.used and not k.endswith(buffers))
         if extra:
             raise ValueError(f"{WEIGHTS_FILE}: unexpected tensor {extra[0]!r} ({len(extra)} unused)")

@@ -214,7 +214,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
     if not cfg.tie_embeddings:
         embed["lm_head"] = {"kernel": t.get("lm_head.weight", (v, d)).T}
     elif "lm_head.weight" in t:  # a tied checkpoint may store the head too; it must be the embedding
-        if not np.array_equal(t.get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
+        if not hf_folder.same(t.get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
             raise ValueError(
                 f"{hf_folder.CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
             )
@@ -248,9 +248,10 @@ def load_llama(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained Llama/Mistral/Qwen2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
     folder = Path(folder).expanduser()
     hf = hf_folder.read_config(folder)
-    config_from_hf(hf, has_head=True)  # a bad field fails before gigabytes of weights are read
+    hf_folder.check_fits(config_from_hf(hf, has_head=True), folder)  # before gigabytes of weights are read
     tensors = hf_folder.read_tensors(folder)
     cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
+    hf_folder.check_headers(params_from_hf, tensors, cfg)
     return cfg, params_from_hf(tensors, cfg)
 
 

@@ -178,7 +178,7 @@ def _layer(get: Callable, cfg: ModelConfig, cross: bool) -> dict:
 
 def equal_copy(t: hf_folder.Tensors, name: str, table: np.ndarray, what: str) -> None:
     """A checkpoint may store a tied or shared table twice; the copy must be the table."""
-    if name in t and not np.array_equal(t.get(name, table.shape), table):
+    if name in t and not hf_folder.same(t.get(name, table.shape), table):
         raise ValueError(f"{hf_folder.WEIGHTS_FILE}: {name} differs from {what}, which config.json ties it to")
 
 
@@ -246,8 +246,11 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     folder = Path(folder).expanduser()
     hf = hf_folder.read_config(folder)
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
+    hf_folder.check_fits(cfg, folder, FAMILY)
     tokenizer = read_tokenizer(folder, hf)
-    return cfg, params_from_hf(hf_folder.read_tensors(folder), cfg), tokenizer
+    tensors = hf_folder.read_tensors(folder)
+    hf_folder.check_headers(params_from_hf, tensors, cfg)
+    return cfg, params_from_hf(tensors, cfg), tokenizer
 
 
 # ----------------------------------------------------------------------------------------------------------------

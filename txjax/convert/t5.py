@@ -164,9 +164,14 @@ def load_t5(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     """A save_pretrained T5/mT5 folder -> (ModelConfig, EncoderDecoder params as float32 numpy, tokenizer)."""
     folder = Path(folder).expanduser()
     hf = hf_folder.read_config(folder)
-    config_from_hf(hf)  # a bad field fails before the weights are read
+    hf_folder.check_fits(config_from_hf(hf, has_head=True), folder, FAMILY)  # a bad field, a model too large
     tokenizer = marian.read_tokenizer(folder, {**hf, "decoder_start_token_id": _start_id(hf)})
     tensors = hf_folder.read_tensors(folder)
-    head = tensors.get("lm_head.weight")
-    cfg = config_from_hf(hf, has_head=head is not None and not np.array_equal(head, tensors.get("shared.weight")))
-    return cfg, params_from_hf(tensors, cfg, _scales_decoder_output(hf)), tokenizer
+    head, table = tensors.get("lm_head.weight"), tensors.get("shared.weight")
+    untied = head is not None and (
+        table is None or head.shape != table.shape or not np.array_equal(head.read(), table.read())
+    )
+    cfg = config_from_hf(hf, has_head=untied)
+    convert = lambda named, cfg: params_from_hf(named, cfg, _scales_decoder_output(hf))
+    hf_folder.check_headers(convert, tensors, cfg)
+    return cfg, convert(tensors, cfg), tokenizer

@@ -31,6 +31,8 @@ the request's temperature), max_gen_toks new tokens, stopped at EOS, the text cu
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -316,7 +318,27 @@ class TxjaxLM(TemplateLM):
         }
 
 
-if __name__ == "__main__":  # the harness's CLI, with "txjax" registered
+def main(argv: list[str]) -> int:
+    """The harness's CLI (its flags, `argv`), with "txjax" registered; the --tasks' datasets are read first, as
+    `run.py lm-eval` reads them, so that one that cannot be read (a hub task offline) is its one line and status 2."""
     from lm_eval.__main__ import cli_evaluate
 
+    from txjax.cli.lm_eval import load_tasks, task_manager
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--tasks", "-t")
+    parser.add_argument("--include_path")
+    given, _ = parser.parse_known_args(argv)
+    names = [name for name in (given.tasks or "").split(",") if name and not name.startswith("list")]
+    try:
+        load_tasks(task_manager(names, given.include_path), names)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sys.argv[1:] = argv
     cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":  # the harness's CLI, with "txjax" registered
+    sys.exit(main(sys.argv[1:]))
