@@ -22,6 +22,8 @@ EXTRAS = {  # module -> the extra of pyproject.toml that installs it
     "lm_eval": "lmeval",
     "ray": "sweep",
     "optuna": "sweep",
+    "wandb": "track",
+    "mlflow": "track",
 }
 
 
