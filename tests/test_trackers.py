@@ -194,31 +194,30 @@ def test_trackers_field_parses_validates_and_names_the_extra(monkeypatch):
 
 def test_a_run_and_its_resumes_log_what_metrics_jsonl_holds_once_per_step(tmp_path, mlflow_client):
     """W&B and MLflow get the records of metrics.jsonl at their steps, the config, the machine and the artifacts. A
-    run stopped by a signal (at step 3, saved), resumed, then resumed again from step 4 as if killed after logging
-    step 6 but before saving it, is one tracker run: the resumes add their steps, none is logged twice."""
-    workdir, config = tmp_path / "run", tiny_config(**{"train.trackers": BOTH})
-    stop_after_2 = lambda workdir, step, split, record: step == 2 and preemption.request("a test's request")
-    with metrics_log.observe(stop_after_2), pytest.raises(preemption.Preempted):
+    run stopped by a signal after step 4 (saved) and resumed from step 2 (as if killed after logging steps 3 and 4,
+    before saving 4) is one tracker run: the resume adds steps 5 and 6 and logs neither 3 nor 4 again."""
+    workdir, config = tmp_path / "run", tiny_config(**{"train.trackers": BOTH, "train.log_every": 1})
+    stop_after_3 = lambda workdir, step, split, record: step == 3 and preemption.request("a test's request")
+    with metrics_log.observe(stop_after_3), pytest.raises(preemption.Preempted):
         train(config, workdir)
     state = json.loads((workdir / trackers.STATE_FILE).read_text())
-    assert (
-        state["mlflow"]["logged"] == {"train": 3}
-        and mlflow_client.get_run(state["mlflow"]["run_id"]).info.status == "KILLED"
-    )
-    train(config, workdir)
-    shutil.rmtree(workdir / "checkpoints" / "6")
+    assert state["mlflow"]["logged"] == {"train": 4}
+    assert mlflow_client.get_run(state["mlflow"]["run_id"]).info.status == "KILLED"
+    shutil.rmtree(workdir / "checkpoints" / "4")
     assert train(config, workdir)["step"] == 6
     records = read_metrics(workdir)
-    assert [s for s, _ in series(records, "train")] == [2, 3, 4, 6]
+    assert [s for s, _ in series(records, "train")] == [1, 2, 3, 4, 5, 6]
     assert json.loads((workdir / trackers.STATE_FILE).read_text())["mlflow"]["run_id"] == state["mlflow"]["run_id"]
 
-    runs = wandb_runs(workdir)  # the run and its resumes: three folders of one W&B run
-    assert len(runs) == 3 and {r["id"] for r in runs} == {state["wandb"]["id"]}
+    runs = wandb_runs(workdir)  # the run and its resume: two folders of one W&B run
+    assert len(runs) == 2 and {r["id"] for r in runs} == {state["wandb"]["id"]}
     for split in ("train", "valid"):
         assert wandb_series(runs, f"{split}/loss") == series(records, split)  # each step once, equal values
     assert runs[0]["config"]["model"]["d_model"] == 32 and runs[0]["config"]["train"]["trackers"] == BOTH.split(",")
     assert runs[0]["config"]["provenance"]["cpu_model"]
-    assert {"result.json", "curves.png", "eval_valid.json"} <= set(runs[2]["artifacts"])
+    assert {"result.json", "curves.png", "eval_valid.json"} <= set(runs[1]["artifacts"])
+    resumed = [(row["_step"], "train/loss" in row, "valid/loss" in row) for row in runs[1]["history"]]
+    assert resumed == [(4, False, True), (5, True, False), (6, True, True)]  # what the stopped run had not logged
 
     run_id = state["mlflow"]["run_id"]
     for split in ("train", "valid"):
@@ -277,11 +276,11 @@ def test_a_killed_server_leaves_training_running_and_metrics_jsonl_whole(
 
     workdir = tmp_path / "run"
     with metrics_log.observe(kill_server):
-        result = train(tiny_config(**{"train.trackers": "jsonl,mlflow"}), workdir)
+        result = train(tiny_config(**{"train.trackers": "jsonl,mlflow", "train.steps": 4}), workdir)
     seconds_after_kill = time.monotonic() - killed[0]
-    assert result["step"] == 6
+    assert result["step"] == 4
     records = read_metrics(workdir)
-    assert [s for s, _ in series(records, "train")] == [2, 4, 6] and [s for s, _ in series(records, "valid")] == [4, 6]
+    assert [s for s, _ in series(records, "train")] == [2, 4] and [s for s, _ in series(records, "valid")] == [4]
     warnings = capfd.readouterr().err.count("the mlflow tracker failed")
     assert warnings == 1, warnings
     state = json.loads((workdir / trackers.STATE_FILE).read_text())["mlflow"]
