@@ -25,6 +25,7 @@ worker; every run also carries its own sweep settings.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import secrets
 import sys
@@ -94,7 +95,7 @@ class Remote:
         module, cls = REMOTE[name]
         self.run = None
         try:
-            self.run = getattr(__import__(module, fromlist=[cls]), cls)(workdir, json.loads(config), member, state)
+            self.run = getattr(importlib.import_module(module), cls)(workdir, json.loads(config), member, state)
             self.save()
         except Exception as e:  # noqa: BLE001 -- a tracker is never a reason to stop training
             warn(name, "to open its run", e)
@@ -137,7 +138,7 @@ class Remote:
 class Trackers:
     """The trackers of one run beside metrics.jsonl: TensorBoard (as today) and the remote ones (Remote)."""
 
-    def __init__(self, workdir: Path, names, config: str, start: int):
+    def __init__(self, workdir: Path, names, config: str):
         self.workdir = Path(workdir)
         self.tb = _summary_writer_class()(str(self.workdir / "tb")) if "tensorboard" in names else None
         member = _members.get(self.workdir.resolve())

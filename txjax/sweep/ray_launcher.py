@@ -102,11 +102,13 @@ def run_on_ray(
 
 
 def _worker_env() -> dict:
-    """The trials' environment: the repository importable (experiment files, txjax) and the driver's persistent
-    compilation cache, so that trials of one program compile it once."""
+    """The trials' environment: the repository importable (experiment files, txjax), the driver's persistent
+    compilation cache, so that trials of one program compile it once, and its trackers' settings (WANDB_*, MLFLOW_*:
+    where the runs log, txjax.ops.trackers)."""
     import jax
 
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(config_lib.REPO), os.environ.get("PYTHONPATH")]))}
+    env = {k: v for k, v in os.environ.items() if k.startswith(("WANDB_", "MLFLOW_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(config_lib.REPO), os.environ.get("PYTHONPATH")]))
     if jax.config.jax_compilation_cache_dir:
         env["JAX_COMPILATION_CACHE_DIR"] = str(jax.config.jax_compilation_cache_dir)
     return env

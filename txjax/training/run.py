@@ -119,7 +119,7 @@ class Run:
     def open_log(self, start: int, changes: dict, flops: float, peak: float | None, slots: int) -> None:
         """The run's MetricsLog from `start` (flops and slots: of a step, peak: the devices' FLOP/s), with the
         settings a resume changed recorded."""
-        trackers = Trackers(self.workdir, self.t.trackers, self.spec.config, start) if is_lead() else None
+        trackers = Trackers(self.workdir, self.t.trackers, self.spec.config) if is_lead() else None
         self.log = MetricsLog(
             self.workdir, self.t.steps, start, is_lead(), flops, peak, slots_per_step=slots, trackers=trackers
         )
