@@ -258,8 +258,8 @@ def validate_trackers(trackers) -> None:
     if unknown or "jsonl" not in trackers or len(set(trackers)) != len(trackers):
         problem = f"unknown {', '.join(map(repr, unknown))}" if unknown else "jsonl missing or a name repeated"
         raise ConfigError(
-            f"config.train.trackers={list(trackers)!r}: {problem}; choose among {', '.join(TRACKERS)}, jsonl always, "
-            "e.g. --config.train.trackers=jsonl,tensorboard,wandb"
+            f"config.train.trackers={list(trackers)!r}: {problem}; the known ones: jsonl (always), "
+            f"{', '.join(TRACKERS[1:])}, e.g. --config.train.trackers=jsonl,tensorboard,wandb"
         )
 
 

@@ -70,9 +70,9 @@ class MetricsLog:
             self.file = (self.workdir / METRICS_FILE).open("w")
             self.file.writelines(json.dumps(r) + "\n" for r in kept)
             self.file.flush()  # on disk at once: a resumed run reads which evals it owes (txjax.ops.preemption)
+            if trackers is not None:
+                trackers.catch_up(kept)
         self.trackers = trackers
-        if trackers is not None:
-            trackers.catch_up(kept)
         self.steps = steps
         self.bar = tqdm(
             total=steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not (lead and sys.stderr.isatty())

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from txjax.extras import require
 
-TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # jsonl first: every run has it (config.validate_trackers)
 REMOTE = {"wandb": ("txjax.ops.tracker_wandb", "WandB"), "mlflow": ("txjax.ops.tracker_mlflow", "MLflow")}
 STATE_FILE = "trackers.json"
 ARTIFACTS = ("curves.png", "eval_valid.json")  # in the workdir, when there; result.json is written from the result
