@@ -224,7 +224,7 @@ def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
     is installed, tensorboardX would import it: seconds of every run's start-up) yet importable afterwards."""
     script = (
         "import importlib.util, sys\n"
-        "from txjax.ops.metrics_log import _summary_writer_class\n"
+        "from txjax.ops.trackers import _summary_writer_class\n"
         "writer = _summary_writer_class()(sys.argv[1])\n"
         "writer.add_scalar('train/loss', 1.5, 3)\n"
         "writer.close()\n"

@@ -22,6 +22,7 @@ from txjax.decode.strategy import METHODS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.ops import profiling
+from txjax.ops.trackers import TRACKERS
 from txjax.state import optim
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,6 +87,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (ops.profiling)
                 "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
                 "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
+                "trackers": ["jsonl", "tensorboard"],  # + wandb | mlflow (txjax.ops.trackers); jsonl always
             },
             "mesh": {
                 "data": 1,
@@ -140,6 +142,10 @@ def _parse(text: str, current):
         return int(value)
     if isinstance(current, str):
         return text
+    if isinstance(current, list):  # a,b,c or a Python list literal
+        if text.lstrip().startswith("["):
+            return list(ast.literal_eval(text))
+        return [item.strip() for item in text.split(",") if item.strip()]
     try:  # a None default (e.g. model.num_kv_heads) takes any literal, else the raw string
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -225,6 +231,7 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             f"config.model.parametrization='mup' supports train.optimizer {' or '.join(optim.MUP_OPTIMIZERS)}, "
             f"not {t.optimizer!r}"
         )
+    validate_trackers(t.trackers)
     if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
     if config.data.kind not in families.get(config.family).data_kinds:
@@ -234,6 +241,18 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     refused = unread.refusal(config, defaults or base_config())
     if refused:
         raise ConfigError(refused)
+
+
+def validate_trackers(trackers) -> None:
+    """train.trackers: known names (txjax.ops.trackers.TRACKERS), jsonl among them (metrics.jsonl is the run's own
+    record: a resume, the evals it owes and a sweep's report read it)."""
+    unknown = [name for name in trackers if name not in TRACKERS]
+    if unknown or "jsonl" not in trackers or len(set(trackers)) != len(trackers):
+        problem = f"unknown {', '.join(map(repr, unknown))}" if unknown else "jsonl missing or a name repeated"
+        raise ConfigError(
+            f"config.train.trackers={list(trackers)!r}: {problem}; the known ones: jsonl (always), "
+            f"{', '.join(TRACKERS[1:])}, e.g. --config.train.trackers=jsonl,tensorboard,wandb"
+        )
 
 
 def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:

@@ -24,6 +24,8 @@ EXTRAS = {  # module -> the extra of pyproject.toml that installs it
     "optuna": "sweep",
     "pyarrow": "data",
     "zstandard": "data",
+    "wandb": "track",
+    "mlflow": "track",
 }
 
 

@@ -1,4 +1,5 @@
-"""A run's logs: JSON lines, TensorBoard events, a progress bar (or plain lines off a terminal), a PNG of the curves.
+"""A run's logs: JSON lines, a progress bar (or plain lines off a terminal), a PNG of the curves, and the same records
+to the run's other trackers (TensorBoard events, W&B, MLflow: txjax.ops.trackers).
 
 `metrics.jsonl` holds one object per line: {"step": s, "split": "train" | "valid", metric: value, ...}. When a
 run resumes from step s, the lines past s (written by the run that was killed) are dropped first, so the file
@@ -18,22 +19,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-
-def _summary_writer_class():
-    """tensorboardX.SummaryWriter, imported without PyTorch: tensorboardX tries `import torch` on import only to
-    accept torch tensors, which txjax never passes, and where torch is installed (the interop extras) that import
-    alone costs every run's start-up about 2 s. A None entry in sys.modules makes that import fail as if torch were
-    absent, for this one import; torch stays importable afterwards."""
-    hide = "torch" not in sys.modules
-    if hide:
-        sys.modules["torch"] = None
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        if hide:
-            del sys.modules["torch"]
-    return SummaryWriter
-
+from txjax.ops.trackers import Trackers
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -70,10 +56,12 @@ class MetricsLog:
         flops_per_step: float | None = None,
         peak_flops_per_s: float | None = None,
         slots_per_step: int = 0,
+        trackers: Trackers | None = None,
     ):
         """Only the `lead` process of a multi-process run writes; the others compute the same records. With the
         model FLOPs of a step and the peak FLOP/s of the run's devices (all of them together) given, every train
-        record also holds mfu."""
+        record also holds mfu. `trackers` (the lead's) get every record written here and, at once, what they
+        missed of the history kept (Trackers.catch_up)."""
         self.workdir, self.lead = Path(workdir), lead
         self.flops_per_step, self.peak_flops_per_s = flops_per_step, peak_flops_per_s
         self.slots_per_step = slots_per_step
@@ -82,7 +70,9 @@ class MetricsLog:
             self.file = (self.workdir / METRICS_FILE).open("w")
             self.file.writelines(json.dumps(r) + "\n" for r in kept)
             self.file.flush()  # on disk at once: a resumed run reads which evals it owes (txjax.ops.preemption)
-            self.tb = _summary_writer_class()(str(self.workdir / "tb"))
+            if trackers is not None:
+                trackers.catch_up(kept)
+        self.trackers = trackers
         self.steps = steps
         self.bar = tqdm(
             total=steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not (lead and sys.stderr.isatty())
@@ -128,27 +118,31 @@ class MetricsLog:
         if self.lead:
             self.file.write(json.dumps({"step": step, "split": "config", "changes": changes}) + "\n")
             self.file.flush()
+        if self.trackers is not None:
+            self.trackers.changed(step, changes)
 
     def write(self, step: int, split: str, record: dict) -> None:
         if not self.lead:
             return
         self.file.write(json.dumps({"step": step, "split": split, **record}) + "\n")
         self.file.flush()
-        for name, value in record.items():
-            self.tb.add_scalar(f"{split}/{name}", value, step)
+        if self.trackers is not None:
+            self.trackers.log(step, split, record)
         for fn in _observers:
             fn(self.workdir, step, split, record)
         if self.bar.disable:
             shown = " ".join(f"{k} {v:.4g}" for k, v in record.items())
             print(f"[{split}] step {step}/{self.steps} {shown}", file=sys.stderr, flush=True)
 
-    def close(self) -> None:
-        """Flushes the files and draws the loss curves of the whole history into curves.png."""
+    def close(self, status: str = "finished", result: dict | None = None) -> None:
+        """Flushes the files, draws the loss curves of the whole history into curves.png and ends the trackers' runs
+        (status finished | failed | stopped; `result`, the run's final metrics, as their result.json)."""
         self.bar.close()
         if self.lead:
             self.file.close()
-            self.tb.close()
             plot_curves(self.workdir)
+        if self.trackers is not None:
+            self.trackers.close(status, result)
 
 
 def plot_curves(workdir: str | Path) -> Path:

@@ -9,12 +9,15 @@ sweep that one more command finishes; one sweep at a time writes DIR (txjax.ops.
 the seed and the optimizer's scalar settings are trained together under jax.vmap (txjax.training.stack) unless
 --no-vmap. An optuna search asks Optuna for one point at a time and tells it the point's mean final metric
 (txjax.sweep.search); its rerun asks the same seeded sampler again and gets the same points, whose finished runs it
-skips; a point it proposes again is told its first value and not trained twice. A scheduler
-(early stopping) needs Ray (--launcher=ray, txjax.sweep.ray_launcher): here every run trains to the end.
+skips; a point it proposes again is told its first value and not trained twice. A scheduler (early stopping) needs
+Ray (--launcher=ray, txjax.sweep.ray_launcher): here every run trains to the end. With W&B or MLflow among
+train.trackers, the runs join one group (W&B's group; an MLflow parent run holding the sweep's spec and, at the end,
+its report: tracked, txjax.ops.trackers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -23,11 +26,11 @@ from pathlib import Path
 
 from txjax.evaluate.probes import run_probes
 from txjax.extras import require
-from txjax.ops import preemption, workdir_lock
+from txjax.ops import preemption, trackers, workdir_lock
 from txjax.ops.workdir_lock import Busy
 from txjax.sweep import search as search_lib
-from txjax.sweep.report import final_metric, write_report
-from txjax.sweep.spec import SweepRun, claim, deduplicate, expand, finish, read_result
+from txjax.sweep.report import REPORT_FILES, final_metric, write_report
+from txjax.sweep.spec import SweepRun, claim, deduplicate, expand, finish, make_run, read_result
 from txjax.training.edge import group_key
 from txjax.training.stack import train_runs
 
@@ -43,10 +46,29 @@ def run_sweep(
         claim(workdir, sweep, overrides)
         if sweep["scheduler"]:
             print("note: the scheduler stops runs early with --launcher=ray only; here every run trains to the end")
-        if optuna:
-            return _optuna(sweep, workdir, overrides, vmap, command)
-        train_all(sweep, workdir, runs, vmap, command)
-        return runs
+        with tracked(sweep, overrides, workdir):
+            if optuna:
+                return _optuna(sweep, workdir, overrides, vmap, command)
+            train_all(sweep, workdir, runs, vmap, command)
+            return runs
+
+
+@contextlib.contextmanager
+def tracked(sweep: dict, overrides: list[str], workdir: Path):
+    """While inside, the sweep's tracker group is open (txjax.ops.trackers.open_sweep, for the trackers of its base
+    config); on the way out its MLflow parent run ends with the report as artifacts (stopped by a signal, failed by
+    an error)."""
+    base = make_run(sweep, overrides, workdir, {}).config
+    trackers.open_sweep(workdir, base.train.trackers if base else (), sweep)
+    status = "failed"
+    try:
+        yield
+        status = "finished"
+    except (preemption.Preempted, KeyboardInterrupt):
+        status = "stopped"
+        raise
+    finally:
+        trackers.close_sweep(workdir, status, [workdir / name for name in REPORT_FILES])
 
 
 def train_all(sweep: dict, workdir: Path, runs: list[SweepRun], vmap: bool, command: str, shown=None) -> None:
@@ -127,7 +149,8 @@ def train_group(group: list[SweepRun], probes: list[str]) -> None:
     another process is training (its writer lock is held) is left to that process, which writes its result."""
     began = time.monotonic()
     try:
-        outcomes = train_runs([r.config for r in group], [r.workdir for r in group])
+        with trackers.in_sweep({r.workdir: r.settings for r in group}):  # their tracker runs join the sweep's group
+            outcomes = train_runs([r.config for r in group], [r.workdir for r in group])
     except Busy as e:
         print(f"[sweep] {', '.join(r.name for r in group)}: left to its trainer ({e})", flush=True)
         return

@@ -18,7 +18,8 @@ train_runs resumes each run from its last txjax checkpoint, so it ends as an uni
 CPU). A killed driver: the same command starts a new Tune experiment in which every run with a result.json is skipped
 (txjax's rerun, not Tune's restore). SIGINT or SIGTERM to the driver (txjax.ops.preemption) writes DIR/stop.request;
 every trial polls it, its runs save their current step and stop, trials not yet started end at once, and the command
-ends as an interrupted in-process sweep does.
+ends as an interrupted in-process sweep does. With W&B or MLflow among train.trackers, the driver opens the sweep's
+group (txjax.sweep.local.tracked) and each worker's runs join it from DIR/trackers.json (train_group).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from txjax import config as config_lib
 from txjax.extras import require
 from txjax.ops import metrics_log, preemption, workdir_lock
 from txjax.sweep import search as search_lib
-from txjax.sweep.local import groups_of, objective_metric, pending, train_group
+from txjax.sweep.local import groups_of, objective_metric, pending, tracked, train_group
 from txjax.sweep.report import final_metric, write_report
 from txjax.sweep.spec import SweepRun, claim, expand, finish, make_run, read_result
 
@@ -90,14 +91,15 @@ def run_on_ray(
             ),
         )
         print(f"sweep {workdir}: {len(runs) or sweep['search']['num_samples']} runs or points, {len(plan)} trials")
-        try:
-            tuner.fit()
-        finally:
-            (workdir / STOP_FILE).unlink(missing_ok=True)
-            for run in shown.runs:
-                run.result = read_result(run.workdir)
-            write_report(workdir, shown.runs, sweep["metrics"], command, sweep["lines"])
-        preemption.raise_if_signalled()
+        with tracked(sweep, overrides, workdir):  # the trials' runs join its group (train_group: in_sweep)
+            try:
+                tuner.fit()
+            finally:
+                (workdir / STOP_FILE).unlink(missing_ok=True)
+                for run in shown.runs:
+                    run.result = read_result(run.workdir)
+                write_report(workdir, shown.runs, sweep["metrics"], command, sweep["lines"])
+            preemption.raise_if_signalled()
         return shown.runs
 
 
@@ -123,11 +125,13 @@ def connect(ray, address: str | None) -> None:
 
 
 def _worker_env() -> dict:
-    """The trials' environment: the repository importable (experiment files, txjax) and the driver's persistent
-    compilation cache, so that trials of one program compile it once."""
+    """The trials' environment: the repository importable (experiment files, txjax), the driver's persistent
+    compilation cache, so that trials of one program compile it once, and its trackers' settings (WANDB_*, MLFLOW_*:
+    where the runs log, txjax.ops.trackers)."""
     import jax
 
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(config_lib.REPO), os.environ.get("PYTHONPATH")]))}
+    env = {k: v for k, v in os.environ.items() if k.startswith(("WANDB_", "MLFLOW_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(config_lib.REPO), os.environ.get("PYTHONPATH")]))
     if jax.config.jax_compilation_cache_dir:
         env["JAX_COMPILATION_CACHE_DIR"] = str(jax.config.jax_compilation_cache_dir)
     return env

@@ -27,6 +27,7 @@ from txjax.ops.metrics_log import read_metrics
 
 RESULTS_CSV, RESULTS_MD, RESULTS_PNG, RESULTS_JSON = "results.csv", "results.md", "results.png", "results.json"
 RESULTS_LINES_PNG = "results_lines.png"  # with a sweep's `lines` spec
+REPORT_FILES = (RESULTS_CSV, RESULTS_MD, RESULTS_PNG, RESULTS_JSON, RESULTS_LINES_PNG)
 GENERATION_METRICS = ("bleu", "chrf", "generated_exact_match")  # in eval_valid.json when train.eval_generation
 
 

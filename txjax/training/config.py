@@ -31,13 +31,14 @@ class TrainConfig:
     profile_steps: str
     eval_generation: bool
     init_from: str  # a workdir whose parameters start the run ("" for none)
+    trackers: tuple[str, ...]  # where the records of metrics.jsonl also go (txjax.ops.trackers)
     optim: OptimConfig
 
     @classmethod
     def of(cls, t) -> TrainConfig:
         """From a validated config.train section."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "optim"]
-        return cls(**{name: t[name] for name in names}, optim=OptimConfig.of(t))
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("optim", "trackers")]
+        return cls(**{name: t[name] for name in names}, trackers=tuple(t.trackers), optim=OptimConfig.of(t))
 
     @property
     def steps(self) -> int:

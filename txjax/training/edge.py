@@ -21,6 +21,7 @@ import ml_collections
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
 from txjax.model.config import ModelConfig
+from txjax.ops import trackers
 from txjax.parallel.distributed import barrier, is_lead
 from txjax.state.optim import HYPERPARAMS
 from txjax.training import init_from
@@ -58,6 +59,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> tuple[RunSpec, 
     """(RunSpec, (tokenizer, train, valid)) of a run; the tokenizer saved in `workdir`, train.init_from's model
     section and the model sizes filled into `config`."""
     workdir.mkdir(parents=True, exist_ok=True)
+    trackers.check(config.train.trackers)  # a missing package (the track extra) fails before anything is built
     if config.train.get("init_from"):  # fine-tuning: the source's model section and tokenizer
         init_from.adopt_model(config, workdir, lead=is_lead())
         barrier("init_from")

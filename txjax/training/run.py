@@ -23,6 +23,7 @@ from txjax.ops import memory, preemption
 from txjax.ops.metrics_log import MetricsLog
 from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
+from txjax.ops.trackers import Trackers
 from txjax.parallel.distributed import is_lead, run_mesh
 from txjax.parallel.sharding import SEQUENCE_AXIS, global_batch, process_rows
 from txjax.state.checkpoint import Checkpointer
@@ -118,7 +119,10 @@ class Run:
     def open_log(self, start: int, changes: dict, flops: float, peak: float | None, slots: int) -> None:
         """The run's MetricsLog from `start` (flops and slots: of a step, peak: the devices' FLOP/s), with the
         settings a resume changed recorded."""
-        self.log = MetricsLog(self.workdir, self.t.steps, start, is_lead(), flops, peak, slots_per_step=slots)
+        trackers = Trackers(self.workdir, self.t.trackers, self.spec.config) if is_lead() else None
+        self.log = MetricsLog(
+            self.workdir, self.t.steps, start, is_lead(), flops, peak, slots_per_step=slots, trackers=trackers
+        )
         if changes:
             self.log.changed(start, changes)
             print(f"{self.workdir}: from step {start}: {resume.describe(changes)}", file=sys.stderr, flush=True)
@@ -127,7 +131,7 @@ class Run:
         """Logs the steps' metrics since the last log; False (the run stopped by Diverged) when they are not finite."""
         self.record = self.log.train(step, pending)
         if self.record["finite"] < 1:
-            self.log.close()
+            self.log.close("failed")
             self.diverged = diverged(step, self.record, self.saved, self.ckpt)
         return self.diverged is None
 
@@ -139,7 +143,7 @@ class Run:
         """Stopped by a signal: the step saved (unless it was), the log closed."""
         if self.saved != step:
             self.save(step, state)
-        self.log.close()
+        self.log.close("stopped")
 
     def owed_eval(self, start: int, state, valid) -> None:
         """The periodic eval of the resumed step `start` when a signal cut it short (txjax.ops.preemption.owed_eval)."""
@@ -165,8 +169,7 @@ class Run:
             self.log.write(step, "valid", final)
             if is_lead():
                 write_metrics(self.workdir, "valid", {"split": "valid", "step": step, **final})
-        self.log.close()
-        return {
+        result = {
             "step": step,
             **({"train_loss": self.record["loss"]} if self.record else {}),
             **{f"valid_{k}": v for k, v in final.items() if k != "train_minutes"},
@@ -175,6 +178,8 @@ class Run:
             "ms_per_step_median": self.log.median_ms_per_step(),
             **program,
         }
+        self.log.close("finished", result)
+        return result
 
 
 def peak_flops_per_s(dtype: str, devices: int) -> float | None:
