@@ -150,3 +150,13 @@ def test_bad_windows_are_one_line():
         3,
         0,
     )
+
+
+def test_ring_attention_refuses_a_window_in_one_line():
+    from txjax.config import base_config, validate_sequence_axis
+    from txjax.errors import ConfigError
+
+    config = base_config()
+    config.mesh.sequence, config.model.attention_window = 2, W
+    with pytest.raises(ConfigError, match="ring attention.*has no local window: set model.attention_window=0"):
+        validate_sequence_axis(config)
