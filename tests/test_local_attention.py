@@ -160,3 +160,20 @@ def test_ring_attention_refuses_a_window_in_one_line():
     config.mesh.sequence, config.model.attention_window = 2, W
     with pytest.raises(ConfigError, match="ring attention.*has no local window: set model.attention_window=0"):
         validate_sequence_axis(config)
+
+
+def test_beam_search_reorders_the_ring_buffers():
+    """Beams past the window (cache rows gathered by parent beam, ring buffers included): each prompt's best
+    hypothesis re-scored by the full forward pass gives the beam's score."""
+    model = DecoderLM(dataclasses.replace(model_cfg(), num_layers=2, window_pattern="LG"))
+    params = random_params(model, jnp.zeros((1, 4), jnp.int32))
+    forward = jax.jit(lambda t: model.apply({"params": params}, t))
+    prompts = [random_ids(3, 2).tolist(), random_ids(4, 6).tolist()]
+    kw = dict(max_new_tokens=12, eos_id=EOS, method="beam", beam_size=3, length_penalty=0.6)
+    beam = decode.generate(model, params, prompts, **kw)
+    for prompt, ids, stopped, score in zip(prompts, beam.ids, beam.stopped, beam.scores):
+        seq = prompt + ids + [EOS] * stopped
+        logp_TxV = jax.nn.log_softmax(forward(np.array([seq]))[0])
+        logp = float(sum(logp_TxV[t - 1, seq[t]] for t in range(len(prompt), len(seq))))
+        assert len(seq) - len(prompt) > W
+        np.testing.assert_allclose(score, logp / decode.length_penalty(len(ids) + stopped, 0.6), rtol=1e-4)
