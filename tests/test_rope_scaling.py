@@ -119,5 +119,5 @@ def test_bad_rope_fields_are_one_line():
         ModelConfig(vocab_size=8, rope_scaling="ntk")
     with pytest.raises(ValueError, match="rope_scaling='llama3' needs model.rope_original_max_len > 0"):
         ModelConfig(vocab_size=8, rope_scaling="llama3")
-    with pytest.raises(ValueError, match="rope_fraction=0.3 must rotate an even number"):
-        ModelConfig(vocab_size=8, d_model=64, num_heads=2, rope_fraction=0.3)
+    with pytest.raises(ValueError, match=r"rope_fraction=0.3 must be in \(0, 1\] and rotate an even number"):
+        ModelConfig(vocab_size=8, d_model=64, num_heads=2, positional="rope", rope_fraction=0.3)

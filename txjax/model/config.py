@@ -143,9 +143,9 @@ class ModelConfig:
         if self.rope_factor <= 0 or self.rope_local_base < 0:
             raise ValueError("model.rope_factor must be > 0 and model.rope_local_base >= 0 (0 = the global rope)")
         rotated = self.head_dim * self.rope_fraction
-        if not 0 < self.rope_fraction <= 1 or rotated != int(rotated) or int(rotated) % 2:
+        if not 0 < self.rope_fraction <= 1 or (self.positional == "rope" and (rotated != int(rotated) or rotated % 2)):
             raise ValueError(
-                f"model.rope_fraction={self.rope_fraction} must rotate an even number of a head's channels"
+                f"model.rope_fraction={self.rope_fraction} must be in (0, 1] and rotate an even number of channels"
             )
 
     @classmethod
