@@ -84,7 +84,7 @@ def segment_backend(impl: str, mask, needs_scores: bool, block_sizes: tuple[int,
     blockwise.attention's signature: ring attention (txjax.model.ring_attention) while the mesh in context shards the
     sequence, else blockwise attention (txjax.model.blockwise) when `impl` asks for it; None for the dense paths
     (`attend`), and always when someone needs the dense scores (a decode step reads its cache, sown weights are
-    L x S) or the mask is dense already."""
+    L x S) or the mask is dense already. A local `window` is bound into blockwise's; ring attention refuses one."""
     if needs_scores or not (mask is None or isinstance(mask, blockwise.Segments)):
         return None
     if ring_attention.serves():
@@ -92,7 +92,7 @@ def segment_backend(impl: str, mask, needs_scores: bool, block_sizes: tuple[int,
             raise ValueError("ring attention (mesh.sequence > 1) has no local window: set model.attention_window=0")
         return functools.partial(ring_attention.attention, block_q=block_sizes[0])
     if impl == "blockwise":
-        return functools.partial(blockwise.attention, block_q=block_sizes[0], block_kv=block_sizes[1])
+        return functools.partial(blockwise.attention, block_q=block_sizes[0], block_kv=block_sizes[1], window=window)
     return None
 
 
@@ -310,7 +310,7 @@ class MultiHeadAttention(nn.Module):
             slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
             scale = score_scale(self.scale, self.head_dim)
             out_BxLxHxK = by_segments(
-                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale, window=window
+                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale
             )
             return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
         bias_BxHxLxS = None
