@@ -29,16 +29,7 @@ from txjax.model.layers import make_attention
 
 def layer_seconds(cfg, batch: int, context: int, repeats: int) -> float:
     """Median seconds of grad(sum(attention(x) * w)) for the layer of cfg."""
-    mha = make_attention(cfg, cross=False, name="attention")
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.normal(size=(batch, context, cfg.d_model)), jnp.float32)
-    w = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
-    pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (batch, context))
-    seg = jnp.ones((batch, context), jnp.int32)
-    mask = Segments(seg, seg) if cfg.attention_impl == "blockwise" else seg[:, None, None, :] > 0
-    params = mha.init(jax.random.key(0), x, mask, q_pos=pos, causal=True)
-    loss = lambda p, x: (mha.apply(p, x, mask, q_pos=pos, causal=True) * w).sum()
-    step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    step, params, x = layer_step(cfg, batch, context)
     jax.block_until_ready(step(params, x))
     times = []
     for _ in range(repeats):
@@ -46,6 +37,22 @@ def layer_seconds(cfg, batch: int, context: int, repeats: int) -> float:
         jax.block_until_ready(step(params, x))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def layer_step(cfg, batch: int, context: int):
+    """(jit(grad(sum(attention(x) * w))) for the layer of cfg, its parameters, x): one segment of `context` tokens
+    per row, causal, the layer's own window (cfg.layer_windows[0])."""
+    mha = make_attention(cfg, cross=False, name="attention")
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(batch, context, cfg.d_model)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (batch, context))
+    seg = jnp.ones((batch, context), jnp.int32)
+    mask = Segments(seg, seg) if cfg.attention_impl == "blockwise" else seg[:, None, None, :] > 0
+    kw = dict(q_pos=pos, causal=True, window=cfg.layer_windows[0])
+    params = mha.init(jax.random.key(0), x, mask, **kw)
+    loss = lambda p, x: (mha.apply(p, x, mask, **kw) * w).sum()
+    return jax.jit(jax.grad(loss, argnums=(0, 1))), params, x
 
 
 def main():

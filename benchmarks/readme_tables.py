@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when a test loads this file
 import gpu_summary  # noqa: E402
+from attention_tables import attention_time, local_attention  # noqa: E402
 from convert_tables import seq2seq_equality  # noqa: E402
 from data_tables import data, prepare_memory  # noqa: E402
 from experiment_tables import bible_averaging, bible_length_penalty, bible_variants, experiments, passkey  # noqa: E402
@@ -292,20 +293,11 @@ def long_context() -> list[str]:
     return table(header + ["measured"], rows)
 
 
-def attention_time() -> list[str]:
-    """The shakespeare_char attention layer's forward and backward, blockwise against the reference."""
-    t = bench("attention_time_shakespeare_char")
-    rows = [[f"{r['context']:,}", r["blocks"], t["dtype"], n(r["reference_ms"]), n(r["blockwise_ms"]),
-             n(r["ratio"], 2), machine_label(t["machine"])] for r in (t or {"rows": []})["rows"]]  # fmt: skip
-    header = ["context", "blocks", "dtype", "reference ms", "blockwise ms", "blockwise / reference", "measured"]
-    return table(header, rows)
-
-
 TABLES = {
     f.__name__: f
     for f in (
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
-        *(prepare_memory, attention_time, seq2seq_equality),
+        *(prepare_memory, attention_time, local_attention, seq2seq_equality),
         passkey,
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )

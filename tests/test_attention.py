@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from txjax.model import attention as A
+from txjax.model import masks as M
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 
@@ -110,31 +111,31 @@ def test_softmax_in_float32_for_bfloat16_inputs():
 
 def test_causal_mask_on_positions():
     pos = np.array([[0, 1, 2, 3], [0, 1, 0, 1]])
-    m = np.asarray(A.causal_mask(jnp.asarray(pos), jnp.asarray(pos)))
+    m = np.asarray(M.causal_mask(jnp.asarray(pos), jnp.asarray(pos)))
     assert m.shape == (2, 1, 4, 4)
     np.testing.assert_array_equal(m[0, 0], np.tril(np.ones((4, 4), bool)))
     ref = np.array([[pos[b, j] <= pos[b, i] for j in range(4)] for b in range(2) for i in range(4)]).reshape(2, 4, 4)
     np.testing.assert_array_equal(m[:, 0], ref)
     # decode step: one query at position 2 over 5 cache positions
-    m1 = np.asarray(A.causal_mask(jnp.array([[2]]), jnp.arange(5)[None]))
+    m1 = np.asarray(M.causal_mask(jnp.array([[2]]), jnp.arange(5)[None]))
     np.testing.assert_array_equal(m1[0, 0, 0], [True, True, True, False, False])
 
 
 def test_padding_mask():
     qv, kv = np.array([[1, 1, 0]], bool), np.array([[1, 0, 1, 1]], bool)
-    m = np.asarray(A.padding_mask(jnp.asarray(qv), jnp.asarray(kv)))
+    m = np.asarray(M.padding_mask(jnp.asarray(qv), jnp.asarray(kv)))
     assert m.shape == (1, 1, 3, 4)
     np.testing.assert_array_equal(m[0, 0], np.outer(qv[0], kv[0]))
 
 
 def test_segment_mask_and_causal():
     seg = np.array([[1, 1, 2, 2, 2, 0]])
-    m = np.asarray(A.segment_mask(jnp.asarray(seg), jnp.asarray(seg)))[0, 0]
+    m = np.asarray(M.segment_mask(jnp.asarray(seg), jnp.asarray(seg)))[0, 0]
     ref = np.array([[seg[0, i] == seg[0, j] and seg[0, i] > 0 for j in range(6)] for i in range(6)])
     np.testing.assert_array_equal(m, ref)
     assert not m[5].any() and not m[:, 5].any()
     pos = jnp.array([[0, 1, 0, 1, 2, 0]])
-    both = np.asarray(A.causal_mask(pos, pos) & A.segment_mask(jnp.asarray(seg), jnp.asarray(seg)))
+    both = np.asarray(M.causal_mask(pos, pos) & M.segment_mask(jnp.asarray(seg), jnp.asarray(seg)))
     np.testing.assert_array_equal(both[0, 0], ref & np.tril(np.ones((6, 6), bool)))
 
 
@@ -187,7 +188,7 @@ def test_mha_self_attention_matches_numpy(num_heads, num_kv_heads, scale):
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.normal(size=(b, l, d_model)), jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(l), (b, l))
-    mask = A.causal_mask(pos, pos)
+    mask = M.causal_mask(pos, pos)
     p = random_params(mod, x, mask, q_pos=pos)
     assert p["query"].shape == (d_model, num_heads, head_dim) and p["key"].shape == (d_model, num_kv_heads, head_dim)
     assert p["out"].shape == (num_heads, head_dim, d_model)
@@ -206,7 +207,7 @@ def test_mha_cross_attention_different_lengths_matches_numpy(num_kv_heads):
     x = jnp.asarray(rng.normal(size=(2, 3, d_model)), jnp.float32)  # Lq = 3
     enc = jnp.asarray(rng.normal(size=(2, 7, d_model)), jnp.float32)  # Lk = 7
     src_valid = jnp.arange(7)[None, :] < jnp.array([7, 4])[:, None]
-    mask = A.padding_mask(jnp.ones((2, 3), bool), src_valid)
+    mask = M.padding_mask(jnp.ones((2, 3), bool), src_valid)
     q_pos = jnp.zeros((2, 3), jnp.int32)
     p = random_params(mod, x, mask, q_pos=q_pos, kv=enc)
     out = mod.apply({"params": p}, x, mask, q_pos=q_pos, kv=enc)
@@ -222,7 +223,7 @@ def test_mha_alibi_bias_matches_numpy():
     rng = np.random.default_rng(6)
     x = jnp.asarray(rng.normal(size=(1, l, d_model)), jnp.float32)
     pos = jnp.arange(l)[None]
-    mask = A.causal_mask(pos, pos)
+    mask = M.causal_mask(pos, pos)
     p = random_params(mod, x, mask, q_pos=pos)
     out = mod.apply({"params": p}, x, mask, q_pos=pos)
     slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
@@ -236,7 +237,7 @@ def test_mha_sows_attention_weights():
     mod = A.MultiHeadAttention(2, 2, 4, sow_weights=True)
     x = jnp.asarray(np.random.default_rng(7).normal(size=(1, 4, 8)), jnp.float32)
     pos = jnp.arange(4)[None]
-    mask = A.causal_mask(pos, pos)
+    mask = M.causal_mask(pos, pos)
     p = random_params(mod, x, mask, q_pos=pos)
     _, inter = mod.apply({"params": p}, x, mask, q_pos=pos, mutable=["intermediates"])
     (w,) = inter["intermediates"]["attention_weights"]
@@ -254,7 +255,7 @@ def test_fused_equals_reference_with_causal_padding_segments(num_kv_heads, alibi
     d_model, heads, head_dim = 8, 4, 4
     seg = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])  # packed row with a pad; padded row
     pos = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]])
-    mask = A.causal_mask(pos, pos) & A.segment_mask(seg, seg)
+    mask = M.causal_mask(pos, pos) & M.segment_mask(seg, seg)
     x = jnp.asarray(np.random.default_rng(8).normal(size=(2, 6, d_model)), jnp.float32)
     kw = dict(num_heads=heads, num_kv_heads=num_kv_heads, head_dim=head_dim, alibi=alibi)
     ref_mod, fused_mod = A.MultiHeadAttention(**kw), A.MultiHeadAttention(**kw, impl="fused")
@@ -269,7 +270,7 @@ def test_fused_equals_reference_with_causal_padding_segments(num_kv_heads, alibi
     assert np.all(np.asarray(out_fused)[0, 5] == 0) and np.all(np.asarray(out_fused)[1, 4:] == 0)  # pad queries
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_fused, g_ref)
     # the fused path must not ignore the segment ids: it differs from an unmasked-by-segment call
-    causal_only = A.causal_mask(pos, pos)
+    causal_only = M.causal_mask(pos, pos)
     assert not np.allclose(fused_mod.apply(variables, x, causal_only, q_pos=pos)[0, 3:5], out_fused[0, 3:5])
 
 
@@ -278,7 +279,7 @@ def test_fused_cross_attention_equals_reference():
     rng = np.random.default_rng(9)
     x = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
     enc = jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.float32)
-    mask = A.segment_mask(jnp.array([[1, 1, 0], [1, 1, 1]]), jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
+    mask = M.segment_mask(jnp.array([[1, 1, 0], [1, 1, 1]]), jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
     q_pos = jnp.zeros((2, 3), jnp.int32)
     v = {"params": random_params(A.MultiHeadAttention(**mod_kw), x, mask, q_pos=q_pos, kv=enc)}
     ref = A.MultiHeadAttention(**mod_kw).apply(v, x, mask, q_pos=q_pos, kv=enc)

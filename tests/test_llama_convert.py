@@ -1,5 +1,6 @@
-"""Llama-family interop against transformers' PyTorch LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM:
-logits, greedy generation and the export round trip (skipped without the `interop` extra)."""
+"""Llama-family interop against transformers' PyTorch LlamaForCausalLM (Llama 3's rope scaling too),
+MistralForCausalLM (with and without its sliding window), Qwen2ForCausalLM and Qwen3ForCausalLM (q/k norms, yarn):
+logits, greedy generation (past Mistral's window) and the export round trip (skipped without the `interop` extra)."""
 
 import json
 
@@ -37,6 +38,39 @@ MODELS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/
         dict(num_key_value_heads=1, head_dim=24, sliding_window=None, tie_word_embeddings=True),
     ),
     "qwen2": (transformers.Qwen2Config, dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama3": (
+        transformers.LlamaConfig,
+        dict(
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 5e4,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+    "mistral_window": (
+        transformers.MistralConfig,
+        dict(num_key_value_heads=1, head_dim=24, sliding_window=8, tie_word_embeddings=True),
+    ),
+    "qwen3_yarn": (
+        transformers.Qwen3Config,
+        dict(
+            num_key_value_heads=2,
+            head_dim=32,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
 }
 
 
@@ -120,6 +154,8 @@ def test_logits_match_transformers(hf):
     kind, model, folder = hf
     cfg, params = load_llama(folder)
     assert cfg.qkv_bias == (kind == "qwen2") and cfg.tie_embeddings == model.config.tie_word_embeddings
+    assert (cfg.attention_window, cfg.qk_norm) == (8 if kind == "mistral_window" else 0, kind == "qwen3_yarn")
+    assert cfg.rope_scaling == {"llama3": "llama3", "qwen3_yarn": "yarn"}.get(kind, "none")
     ref = torch_logits(model, TOKENS)
     assert np.abs(ref).max() > 3.0  # not a trivially small signal
     np.testing.assert_allclose(txjax_logits(cfg, params, TOKENS), ref, atol=1e-4, rtol=0)
@@ -147,11 +183,11 @@ def test_export_round_trip(hf, tmp_path):
     "change, field",
     [
         ({"model_type": "gemma"}, "model_type"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type"),
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}}, "rope_type"),
+        ({"rope_scaling": {"type": "yarn", "factor": 2.0, "mscale": 0.7}}, "rope_scaling.mscale"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
-        ({"model_type": "mistral", "sliding_window": 16}, "sliding_window"),
         ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
     ],
 )

@@ -14,15 +14,9 @@ multiplies (`_Bx2W`, `_Dx3D`), a digit after one adds (`_BxL1`: L + 1 tokens), a
 """
 
 from txjax.decode.cache import init_cache
-from txjax.model.attention import (
-    MultiHeadAttention,
-    attention_weights,
-    causal_mask,
-    padding_mask,
-    scaled_dot_product_attention,
-    segment_mask,
-)
+from txjax.model.attention import MultiHeadAttention, attention_weights, scaled_dot_product_attention
 from txjax.model.config import ModelConfig
+from txjax.model.masks import causal_mask, padding_mask, segment_mask, window_mask
 from txjax.model.models import DecoderLM, EncoderDecoder
 
 __all__ = [
@@ -36,5 +30,6 @@ __all__ = [
     "padding_mask",
     "scaled_dot_product_attention",
     "segment_mask",
+    "window_mask",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Llama-family checkpoints (Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) <-> DecoderLM.
+"""Llama-family checkpoints (Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+<-> DecoderLM.
 
 Llama (Touvron et al. 2023) is a DecoderLM with RoPE, pre-RMSNorm blocks and a final RMSNorm, a SwiGLU FFN
 down(silu(x W_gate) * x W_up), grouped-query attention, no biases (Qwen2: biases on q/k/v), and a head tied to the
@@ -9,15 +10,20 @@ token embedding or not. Hugging Face Linear weights are [out, in] (y = x W^T), s
     layers.i.self_attn.q_proj [H*K, D]    -> query [D, H, K]  (k_proj, v_proj: [G*K, D] -> key, value [D, G, K])
     layers.i.self_attn.o_proj [D, H*K]    -> out [H, K, D]
     layers.i.mlp.gate_proj, up_proj [F, D], down_proj [D, F] -> ffn.wi, ffn.wi_gate [D, F], ffn.wo [F, D]
+    layers.i.self_attn.q_norm, k_norm [K] (Qwen3: RMSNorm of each head before RoPE) -> query_norm, key_norm
+
+RoPE's scalings (rope_parameters.rope_type linear, llama3, yarn: Llama 3.x) map to model.rope_scaling and its
+parameters, Mistral's sliding_window to model.attention_window (every layer local).
 
 RoPE layout. Hugging Face rotates channel i of a head with channel i + K/2 (`rotate_half`); txjax's apply_rope
 rotates the adjacent pair (2i, 2i+1), both by the angle p * base^(-2i/K). Scores q . k are sums over channels, so
 one permutation applied to the query and key channels of every head changes nothing but the layout: txjax
-channel 2i is HF channel i and 2i+1 is HF channel i + K/2 (`PAIRS`). Q/K weights (and Qwen2's biases) are permuted
-on the way in and back on the way out; llama.cpp's GGUF files already store them in pair order (`pairs=True`).
+channel 2i is HF channel i and 2i+1 is HF channel i + K/2 (`PAIRS`). Q/K weights (Qwen2's biases, Qwen3's norm
+gains) are permuted on the way in and back on the way out; llama.cpp's GGUF files already store them in pair order
+(`pairs=True`).
 
-A config txjax cannot represent (rope scaling, a sliding window shorter than the context, biases Llama puts where
-txjax has none, another activation) is a one-line ValueError naming the config.json field.
+A config txjax cannot represent (another rope_type or its parameter, Qwen's per-layer sliding window, biases Llama
+puts where txjax has none, another activation) is a one-line ValueError naming the config.json field.
 """
 
 from __future__ import annotations
@@ -32,8 +38,13 @@ from safetensors.numpy import save_file
 from txjax.convert import hf_folder
 from txjax.model.config import ModelConfig
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 # ModelConfig fields the Llama family fixes
 _LLAMA_FIELDS = {
     "positional": "rope",
@@ -43,7 +54,6 @@ _LLAMA_FIELDS = {
     "use_bias": False,
     "embed_scale": False,
     "attention_scale": "sqrt",
-    "qk_norm": False,
     "logit_softcap": 0.0,
     "parametrization": "standard",
 }
@@ -60,15 +70,56 @@ def pairs(k: int) -> np.ndarray:
 # config.json <-> ModelConfig
 
 
-def _rope_base(hf: Mapping) -> float:
-    """rope_theta from transformers 5's rope_parameters or the older top-level rope_theta / rope_scaling."""
-    rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    for name, section in (("rope_parameters", rope), ("rope_scaling", scaling)):
-        kind = section.get("rope_type", section.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"config.json: {name}.rope_type={kind!r} is not supported (txjax has plain RoPE only)")
-    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+# transformers' rope parameters -> ModelConfig fields (the scaling kinds txjax.model.positional.Rope has)
+_ROPE_FIELDS = {
+    "factor": "rope_factor",
+    "low_freq_factor": "rope_low_freq_factor",
+    "high_freq_factor": "rope_high_freq_factor",
+    "original_max_position_embeddings": "rope_original_max_len",
+    "beta_fast": "rope_beta_fast",
+    "beta_slow": "rope_beta_slow",
+    "attention_factor": "rope_attention_factor",
+}
+_ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
+
+
+def _rope(hf: Mapping) -> dict:
+    """ModelConfig's rope fields from transformers 5's rope_parameters or the older top-level rope_theta /
+    rope_scaling (None values: transformers' defaults, as txjax's); a rope_type or parameter txjax lacks is a
+    ValueError naming it."""
+    fields = {"rope_base": float(hf.get("rope_theta", 10000.0))}
+    for name in ("rope_scaling", "rope_parameters"):  # the newer last: it wins
+        section = dict(hf.get(name) or {})
+        if not section:
+            continue
+        kind = section.pop("rope_type", section.pop("type", "default"))
+        if kind not in _ROPE_TYPES:
+            raise ValueError(f"config.json: {name}.rope_type={kind!r} is not supported ({', '.join(_ROPE_TYPES)})")
+        fields["rope_base"] = float(section.pop("rope_theta", fields["rope_base"]))
+        fields["rope_scaling"] = _ROPE_TYPES[kind]
+        for key, value in section.items():
+            if value is None or (key, value) in (("truncate", True), ("partial_rotary_factor", 1.0)):
+                continue
+            if kind == "default" or key not in _ROPE_FIELDS:
+                raise ValueError(f"config.json: {name}.{key}={value!r} is not supported for rope_type {kind!r}")
+            fields[_ROPE_FIELDS[key]] = type(ModelConfig.__dataclass_fields__[_ROPE_FIELDS[key]].default)(value)
+    return fields
+
+
+def _rope_to_hf(cfg: ModelConfig) -> dict:
+    """ModelConfig's rope fields -> transformers' rope_parameters."""
+    kind = {v: k for k, v in _ROPE_TYPES.items()}[cfg.rope_scaling]
+    out = {"rope_type": kind, "rope_theta": cfg.rope_base}
+    if kind != "default":
+        used = {
+            "linear": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+            "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"),
+        }[kind]
+        out |= {key: getattr(cfg, _ROPE_FIELDS[key]) for key in used}
+        if kind == "yarn" and not cfg.rope_attention_factor:
+            del out["attention_factor"]  # transformers derives it from the factor as txjax does
+    return out
 
 
 def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
@@ -84,18 +135,14 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
         "hidden_act": ("silu", "txjax's SwiGLU gates with silu"),
         "attention_bias": (False, "txjax has no bias on o_proj"),
         "mlp_bias": (False, "txjax's SwiGLU has no biases"),
-        "use_sliding_window": (False, "txjax attends over the whole context"),
+        "use_sliding_window": (False, "Qwen's window spares the first max_window_layers layers: txjax has none"),
+        "partial_rotary_factor": (1.0, "Llama rotates every channel"),
     }
     for name, (want, why) in unsupported.items():
         if hf.get(name, want) != want:
             raise ValueError(f"config.json: {name}={hf[name]!r} is not supported ({why})")
     max_len = hf.get("max_position_embeddings", 2048)
-    window = hf.get("sliding_window")
-    if kind == "mistral" and window is not None and window < max_len:
-        raise ValueError(
-            f"config.json: sliding_window={window} is shorter than max_position_embeddings={max_len} "
-            "(txjax has no sliding-window attention)"
-        )
+    window = hf.get("sliding_window") if kind == "mistral" else None  # Qwen's applies only with use_sliding_window
     d, h = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or d // h
     return ModelConfig(
@@ -108,9 +155,11 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
         num_layers=hf["num_hidden_layers"],
         max_len=max_len,
         qkv_bias=kind == "qwen2",
+        qk_norm=kind == "qwen3",
+        attention_window=window if window is not None and window < max_len else 0,
         tie_embeddings=hf.get("tie_word_embeddings", not has_head),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_base=_rope_base(hf),
+        **_rope(hf),
         init_std=hf.get("initializer_range", 0.02),
         attention_dropout=hf.get("attention_dropout", 0.0),
         dropout=0.0,
@@ -119,12 +168,17 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """ModelConfig -> a config.json that LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases) loads."""
-    for name, want in _LLAMA_FIELDS.items():
+    """ModelConfig -> a config.json that LlamaForCausalLM loads (Qwen2ForCausalLM with q/k/v biases, Qwen3ForCausalLM
+    with q/k norms, MistralForCausalLM with a window in every layer)."""
+    for name, want in {**_LLAMA_FIELDS, "window_pattern": "", "rope_local_base": 0.0, "rope_fraction": 1.0}.items():
         if getattr(cfg, name) != want:
             raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Llama (needs {want!r})")
-    kind = "qwen2" if cfg.qkv_bias else "llama"
-    return {
+    kinds = [k for k, on in (("qwen2", cfg.qkv_bias), ("qwen3", cfg.qk_norm), ("mistral", cfg.attention_window)) if on]
+    if len(kinds) > 1:
+        raise ValueError(f"model: {' and '.join(kinds)} features together have no Hugging Face architecture")
+    kind = kinds[0] if kinds else "llama"
+    window = {"sliding_window": cfg.attention_window} if kind == "mistral" else {}
+    return window | {
         "architectures": [_ARCHITECTURES[kind]],
         "model_type": kind,
         "vocab_size": cfg.vocab_size,
@@ -137,7 +191,7 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_len,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        "rope_parameters": _rope_to_hf(cfg),
         "rope_theta": cfg.rope_base,
         "tie_word_embeddings": cfg.tie_embeddings,
         "initializer_range": cfg.init_std,
@@ -163,6 +217,9 @@ def _layer_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dic
         "value": get("self_attn.v_proj.weight", (g * k, d)).T.reshape(d, g, k),
         "out": get("self_attn.o_proj.weight", (d, h * k)).T.reshape(h, k, d),
     }
+    if cfg.qk_norm:
+        attn["query_norm"] = {"scale": get("self_attn.q_norm.weight", (k,))[to_pairs]}
+        attn["key_norm"] = {"scale": get("self_attn.k_norm.weight", (k,))[to_pairs]}
     if cfg.qkv_bias:
         attn["query_bias"] = get("self_attn.q_proj.bias", (h * k,)).reshape(h, k)[..., to_pairs]
         attn["key_bias"] = get("self_attn.k_proj.bias", (g * k,)).reshape(g, k)[..., to_pairs]
@@ -196,6 +253,9 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
         "mlp.up_proj.weight": ffn["wi_gate"]["kernel"].T,
         "mlp.down_proj.weight": ffn["wo"]["kernel"].T,
     }
+    if cfg.qk_norm:
+        out["self_attn.q_norm.weight"] = a["query_norm"]["scale"][to_halves]
+        out["self_attn.k_norm.weight"] = a["key_norm"]["scale"][to_halves]
     if cfg.qkv_bias:
         out["self_attn.q_proj.bias"] = a["query_bias"][..., to_halves].reshape(-1)
         out["self_attn.k_proj.bias"] = a["key_bias"][..., to_halves].reshape(-1)

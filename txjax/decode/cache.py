@@ -17,7 +17,18 @@ from txjax.model.models import unstack_layers
 
 # the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
 # kernels.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
-ROW_LEAVES = ("cached_key", "cached_value", "cross_key", "cross_value", "cached_pos")
+# (a local layer's ring buffer: window_key, window_value, window_pos, fixed in length)
+ROW_LEAVES = (
+    "cached_key",
+    "cached_value",
+    "cross_key",
+    "cross_value",
+    "cached_pos",
+    "window_key",
+    "window_value",
+    "window_pos",
+)
+POSITION_LEAVES = ("cached_pos", "window_pos")
 # the target-length axis of the growing leaves, from the end
 LENGTH_AXIS = {"cached_key": -1, "cached_value": -2, "cached_pos": -1}
 
@@ -38,7 +49,7 @@ def empty_cache(model, batch_size: int, max_len: int, src_len: int | None = None
         tokens_BxL = jnp.zeros((batch_size, max_len), jnp.int32)
         return family.decode_step(model, {"params": params}, context, tokens_BxL, None, prefill=True)[1]["cache"]
 
-    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key == "cached_pos" else 0, s.dtype)
+    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key in POSITION_LEAVES else 0, s.dtype)
     return jax.tree_util.tree_map_with_path(empty, jax.eval_shape(created))
 
 
@@ -133,14 +144,14 @@ def gather_rows(cache, rows_C, leaves=ROW_LEAVES):
     cache_index is shared.
     """
     b = next(
-        leaf.shape[-2] for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key == "cached_pos"
+        leaf.shape[-2] for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key in POSITION_LEAVES
     )
 
     def gather(path, leaf):
         name = path[-1].key
         if name not in leaves:
             return leaf
-        if name == "cached_pos":
+        if name in POSITION_LEAVES:
             return jnp.take(leaf, rows_C, axis=-2)
         by_row = einops.rearrange(leaf, "... (b g) x y -> ... b g x y", b=b)  # cache_layout's rows apart
         return einops.rearrange(jnp.take(by_row, rows_C, axis=-4), "... c g x y -> ... (c g) x y")

@@ -162,12 +162,14 @@ def _ffn_hidden(own, module, x_BxLxD):
     return ACTIVATIONS[cfg.activation](h1) * h3
 
 
-def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask):
-    """MultiHeadAttention.update_cache in cache_layout."""
+def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
+    """MultiHeadAttention.update_cache in cache_layout (a local layer's ring buffer too: attention.window_kv_cache)."""
     if module.cross:
         new = None if k_new is None else cache_layout(k_new, v_new)
         return own(*(new or (None, None)), q_pos, k_pos, mask)
     k_new, v_new = cache_layout(k_new, v_new)
+    if isinstance(window, int) and window > 0:
+        return attention.window_kv_cache(module, k_new, v_new, q_pos, mask, window, axes=(2, 1))
     (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
     ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
     cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
@@ -180,10 +182,11 @@ def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask):
     return ck.value, cv.value, *attention.cache_positions(cpos, cidx, q_pos, mask)
 
 
-def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic):
-    """Attention over keys [B*KV, K, S] and values [B*KV, S, K] (a module holding a cache: decode mode)."""
-    if not (module.has_variable("cache", "cached_key") or module.has_variable("cache", "cross_key")):
-        return own(q_BxLxHxK, k, v, mask, causal, bias, deterministic)
+def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, window=0):
+    """Attention over keys [B*KV, K, S] and values [B*KV, S, K] (a module holding a cache: decode mode, where the
+    window is already in the mask)."""
+    if not any(module.has_variable("cache", name) for name in ("cached_key", "window_key", "cross_key")):
+        return own(q_BxLxHxK, k, v, mask, causal, bias, deterministic, window)
     b, scale = q_BxLxHxK.shape[0], attention.score_scale(module.scale, module.head_dim)
     if module.impl == "fused":  # jax.nn.dot_product_attention's [B, S, KV, K]
         k, v = einops.rearrange(k, "(b g) k s -> b s g k", b=b), einops.rearrange(v, "(b g) s k -> b s g k", b=b)

@@ -53,7 +53,7 @@ from tqdm import tqdm  # noqa: E402
 from txjax.decode import decode_all  # noqa: E402
 from txjax.families import family_of  # noqa: E402
 from txjax.families.objective import hits  # noqa: E402
-from txjax.model.attention import segment_mask  # noqa: E402
+from txjax.model.masks import segment_mask  # noqa: E402
 from txjax.model.models import Stack  # noqa: E402
 
 AUTO_TOKENS = 2048  # batch_size=auto: rows * row length about this many tokens

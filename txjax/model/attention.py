@@ -5,8 +5,9 @@
 
 `scaled_dot_product_attention` is one head; `MultiHeadAttention` projects with per-head weights written as einsums
 and `vmap`s that one-head function over the heads. The same module serves self-attention (kv = x), masked
-self-attention (a causal mask) and cross-attention (kv = encoder output, padding mask only). Masks are boolean with
-True meaning "may attend".
+self-attention (a causal mask, and a local window: txjax.model.masks) and cross-attention (kv = encoder output,
+padding mask only). Masks are boolean with True meaning "may attend". A local layer's KV cache is a ring buffer of
+`window` slots (`window_kv_cache`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import blockwise, positional, precision, ring_attention
+from txjax.model.masks import causal_mask, is_global, segment_mask, window_mask
 
 NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
 ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
@@ -62,26 +64,7 @@ def attention_output(probs, v):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Masks: boolean [batch, 1, n_q, n_k] (the 1 broadcasts over heads); True = may attend.
-
-
-def causal_mask(q_pos, k_pos):
-    """j <= i on explicit positions: q_pos [B, Lq], k_pos [B, Lk] -> [B, 1, Lq, Lk]."""
-    return k_pos[:, None, None, :] <= q_pos[:, None, :, None]
-
-
-def padding_mask(q_valid, k_valid):
-    """Both query and key are real tokens: q_valid [B, Lq], k_valid [B, Lk] bool -> [B, 1, Lq, Lk]."""
-    return q_valid[:, None, :, None] & k_valid[:, None, None, :]
-
-
-def segment_mask(q_seg, k_seg):
-    """Packed rows: attend only inside your own segment, never to padding (segment 0).
-
-    q_seg [B, Lq], k_seg [B, Lk] int -> [B, 1, Lq, Lk].
-    """
-    same = q_seg[:, None, :, None] == k_seg[:, None, None, :]
-    return same & padding_mask(q_seg > 0, k_seg > 0)
+# Choosing a backend
 
 
 def resolve_impl(impl: str, dtype, head_dim: int) -> str:
@@ -96,18 +79,20 @@ def resolve_impl(impl: str, dtype, head_dim: int) -> str:
     return "cudnn" if fits and cuda_available() else "reference"
 
 
-def segment_backend(impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int]) -> Callable | None:
+def segment_backend(impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int], window=0) -> Callable | None:
     """The one choice of an attention backend that reads the mask as blockwise.Segments (O(L) values), with
     blockwise.attention's signature: ring attention (txjax.model.ring_attention) while the mesh in context shards the
     sequence, else blockwise attention (txjax.model.blockwise) when `impl` asks for it; None for the dense paths
     (`attend`), and always when someone needs the dense scores (a decode step reads its cache, sown weights are
-    L x S) or the mask is dense already."""
+    L x S) or the mask is dense already. A local `window` is bound into blockwise's; ring attention refuses one."""
     if needs_scores or not (mask is None or isinstance(mask, blockwise.Segments)):
         return None
     if ring_attention.serves():
+        if not is_global(window):
+            raise ValueError("ring attention (mesh.sequence > 1) has no local window: set model.attention_window=0")
         return functools.partial(ring_attention.attention, block_q=block_sizes[0])
     if impl == "blockwise":
-        return functools.partial(blockwise.attention, block_q=block_sizes[0], block_kv=block_sizes[1])
+        return functools.partial(blockwise.attention, block_q=block_sizes[0], block_kv=block_sizes[1], window=window)
     return None
 
 
@@ -143,26 +128,38 @@ def score_scale(kind: str, head_dim: int) -> float:
     return {"sqrt": head_dim**-0.5, "none": 1.0, "linear": 1.0 / head_dim}[kind]
 
 
-def attend(q, k, v, mask, *, causal=False, bias=None, scale=None, keep=None, impl="reference", weights=False):
+def attend(q, k, v, mask, *, causal=False, window=0, bias=None, scale=None, keep=None, impl="reference", weights=False):
     """softmax(mask(q k^T * scale + bias)) v per head: q [B, L, H, K], k/v [B, S, KV, K], mask bool [B|1, 1, L, S]
     or None, `causal` adds causal order by index (positions grow along the sequence within a segment, as txjax's
-    inputs do); bias/keep [B|1, H, L, S]. -> (out [B, L, H, K], probs [B, H, L, S] or None).
+    inputs do) and `window` (an int, 0 = global) a local window by index (masks.window_mask; the fused kernels'
+    local_window_size); bias/keep [B|1, H, L, S]. -> (out [B, L, H, K], probs [B, H, L, S] or None).
 
     impl: 'reference' (the one-head function, vmapped over the heads), 'fused' / 'cudnn' (jax.nn.dot_product_attention's
     XLA or cuDNN kernel; they keep no weights and apply no dropout, so `weights` or `keep` take the reference)."""
     b, l, s = q.shape[0], q.shape[1], k.shape[1]
     if impl in ("fused", "cudnn") and keep is None and not weights:
         full = None if mask is None else jnp.broadcast_to(mask, (b, 1, l, s))
+        local = None if is_global(window) else (window - 1, 0)  # i - window < j <= i
         out = jax.nn.dot_product_attention(
-            q, k, v, bias=bias, mask=full, scale=scale, is_causal=causal, implementation=impl.replace("fused", "xla")
+            q,
+            k,
+            v,
+            bias,
+            full,
+            scale=scale,
+            is_causal=causal,
+            local_window_size=local,
+            implementation=impl.replace("fused", "xla"),
         )
         if mask is None:
             return out, None
         # like the reference: a query with no key to attend to (padding) gets zeros
         attended = full & jnp.tri(l, s, dtype=bool) if causal else full
         return out * attended.any(-1)[:, 0, :, None, None].astype(out.dtype), None
-    if causal:  # the reference applies the causal order as part of the mask
+    if causal:  # the reference applies the causal order (and the window) as part of the mask
         order = jnp.tri(l, s, dtype=bool)[None, None]
+        if not is_global(window):
+            order = order & window_mask(jnp.arange(l)[None], jnp.arange(s)[None], window)
         mask = order if mask is None else mask & order
     if k.shape[-2] < q.shape[-2] and q.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
         # XLA:CPU runs bfloat16 dots only through XNNPACK, which takes at most two batch axes; the backward of
@@ -180,16 +177,57 @@ def attend(q, k, v, mask, *, causal=False, bias=None, scale=None, keep=None, imp
 # Multi-head attention
 
 
-def cache_positions(cpos, cidx, q_pos, mask):
-    """A decode call's bookkeeping: store the new tokens' positions q_pos [B, L] at cache_index in the slots'
-    positions `cpos` [B, S] (-1 where `mask` [B, 1, L, L] excludes a token from its own slot: left padding; -1 =
-    empty) and advance the index -> (the slots' positions [B, S], the queries' mask over them [B, 1, L, S]: a filled
-    slot at a position <= the query's)."""
+def stored_positions(q_pos, mask):
+    """The positions a cache stores for the new tokens q_pos [B, L]: -1 (empty) where `mask` [B, 1, L, L] excludes a
+    token from its own slot (left padding)."""
     own = jnp.ones(q_pos.shape, bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)
-    stored = jnp.where(own, q_pos, -1).astype(jnp.int32)
-    cpos.value = jax.lax.dynamic_update_slice(cpos.value, stored, (0, cidx.value))
+    return jnp.where(own, q_pos, -1).astype(jnp.int32)
+
+
+def filled_causal(q_pos, k_pos):
+    """The queries' mask over cache slots at positions k_pos [B, S]: a filled slot at a position <= the query's."""
+    return (k_pos[:, None, None, :] >= 0) & causal_mask(q_pos, k_pos)
+
+
+def cache_positions(cpos, cidx, q_pos, mask):
+    """A decode call's bookkeeping: store the new tokens' positions (stored_positions) at cache_index in the slots'
+    positions `cpos` [B, S] and advance the index -> (the slots' positions [B, S], the queries' mask over them
+    [B, 1, L, S]: filled_causal)."""
+    cpos.value = jax.lax.dynamic_update_slice(cpos.value, stored_positions(q_pos, mask), (0, cidx.value))
     cidx.value = cidx.value + q_pos.shape[1]
-    return cpos.value, (cpos.value[:, None, None, :] >= 0) & causal_mask(q_pos, cpos.value)
+    return cpos.value, filled_causal(q_pos, cpos.value)
+
+
+def window_kv_cache(module, k_new, v_new, q_pos, mask, window: int, axes=(1, 1)):
+    """A local layer's self-attention cache: a ring buffer of `window` slots ('window_key', 'window_value' with the
+    length on axes (key's, value's), 'window_pos' [B, window]), memory O(window) whatever the context. The new
+    tokens (L of them, a prefill chunk may be longer than the window) attend over the buffer as it was and their own
+    keys together, [old window | new L] -> (keys, values, their positions [B, window + L], mask [B, 1, L, window +
+    L]; the caller adds the window's band); then the last min(L, window) of them overwrite the oldest slots, slot =
+    token index mod window (cache_index counts every token, as the full cache's)."""
+    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "window_key")
+
+    def ring(t, axis):
+        return jnp.zeros((*t.shape[:axis], window, *t.shape[axis + 1 :]), t.dtype)
+
+    ck = module.variable("cache", "window_key", ring, k_new, axes[0])
+    cv = module.variable("cache", "window_value", ring, v_new, axes[1])
+    cpos = module.variable("cache", "window_pos", lambda: jnp.full((b, window), -1, jnp.int32))
+    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+    if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
+        return k_new, v_new, q_pos, mask
+    stored = stored_positions(q_pos, mask)
+    keys, values = (jnp.concatenate([c.value, t], a) for c, t, a in ((ck, k_new, axes[0]), (cv, v_new, axes[1])))
+    k_pos = jnp.concatenate([cpos.value, stored], axis=1)
+    m = min(l, window)  # the tokens that stay: the last m (distinct slots, so no write order matters)
+    slots = (cidx.value + l - m + jnp.arange(m)) % window
+    last = lambda t, axis: jax.lax.slice_in_dim(t, l - m, l, axis=axis)
+    at = lambda axis: (slice(None),) * axis + (slots,)
+    ck.value = ck.value.at[at(axes[0])].set(last(k_new, axes[0]))
+    cv.value = cv.value.at[at(axes[1])].set(last(v_new, axes[1]))
+    cpos.value = cpos.value.at[:, slots].set(last(stored, 1))
+    cidx.value = cidx.value + l
+    return keys, values, k_pos, filled_causal(q_pos, k_pos)
 
 
 def cross_kv_cache(module, k_new, v_new):
@@ -237,7 +275,8 @@ class MultiHeadAttention(nn.Module):
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
     impl: str = "reference"  # attend's: 'reference' | 'fused' | 'cudnn', or 'blockwise' (segment_backend)
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
-    rope_base: float | None = None  # rotate q and k (RoPE) when set
+    rope: positional.Rope | None = None  # rotate q and k (RoPE) when set
+    local_rope: positional.Rope | None = None  # a local layer's (window > 0) own RoPE, if not `rope`
     alibi: bool = False
     max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
@@ -257,6 +296,7 @@ class MultiHeadAttention(nn.Module):
         kv=None,
         k_pos=None,
         causal=False,
+        window=0,
         deterministic=True,
         decode=False,
         relative_table=None,
@@ -264,20 +304,22 @@ class MultiHeadAttention(nn.Module):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
         mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk], None or
         blockwise.Segments (segment ids: read as they are by segment_backend's choice, else made dense); q_pos
-        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; relative_table
+        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; window: a local
+        window (masks.window_mask: an int, 0 = global, or a scanned layer's traced scalar); relative_table
         [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
         -> [B, Lq, D]."""
         bidirectional = not causal
         k_pos = q_pos if k_pos is None else k_pos
-        by_segments = segment_backend(self.impl, mask, decode or self.sow_weights, self.block_sizes)
+        by_segments = segment_backend(self.impl, mask, decode or self.sow_weights, self.block_sizes, window)
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
             mask = segment_mask(*mask)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
-        if self.rope_base is not None:
-            q_BxLxHxK = positional.apply_rope(q_BxLxHxK, q_pos, self.rope_base)
-            k = positional.apply_rope(k, k_pos, self.rope_base)
+        if self.rope is not None:
+            theta, factor = positional.layer_rope(self.rope, self.local_rope, window, self.head_dim)
+            q_BxLxHxK = positional.rotate(q_BxLxHxK, *positional.rope_tables(q_pos, theta, factor))
+            k = positional.rotate(k, *positional.rope_tables(k_pos, theta, factor))
         if decode:  # the cache's mask holds the causal order of its slots
-            k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask)
+            k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask, window)
             causal = False
         if by_segments is not None and relative_table is not None:
             raise ValueError("model.positional='relative_buckets' needs model.attention_impl=reference (or auto)")
@@ -295,7 +337,10 @@ class MultiHeadAttention(nn.Module):
             bias_BxHxLxS = positional.relative_bias(q_pos, k_pos, relative_table, bidirectional, self.max_distance)
         if causal and self.impl == "reference":  # the causal order on explicit positions, as part of the mask
             mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
-        out_BxLxHxK = self.attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic)
+        if not (is_global(window) or (causal and isinstance(window, int))):  # else by index in attend (the kernels')
+            band = window_mask(q_pos, k_pos, window)  # on explicit positions, as the causal order above
+            mask, window = band if mask is None else mask & band, 0
+        out_BxLxHxK = self.attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window)
         return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
 
     def heads_in(self, name, heads, x_BxLxD):
@@ -324,19 +369,22 @@ class MultiHeadAttention(nn.Module):
         k_BxSxGxK = self.norm("key_norm", self.heads_in("key", self.num_kv_heads, kv_BxSxD))
         return q_BxLxHxK, k_BxSxGxK, self.heads_in("value", self.num_kv_heads, kv_BxSxD)
 
-    def update_cache(self, k_new, v_new, q_pos, k_pos, mask):
-        """Decode mode: the keys/values to attend over, their positions and mask (cross_kv_cache, append_kv_cache)."""
+    def update_cache(self, k_new, v_new, q_pos, k_pos, mask, window=0):
+        """Decode mode: the keys/values to attend over, their positions and mask (cross_kv_cache; window_kv_cache for
+        a static local window, whose band the caller adds; else append_kv_cache)."""
         if self.cross:
             return *cross_kv_cache(self, k_new, v_new), k_pos, mask
+        if isinstance(window, int) and window > 0:
+            return window_kv_cache(self, k_new, v_new, q_pos, mask, window)
         return append_kv_cache(self, k_new, v_new, q_pos, mask)
 
-    def attend(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic):
+    def attend(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0):
         """The heads' attention (the module-level `attend`) with dropout on the weights and their sowing."""
         keep, scale = None, score_scale(self.scale, self.head_dim)
         if self.dropout > 0 and not deterministic:  # one mask per head
             shape = (q_BxLxHxK.shape[0], self.num_heads, q_BxLxHxK.shape[1], k.shape[1])
             keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, shape) / (1.0 - self.dropout)
-        kwargs = dict(causal=causal, bias=bias_BxHxLxS, scale=scale, keep=keep, impl=self.impl)
+        kwargs = dict(causal=causal, window=window, bias=bias_BxHxLxS, scale=scale, keep=keep, impl=self.impl)
         out_BxLxHxK, probs_BxHxLxS = attend(q_BxLxHxK, k, v, mask, **kwargs, weights=self.sow_weights)
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", probs_BxHxLxS)

@@ -9,10 +9,12 @@ holding its last query: the blocks above the diagonal are never computed. The ba
     dv_j += p^T do,  dp = do v_j^T,  ds = p * (dp - rowsum(do * o)),  dq += ds k_j * scale,  dk_j += ds^T q * scale
 so that training holds q, k, v, o and logsumexp per layer, never the probabilities.
 
-The mask is made block by block from segment ids (`Segments`, as attention.segment_mask: the same nonzero segment)
-and, when causal, positions (key position <= query position); ALiBi's bias -m_h |i - j| from the positions too.
-Skipping by block index assumes positions grow along the sequence within a segment (as txjax's inputs do, and as
-the fused kernels' is_causal assumes). A query with no key to attend to returns zeros, as the reference does.
+The mask is made block by block by txjax.model.masks from segment ids (`Segments`: the same nonzero segment) and
+positions: causal (key position <= query position) and a local window (key position > query position - window);
+ALiBi's bias -m_h |i - j| from the positions too. Under a window a query block's loop also starts at the key block
+holding its first query's oldest visible key, so time and memory are O(L window), not O(L^2). Skipping by block
+index assumes positions grow along the sequence within a segment (as txjax's inputs do, and as the fused kernels'
+is_causal assumes). A query with no key to attend to returns zeros, as the reference does.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import einops
 import jax
 import jax.numpy as jnp
 
-from txjax.model import precision
+from txjax.model import masks, precision
 
 NEG_INF = -1e30  # as attention.NEG_INF: exp() of it underflows to 0
 
@@ -45,10 +47,13 @@ class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
     aligned: bool = True  # queries and keys are one sequence: causal skips the key blocks past a query block's last
 
 
-def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv):
+def attention(
+    q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv, window=0
+):
     """softmax(mask(q k^T * scale + bias)) v in blocks: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of G: query
     head h reads K/V head h // (H/G)); segments: Segments or None (all attend); q_pos [B, L], k_pos [B, S];
-    slopes_H: ALiBi's slopes [H] or None. Returns [B, L, H, K] in v's dtype. A last block shorter than block_q
+    slopes_H: ALiBi's slopes [H] or None; window: a local window (masks.window_mask; an int or a traced scalar, 0 =
+    global). Returns [B, L, H, K] in v's dtype. A last block shorter than block_q
     (block_kv) is padded with segment 0, which nothing attends to."""
     b, l, h, _ = q_BxLxHxK.shape
     s, g = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
@@ -66,34 +71,39 @@ def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal
     q_seg, q_p = (blocks(t, nq, bq, "b (n q) -> n b q") for t in (segments.q, q_pos))
     k_seg, k_p = (blocks(t, nk, bk, "b (n s) -> n b s") for t in (segments.k, k_pos))
     slopes = None if slopes_H is None else slopes_H.reshape(g, h // g)
-    out = _flash(_Plan(causal, scale, bq, bk), q, k, v, q_seg, k_seg, q_p, k_p, slopes)
+    window = None if masks.is_global(window) else jnp.asarray(window, jnp.int32)
+    out = _flash(_Plan(causal, scale, bq, bk), q, k, v, q_seg, k_seg, q_p, k_p, slopes, window)
     return einops.rearrange(out, "n b q g r k -> b (n q) (g r) k")[:, :l]
 
 
-def _kv_blocks(plan: _Plan, i, nk: int):
-    """How many key blocks query block i reads: all, or under a causal mask over one sequence those up to its last
-    query's."""
+def _kv_blocks(plan: _Plan, i, nk: int, window):
+    """The key blocks [first, last) query block i reads: all, or over one sequence under a causal mask those up to
+    its last query's, and under a window (> 0) those from its first query's oldest visible key on."""
+    last = jnp.asarray(nk)  # a traced count: a while loop (XLA:CPU builds every block's mask ahead of a fixed loop)
     if plan.causal and plan.aligned:
-        return jnp.minimum(nk, ((i + 1) * plan.block_q - 1) // plan.block_kv + 1)
-    return jnp.asarray(
-        nk
-    )  # a traced count: a while loop (XLA:CPU builds every block's mask ahead of a fixed-count loop)
+        last = jnp.minimum(nk, ((i + 1) * plan.block_q - 1) // plan.block_kv + 1)
+    if window is None or not plan.aligned:
+        return 0, last
+    oldest = jnp.maximum(i * plan.block_q - window + 1, 0)  # the first query's oldest visible key
+    return jnp.where(window > 0, oldest // plan.block_kv, 0), last
 
 
-def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes):
+def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
     """One block's scores and mask: q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk] float32,
     allowed [B, 1, 1, bq, bk]."""
     s = precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32) * plan.scale
     if slopes is not None:  # ALiBi: -m_h |i - j|
         dist = jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]).astype(jnp.float32)
         s = s - slopes[None, :, :, None, None] * dist[:, None, None]
-    ok = (q_seg[:, :, None] == k_seg[:, None, :]) & (q_seg[:, :, None] > 0) & (k_seg[:, None, :] > 0)
+    ok = masks.segment_mask(q_seg, k_seg)
     if plan.causal:
-        ok = ok & (k_pos[:, None, :] <= q_pos[:, :, None])
-    return s, ok[:, None, None]
+        ok = ok & masks.causal_mask(q_pos, k_pos)
+    if window is not None:
+        ok = ok & masks.window_mask(q_pos, k_pos, window)
+    return s, ok[:, :, None]
 
 
-def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
+def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window=None):
     """o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query has no
     key to attend to: ring attention merges the results of key shards by their logsumexp)."""
     nk = k.shape[0]
@@ -103,7 +113,7 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
 
         def step(j, carry):
             m, l, o = carry  # running max and sum [B, G, R, bq], unnormalized output [B, G, R, bq, K]
-            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes)
+            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
             m_new = jnp.maximum(m, jnp.where(ok, s, NEG_INF).max(-1))
             p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
@@ -112,7 +122,7 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
 
         shape = (q_i.shape[0], *q_i.shape[2:4], q_i.shape[1])
         init = (jnp.full(shape, NEG_INF), jnp.zeros(shape), jnp.zeros((*shape, v.shape[-1])))
-        m, l, o = jax.lax.fori_loop(0, _kv_blocks(plan, i, nk), step, init)
+        m, l, o = jax.lax.fori_loop(*_kv_blocks(plan, i, nk, window), step, init)
         attended = l > 0  # False: no key to attend to -> zeros
         o = o / jnp.where(attended, l, 1.0)[..., None]
         lse = jnp.where(attended, m + jnp.log(jnp.where(attended, l, 1.0)), NEG_INF)  # no mass: none to merge
@@ -122,18 +132,18 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
-    return _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes)[0]
+def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
+    return _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)[0]
 
 
-def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes):
-    o, lse = _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes)
-    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, o, lse)
+def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
+    o, lse = _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)
+    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse)
 
 
 def _flash_bwd(plan, saved, do):
     """dq, dk, dv, each block's probabilities recomputed from the saved logsumexp (the equations above)."""
-    q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, o, lse = saved
+    q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse = saved
     nk, f32 = k.shape[0], jnp.float32
     delta = einops.rearrange((do.astype(f32) * o.astype(f32)).sum(-1), "n b q g r -> n b g r q")  # rowsum(do * o)
     mm = partial(precision.einsum, out_dtype=f32)
@@ -144,7 +154,7 @@ def _flash_bwd(plan, saved, do):
 
         def step(j, c):
             dq_i, dk, dv = c
-            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes)
+            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
             p = jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
             dv_j = mm("bgrqs,bqgrk->bsgk", p.astype(q.dtype), do_i)
             dp = mm("bqgrk,bsgk->bgrqs", do_i, v[j].astype(q.dtype))
@@ -152,13 +162,13 @@ def _flash_bwd(plan, saved, do):
             dq_i = dq_i + mm("bgrqs,bsgk->bqgrk", ds, k[j])
             return dq_i, dk.at[j].add(mm("bgrqs,bqgrk->bsgk", ds, q_i)), dv.at[j].add(dv_j)
 
-        dq_i, dk, dv = jax.lax.fori_loop(0, _kv_blocks(plan, i, nk), step, (jnp.zeros(q_i.shape, f32), *carry))
+        dq_i, dk, dv = jax.lax.fori_loop(*_kv_blocks(plan, i, nk, window), step, (jnp.zeros(q_i.shape, f32), *carry))
         return (dk, dv), dq_i
 
     zeros = jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32)
     xs = (jnp.arange(q.shape[0]), q, do, lse, delta, q_seg, q_pos)
     (dk, dv), dq = jax.lax.scan(query_block, zeros, xs)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

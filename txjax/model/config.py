@@ -78,6 +78,21 @@ class ModelConfig:
     embed_norm: bool = False  # a norm of each stack's input embeddings (BART's layernorm_embedding)
     relative_buckets: int = 32  # positional='relative_buckets' (T5): buckets of its table [buckets, heads]
     relative_max_distance: int = 128  # ... and the distance from which on all share its last bucket
+    # local attention (txjax.model.masks.window_mask): a local layer's query sees itself and the window - 1 keys before
+    # it; its KV cache is a ring buffer of window slots. Causal self-attention only (decoder layers)
+    attention_window: int = 0  # 0 = every layer global
+    window_pattern: str = ""  # 'L' local / 'G' global per decoder layer, repeated ('LLLLLG': Gemma 3); '' = all local
+    # RoPE's frequency scaling for long contexts (txjax.model.positional.Rope: transformers' rope_type and parameters)
+    rope_scaling: str = "none"  # none | linear | llama3 | yarn
+    rope_factor: float = 1.0  # linear, llama3, yarn: the context extension factor
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_len: int = 0  # llama3, yarn: the pretraining context (original_max_position_embeddings)
+    rope_beta_fast: float = 32.0  # yarn
+    rope_beta_slow: float = 1.0  # yarn
+    rope_attention_factor: float = 0.0  # yarn: multiplies cos and sin; 0 = 0.1 ln(factor) + 1
+    rope_fraction: float = 1.0  # the share of each head's channels rotated (partial rotary; the first ones)
+    rope_local_base: float = 0.0  # > 0: local layers' own unscaled RoPE base (Gemma 3's rope_local_base_freq)
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -119,6 +134,27 @@ class ModelConfig:
             raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
         if self.parametrization == "mup" and self.attention_scale != "linear":
             raise ValueError("model.parametrization='mup' scales the scores by 1/d_k: set model.attention_scale=linear")
+        if not isinstance(self.attention_window, int) or self.attention_window < 0:
+            raise ValueError(f"model.attention_window={self.attention_window!r} must be an integer >= 0 (0 = global)")
+        if not isinstance(self.window_pattern, str) or set(self.window_pattern) - set("LG"):
+            raise ValueError(
+                f"model.window_pattern={self.window_pattern!r} must be a string of L (local) and G (global)"
+            )
+        if self.window_pattern and not self.attention_window:
+            raise ValueError(f"model.window_pattern={self.window_pattern!r} needs model.attention_window > 0")
+        if self.rope_scaling not in positional.ROPE_SCALINGS:
+            raise ValueError(
+                f"model.rope_scaling={self.rope_scaling!r} is not one of {', '.join(positional.ROPE_SCALINGS)}"
+            )
+        if self.rope_scaling in ("llama3", "yarn") and self.rope_original_max_len <= 0:
+            raise ValueError(f"model.rope_scaling={self.rope_scaling!r} needs model.rope_original_max_len > 0")
+        if self.rope_factor <= 0 or self.rope_local_base < 0:
+            raise ValueError("model.rope_factor must be > 0 and model.rope_local_base >= 0 (0 = the global rope)")
+        rotated = self.head_dim * self.rope_fraction
+        if not 0 < self.rope_fraction <= 1 or (self.positional == "rope" and (rotated != int(rotated) or rotated % 2)):
+            raise ValueError(
+                f"model.rope_fraction={self.rope_fraction} must be in (0, 1] and rotate an even number of channels"
+            )
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:
@@ -142,6 +178,24 @@ class ModelConfig:
     @property
     def encoder_layers(self) -> int:
         return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each decoder layer's attention window (0 = global): window_pattern repeated over the layers."""
+        pattern = self.window_pattern or "L"
+        return tuple(self.attention_window * (pattern[i % len(pattern)] == "L") for i in range(self.num_layers))
+
+    @property
+    def rope(self) -> positional.Rope:
+        """The RoPE of the global layers (and of the local ones unless rope_local_base is set)."""
+        fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_len", "beta_fast", "beta_slow")
+        kwargs = {name: getattr(self, f"rope_{name}") for name in (*fields, "attention_factor", "fraction")}
+        return positional.Rope(self.rope_base, self.rope_scaling, **kwargs)
+
+    @property
+    def local_rope(self) -> positional.Rope | None:
+        """The local layers' own RoPE, unscaled (Gemma 3), or None: theirs is `rope`."""
+        return positional.Rope(self.rope_local_base, fraction=self.rope_fraction) if self.rope_local_base else None
 
     @property
     def compute_dtype(self):

@@ -91,7 +91,8 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         scale=cfg.attention_scale,
         impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim),
         block_sizes=(cfg.attention_block_q, cfg.attention_block_kv),
-        rope_base=cfg.rope_base if (not cross and cfg.positional == "rope") else None,
+        rope=cfg.rope if (not cross and cfg.positional == "rope") else None,
+        local_rope=cfg.local_rope,
         alibi=not cross and cfg.positional == "alibi",
         max_distance=cfg.relative_max_distance,
         qk_norm=cfg.qk_norm,
@@ -107,7 +108,8 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
 class Block(nn.Module):
     """One transformer layer: self-attention, optional cross-attention, FFN, each a residual branch.
 
-    Signature fits nn.scan: (x, ctx) -> (x, None) with ctx (masks, positions, encoder output) broadcast.
+    Signature fits nn.scan: (x, ctx, window) -> (x, None) with ctx (masks, positions, encoder output) broadcast and
+    the self-attention's local window (an int, 0 = global; or a scanned layer's traced scalar) broadcast or scanned.
     """
 
     cfg: ModelConfig
@@ -118,7 +120,7 @@ class Block(nn.Module):
     decode: bool = False  # write keys/values into the KV cache
 
     @nn.compact
-    def __call__(self, x_BxLxD, ctx):
+    def __call__(self, x_BxLxD, ctx, window=0):
         """ctx: dict with 'mask' (blockwise.Segments [B, L] twice; `causal` adds the causal order), 'pos' [B,L], and
         for cross blocks 'enc' [B,S,D] (None on cached decode steps) and 'enc_mask' (Segments [B, L], [B, S]). The
         hidden states are laid out as activations (rows over data x fsdp, the length over sequence) on the mesh in
@@ -134,6 +136,7 @@ class Block(nn.Module):
             ctx["mask"],
             q_pos=ctx["pos"],
             causal=self.causal,
+            window=window,
             deterministic=deterministic,
             decode=decode,
             relative_table=ctx.get("relative_table"),  # T5's bucketed bias, one table per stack (models.Stack)

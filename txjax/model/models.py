@@ -102,7 +102,14 @@ class Embedder(nn.Module):
 
 
 class Stack(nn.Module):
-    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...)."""
+    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...).
+
+    Local attention: a causal stack's layers take their windows from cfg.layer_windows. Looped, or scanned with one
+    window for all, each is a Python int (static: the fused kernels' local_window_size, a ring-buffer KV cache of
+    window slots); scanned with a pattern of local and global layers the windows are a scanned [num_layers] array,
+    so that one body still serves every layer and the parameter layout is the same: the band is then a mask on
+    traced values (blockwise still skips the key blocks outside it) and the KV cache is the full one in every layer.
+    Decoding unrolls the layers (txjax.decode.cache.for_decoding), so generation keeps the ring buffers."""
 
     cfg: ModelConfig
     num_layers: int
@@ -122,7 +129,10 @@ class Stack(nn.Module):
         if cfg.positional == "relative_buckets":  # T5: one bias table per stack, read by every layer's attention
             init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (None, "heads"))
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
-        block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
+        windows = cfg.layer_windows if self.causal else (0,) * self.num_layers
+        uniform = len(set(windows)) == 1
+        static = (3,) if uniform or not cfg.scan_layers else ()  # the window argument, a Python int
+        block = nn.remat(Block, prevent_cse=not cfg.scan_layers, static_argnums=static) if cfg.remat else Block
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode)
         if cfg.scan_layers:
@@ -130,14 +140,15 @@ class Stack(nn.Module):
                 block,
                 variable_axes={"params": 0, "cache": 0, "intermediates": 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=nn.broadcast,
+                in_axes=(nn.broadcast, nn.broadcast if uniform else 0),
                 length=self.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx)
+            window = windows[0] if uniform else jnp.asarray(windows, jnp.int32)
+            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, window)
         else:
             for i in range(self.num_layers):
-                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx)
+                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, windows[i])
         return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement == "pre" else x_BxLxD
 
 

@@ -206,7 +206,7 @@ def _ring_bwd(plan, saved, do):
     outs, grads = (_chunks(plan, t, "b (n q) (g r) k -> n b q g r k", g=g) for t in (o, do))
 
     def pair(acc, qc, q_seg, q_pos, o_c, lse, do_c, kc, vc, k_seg, k_pos):
-        saved = (qc, kc, vc, q_seg, k_seg, q_pos, k_pos, None, o_c, lse)
+        saved = (qc, kc, vc, q_seg, k_seg, q_pos, k_pos, None, None, o_c, lse)
         d = blockwise._flash_bwd(plan.pair(qc.shape[0] * qc.shape[2]), saved, do_c)[:3]
         return tuple(a + b.astype(f32) for a, b in zip(acc, d))
 

@@ -1,0 +1,37 @@
+"""Attention masks from explicit positions and segment ids: boolean [batch, 1, n_q, n_k] (the 1 broadcasts over
+heads), True = may attend. One definition each, read by the reference attention (txjax.model.attention), the
+blockwise kernel block by block (txjax.model.blockwise) and the KV caches."""
+
+from __future__ import annotations
+
+
+def causal_mask(q_pos, k_pos):
+    """j <= i on explicit positions: q_pos [B, Lq], k_pos [B, Lk] -> [B, 1, Lq, Lk]."""
+    return k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+
+
+def window_mask(q_pos, k_pos, window):
+    """Local (sliding-window) attention: a key at position j is visible to a query at i iff j > i - window, so that
+    with the causal mask i - window < j <= i: the query and the window - 1 keys before it (Beltagy et al. 2020;
+    transformers' sliding_window_overlay, as Mistral and Gemma 2/3 use it). window <= 0: global (all True).
+    q_pos [B, Lq], k_pos [B, Lk]; window an int or a traced scalar (a scanned layer's) -> [B, 1, Lq, Lk]."""
+    return (k_pos[:, None, None, :] > q_pos[:, None, :, None] - window) | (window <= 0)
+
+
+def is_global(window) -> bool:
+    """Whether a window is statically global (the int 0): no band to build, today's attention bit for bit."""
+    return isinstance(window, int) and window <= 0
+
+
+def padding_mask(q_valid, k_valid):
+    """Both query and key are real tokens: q_valid [B, Lq], k_valid [B, Lk] bool -> [B, 1, Lq, Lk]."""
+    return q_valid[:, None, :, None] & k_valid[:, None, None, :]
+
+
+def segment_mask(q_seg, k_seg):
+    """Packed rows: attend only inside your own segment, never to padding (segment 0).
+
+    q_seg [B, Lq], k_seg [B, Lk] int -> [B, 1, Lq, Lk].
+    """
+    same = q_seg[:, None, :, None] == k_seg[:, None, None, :]
+    return same & padding_mask(q_seg > 0, k_seg > 0)
