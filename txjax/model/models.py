@@ -27,7 +27,9 @@ import jax.numpy as jnp
 from txjax.model import positional, precision
 from txjax.model.blockwise import Segments
 from txjax.model.config import ModelConfig
-from txjax.model.layers import Block, dense, make_norm
+from txjax.model.ffn import dense
+from txjax.model.layers import Block, Group, make_norm
+from txjax.model.moe import MOE_STATS
 
 
 class Embedder(nn.Module):
@@ -82,7 +84,8 @@ class Embedder(nn.Module):
 
 
 class Stack(nn.Module):
-    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...)."""
+    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...); with
+    model.moe_every = n > 1 (and experts), num_layers / n Groups of n blocks the same way."""
 
     cfg: ModelConfig
     num_layers: int
@@ -97,21 +100,23 @@ class Stack(nn.Module):
 
     def _layers(self, x_BxLxD, ctx, deterministic, decode):
         cfg = self.cfg
-        block = nn.remat(Block, prevent_cse=not cfg.scan_layers) if cfg.remat else Block
+        grouped = cfg.num_experts > 0 and cfg.moe_every > 1
+        unit, length = (Group, self.num_layers // cfg.moe_every) if grouped else (Block, self.num_layers)
+        block = nn.remat(unit, prevent_cse=not cfg.scan_layers) if cfg.remat else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
-        kwargs |= dict(deterministic=deterministic, decode=decode)
+        kwargs |= dict(deterministic=deterministic, decode=decode) | ({} if grouped else dict(moe=cfg.num_experts > 0))
         if cfg.scan_layers:
             scanned = nn.scan(
                 block,
-                variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                variable_axes={"params": 0, "cache": 0, "intermediates": 0, MOE_STATS: 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=nn.broadcast,
-                length=self.num_layers,
+                length=length,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
             x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx)
         else:
-            for i in range(self.num_layers):
+            for i in range(length):
                 x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx)
         return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement == "pre" else x_BxLxD
 
