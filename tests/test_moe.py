@@ -183,6 +183,27 @@ def test_dropless_routes_every_assignment_however_crowded():
     np.testing.assert_array_equal(np.asarray(experts_MxJ).T.ravel()[np.asarray(order)], np.sort(experts_MxJ.T.ravel()))
 
 
+@pytest.mark.parametrize("sizes", [(10, 0, 25, 15), (0, 0, 0, 50), (3, 4, 5, 6)])
+def test_cpu_blocks_equal_ragged_dot_outputs_and_gradients(sizes):
+    """XLA:CPU's blocked grouping (blocks of 1, 4 and 64 rows) against jax.lax.ragged_dot, which multiplies every
+    row by every expert's weight on a CPU but is the definition; rows past the groups' sum (here 32 of 50) give 0."""
+    rng = np.random.default_rng(9)
+    rows, w = jnp.asarray(rng.normal(size=(50, 6)), jnp.float32), jnp.asarray(rng.normal(size=(4, 6, 5)), jnp.float32)
+    sizes = jnp.asarray(sizes, jnp.int32)
+    cotangent = jnp.asarray(rng.normal(size=(50, 5)), jnp.float32)
+    want = jax.grad(lambda r, w: jnp.sum(jax.lax.ragged_dot(r, w, sizes) * cotangent), (0, 1))(rows, w)
+    for block in (1, 4, 64):
+
+        def loss(r, w, block=block):
+            enter, product, leave = moe.blocked(sizes, 50, block)
+            return jnp.sum(leave(product(enter(r), w)) * cotangent)
+
+        enter, product, leave = moe.blocked(sizes, 50, block)
+        np.testing.assert_allclose(leave(product(enter(rows), w)), jax.lax.ragged_dot(rows, w, sizes), atol=1e-5)
+        for g, ref in zip(jax.grad(loss, (0, 1))(rows, w), want):
+            np.testing.assert_allclose(g, ref, atol=1e-4)
+
+
 def test_aux_losses_equal_their_formulas():
     cfg = layer_cfg(router="softmax_then_topk", experts_per_token=2)
     x_BxLxD = jnp.asarray(np.random.default_rng(6).normal(size=(1, 7, D)), jnp.float32)

@@ -11,8 +11,11 @@ top_k breaks ties toward the lower expert index (jax.lax.top_k). The shared expe
 num_shared_experts x moe_d_ff (DeepSeek-MoE; Qwen2-MoE's gate on it is not modelled).
 
 Dropless (moe_capacity_factor = 0): the M k (token, expert) assignments are sorted by expert and each expert weight
-is one grouped matmul over them (jax.lax.ragged_dot, the group sizes = assignments per expert; MegaBlocks, Gale et
-al. 2023): no loop over experts, no one-hot product over all of them, no token dropped.
+is one grouped matmul over them (`grouping`, the group sizes = assignments per expert): no loop over experts,
+no one-hot product over all of them, no token dropped. On GPU and TPU that is jax.lax.ragged_dot; on XLA:CPU
+ragged_dot lowers to a dense product over every expert (jax's ragged_to_dense: X times the FLOPs), so there each
+group is padded to whole blocks of rows and the blocks multiply their expert's weight in one batched product
+(`blocked`; MegaBlocks' block-sparse layout, Gale et al. 2023).
 Capacity (c > 0; GShard, Lepikhin et al. 2021; Switch, Fedus et al. 2022): expert i takes at most
 C = ceil(c M k / X) assignments of the M tokens of a call, first choices before second ones, each in token order;
 the overflow is dropped (adds nothing: the residual carries the token) and counted. The kept assignments go through
@@ -39,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from txjax.model import precision as precision_lib
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward, dense
@@ -83,9 +87,75 @@ def plan(experts_MxJ, num_experts: int, capacity: int | None = None):
     return order_A, jnp.minimum(counts_X, capacity), keep_A, counts_X
 
 
+@jax.custom_vjp
+def take_rows(x_RxI, index_P, inverse_R):
+    """x[index] (rows of out-of-range indices 0), where `index` is one-to-one onto the rows it takes and `inverse`
+    maps each row of x back to its place in the result (out of range: taken by none). Its gradient is the same
+    gather by `inverse`, not the scatter-add jax derives for a general gather (a serial loop on XLA:CPU)."""
+    return x_RxI.at[index_P].get(mode="fill", fill_value=0)
+
+
+def _take_rows_fwd(x_RxI, index_P, inverse_R):
+    return take_rows(x_RxI, index_P, inverse_R), (index_P, inverse_R)
+
+
+def _take_rows_bwd(saved, g_PxI):
+    index_P, inverse_R = saved
+    return g_PxI.at[inverse_R].get(mode="fill", fill_value=0), None, None
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
+def grouping(group_sizes_X, rows: int):
+    """The grouped matmul for `rows` rows sorted by group (group g: group_sizes[g] of them; rows past their sum give
+    0), as three steps, so that a chain of products (an expert FFN) enters and leaves the grouped form once:
+    (enter(rows [A, I]) -> grouped form, product(grouped, w [X, I, O]) -> grouped form of (row of group g) w[g],
+    leave(grouped) -> [A, O]); products in the rows' dtype (the weights cast to it) with float32 sums.
+    jax.lax.ragged_dot, or `blocked` on XLA:CPU (see the module docstring) with blocks of a power of two near half a
+    group's mean size (XLA:CPU's batched product runs small blocks slowly, large ones waste more padding)."""
+    x = group_sizes_X.shape[0]
+    if jax.default_backend() == "cpu":
+        return blocked(group_sizes_X, rows, max(8, 2 ** int(math.log2(max(rows // (2 * x), 1)))))
+
+    def product(h_AxI, w_XxIxO):
+        out = jax.lax.ragged_dot(h_AxI, w_XxIxO.astype(h_AxI.dtype), group_sizes_X, preferred_element_type=jnp.float32)
+        return out.astype(h_AxI.dtype)
+
+    return (lambda rows_AxI: rows_AxI), product, (lambda out_AxO: out_AxO)
+
+
+def blocked(group_sizes_X, rows: int, block: int):
+    """`grouping` by blocks: each group padded to whole blocks of `block` rows (the padded layout holds at most
+    A + X (block - 1) rows, its static size), each block multiplied by its group's weight in one batched product over
+    the blocks (the weights picked per block by a one-hot product, whose gradient is a product too, not a scatter).
+    FLOPs: (A + X block) I O, plus blocks x X x I x O to pick the weights."""
+    a, x = rows, group_sizes_X.shape[0]
+    blocks = -(-(a + x * (block - 1)) // block)
+    ends_X = jnp.cumsum(group_sizes_X)
+    padded_X = -(-group_sizes_X // block) * block
+    padded_ends_X = jnp.cumsum(padded_X)
+    group_A = jnp.searchsorted(ends_X, jnp.arange(a), side="right")  # x: past the groups
+    g_A = jnp.minimum(group_A, x - 1)
+    slot_A = padded_ends_X[g_A] - padded_X[g_A] + jnp.arange(a) - (ends_X - group_sizes_X)[g_A]
+    slot_A = jnp.where(group_A < x, slot_A, blocks * block)  # out of range: no slot
+    row_P = jnp.full(blocks * block, a).at[slot_A].set(jnp.arange(a), mode="drop")  # a: padding
+    pick_NxX = jax.nn.one_hot(
+        jnp.minimum(jnp.searchsorted(padded_ends_X, jnp.arange(blocks) * block, side="right"), x - 1), x
+    )
+
+    def product(h_NxBxI, w_XxIxO):
+        w_NxIxO = jnp.einsum("nx,xio->nio", pick_NxX.astype(w_XxIxO.dtype), w_XxIxO).astype(h_NxBxI.dtype)
+        return precision_lib.einsum("nbi,nio->nbo", h_NxBxI, w_NxIxO)
+
+    enter = lambda rows_AxI: take_rows(rows_AxI, row_P, slot_A).reshape(blocks, block, -1)
+    leave = lambda out_NxBxO: take_rows(out_NxBxO.reshape(blocks * block, -1), slot_A, row_P)
+    return enter, product, leave
+
+
 class Experts(nn.Module):
     """X expert FFNs as stacked weights, wi (and wi_gate) [X, D, F], wo [X, F, D], applied to rows sorted by expert:
-    one jax.lax.ragged_dot per weight (rows past the groups' sum come out 0)."""
+    one grouped matmul per weight (rows past the groups' sum come out 0)."""
 
     cfg: ModelConfig
 
@@ -96,20 +166,17 @@ class Experts(nn.Module):
 
         def weight(name, shape, axes, std):
             init = nn.with_logical_partitioning(nn.initializers.normal(std), axes)
-            return self.param(name, init, shape, jnp.float32).astype(cfg.compute_dtype)
+            return self.param(name, init, shape, jnp.float32)
 
-        def grouped(rows, w):
-            out = jax.lax.ragged_dot(rows, w, group_sizes_X, preferred_element_type=jnp.float32)
-            return out.astype(cfg.compute_dtype)
-
-        x_AxD = x_AxD.astype(cfg.compute_dtype)
-        w_in = lambda name: grouped(
-            x_AxD, weight(name, (experts, d, f), ("expert", "embed", "mlp"), cfg.hidden_init_std)
+        enter, product, leave = grouping(group_sizes_X, x_AxD.shape[0])
+        x_grouped = enter(x_AxD.astype(cfg.compute_dtype))
+        w_in = lambda name: product(
+            x_grouped, weight(name, (experts, d, f), ("expert", "embed", "mlp"), cfg.hidden_init_std)
         )
-        h_AxF = ACTIVATIONS[cfg.activation](w_in("wi"))
+        h_grouped = ACTIVATIONS[cfg.activation](w_in("wi"))  # act(0) = 0: a padding row stays 0
         if cfg.activation == "swiglu":
-            h_AxF = h_AxF * w_in("wi_gate")
-        return grouped(h_AxF, weight("wo", (experts, f, d), ("expert", "mlp", "embed"), cfg.out_init_std))
+            h_grouped = h_grouped * w_in("wi_gate")
+        return leave(product(h_grouped, weight("wo", (experts, f, d), ("expert", "mlp", "embed"), cfg.out_init_std)))
 
 
 class MoE(nn.Module):
@@ -133,9 +200,10 @@ class MoE(nn.Module):
         gates_MxJ, experts_MxJ, probs_MxX = route(z_MxX, cfg.router, k, cfg.moe_norm_topk, bias_X)
         capacity = math.ceil(cfg.moe_capacity_factor * m * k / num_experts) if cfg.moe_capacity_factor else None
         order_A, sizes_X, keep_A, counts_X = plan(experts_MxJ, num_experts, capacity)
-        token_A = jnp.tile(jnp.arange(m), k)
-        y_sorted_AxD = Experts(cfg, name="experts")(x_MxD[token_A[order_A]], sizes_X)
-        y_AxD = jnp.zeros(y_sorted_AxD.shape, jnp.float32).at[order_A].set(y_sorted_AxD.astype(jnp.float32))
+        rank_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(order_A.size))  # the inverse permutation
+        x_AxD = jnp.tile(x_MxD.astype(cfg.compute_dtype), (k, 1))  # a = j M + t: token t's j-th copy
+        y_sorted_AxD = Experts(cfg, name="experts")(take_rows(x_AxD, order_A, rank_A), sizes_X)
+        y_AxD = take_rows(y_sorted_AxD, rank_A, order_A).astype(jnp.float32)
         y_JxMxD = jnp.where(keep_A[:, None], y_AxD, 0.0).reshape(k, m, -1)
         y_MxD = (gates_MxJ.T[..., None] * y_JxMxD).sum(0)
         if cfg.num_shared_experts:
