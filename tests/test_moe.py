@@ -227,6 +227,19 @@ def test_bias_balancing_raises_the_underloaded_and_lowers_the_overloaded():
     np.testing.assert_array_equal(out["ffn"]["router"]["kernel"], params["ffn"]["router"]["kernel"])
 
 
+def test_bad_moe_settings_are_one_line_errors():
+    with pytest.raises(ValueError, match="model.experts_per_token is read only by an MoE model"):
+        ModelConfig(vocab_size=11, experts_per_token=1)
+    with pytest.raises(ValueError, match="must be <= model.num_experts"):
+        ModelConfig(vocab_size=11, num_experts=2, experts_per_token=3)
+    with pytest.raises(ValueError, match="multiple of model.moe_every=3"):
+        ModelConfig(vocab_size=11, num_experts=2, moe_every=3)
+    with pytest.raises(config_lib.ConfigError, match="moe_bias_rate=0.001 is not read by model.router"):
+        config_lib.from_command_line(None, ["--config.model.num_experts=4", "--config.train.moe_bias_rate=1e-3"])
+    with pytest.raises(config_lib.ConfigError, match="moe_aux_weight=0.1 is not read by model.num_experts=0"):
+        config_lib.from_command_line(None, ["--config.train.moe_aux_weight=0.1"])
+
+
 # ---------------------------------------------------------------- in the model: layout, FLOPs, training, decoding
 
 
