@@ -183,16 +183,16 @@ def test_dropless_routes_every_assignment_however_crowded():
     np.testing.assert_array_equal(np.asarray(experts_MxJ).T.ravel()[np.asarray(order)], np.sort(experts_MxJ.T.ravel()))
 
 
-@pytest.mark.parametrize("sizes", [(10, 0, 25, 15), (0, 0, 0, 50), (3, 4, 5, 6)])
+@pytest.mark.parametrize("sizes", [(10, 0, 25, 15), (3, 4, 5, 6)])
 def test_cpu_blocks_equal_ragged_dot_outputs_and_gradients(sizes):
-    """XLA:CPU's blocked grouping (blocks of 1, 4 and 64 rows) against jax.lax.ragged_dot, which multiplies every
-    row by every expert's weight on a CPU but is the definition; rows past the groups' sum (here 32 of 50) give 0."""
+    """XLA:CPU's blocked grouping (blocks of 4 and 64 rows) against jax.lax.ragged_dot, which multiplies every row by
+    every expert's weight on a CPU but is the definition; rows past the groups' sum (32 of 50 in one case) give 0."""
     rng = np.random.default_rng(9)
     rows, w = jnp.asarray(rng.normal(size=(50, 6)), jnp.float32), jnp.asarray(rng.normal(size=(4, 6, 5)), jnp.float32)
     sizes = jnp.asarray(sizes, jnp.int32)
     cotangent = jnp.asarray(rng.normal(size=(50, 5)), jnp.float32)
     want = jax.grad(lambda r, w: jnp.sum(jax.lax.ragged_dot(r, w, sizes) * cotangent), (0, 1))(rows, w)
-    for block in (1, 4, 64):
+    for block in (4, 64):
 
         def loss(r, w, block=block):
             enter, product, leave = moe.blocked(sizes, 50, block)
