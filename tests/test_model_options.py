@@ -11,7 +11,7 @@ import numpy as np
 from txjax.families.objective import token_sums
 from txjax.model.attention import MultiHeadAttention
 from txjax.model.config import ModelConfig
-from txjax.model.layers import FeedForward
+from txjax.model.ffn import FeedForward
 from txjax.model.models import DecoderLM
 
 RNG = np.random.default_rng(0)

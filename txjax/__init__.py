@@ -9,6 +9,7 @@ Shape letters, used in names (`x_BxLxD`, `q_BxLxHxK`) and comments across the pa
     W  beams per row (beam search)    T  steps of a decode loop (new tokens)   P  prompt length
     C  rows a decode loop runs (decode/, families/): B x W in beam search, B x num_samples in sampling, else B
     E  entries of a data set (data/): documents, sentence pairs, packed pieces
+    X  experts (model/moe.py)         J  experts chosen per token    M  tokens of a call, B x L    A  assignments, M x J
 Axes are joined by "x". Letters written together multiply (`_BxWV`: W*V candidates per row), a digit before a letter
 multiplies (`_Bx2W`, `_Dx3D`), a digit after one adds (`_BxL1`: L + 1 tokens), a digit alone is that size (`_Ex2`).
 """

@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
                 "grad_clip": 1.0,  # global-norm clipping; 0 disables it
                 "label_smoothing": 0.0,
                 "z_loss": 0.0,  # coefficient of logsumexp(z)^2 in the objective (PaLM's 1e-4); 0 = off
+                "moe_aux_weight": 0.01,  # MoE (model.num_experts > 0): the balance loss's weight (Switch's 0.01)
+                "moe_z_weight": 0.0,  # MoE: the router z-loss's weight (ST-MoE's 1e-3); 0 = off
+                "moe_bias_rate": 0.0,  # MoE, router 'sigmoid': DeepSeek-V3's bias balancing step (its 1e-3); 0 = off
                 "seed": 0,
                 "log_every": 50,
                 "eval_every": 500,  # 0: only at the end
@@ -232,6 +235,9 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             f"not {t.optimizer!r}"
         )
     validate_trackers(t.trackers)
+    for name in ("moe_aux_weight", "moe_z_weight", "moe_bias_rate"):
+        if t[name] < 0:
+            raise ConfigError(f"config.train.{name}={t[name]} must be >= 0 (0 = off)")
     if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
     if config.data.kind not in families.get(config.family).data_kinds:

@@ -52,6 +52,11 @@ def unread_fields(config: ml_collections.ConfigDict) -> dict[str, tuple[str, str
         out["train.decay_fraction"] = (f"train.schedule={t.schedule!r}", "only wsd decays over a fraction of the steps")
         if t.schedule == "constant":
             out["train.min_lr_ratio"] = ("train.schedule='constant'", "it stays at train.learning_rate")
+    if config.model.num_experts == 0:
+        why = ("model.num_experts=0", "a dense model has no router")
+        out |= dict.fromkeys(("train.moe_aux_weight", "train.moe_z_weight", "train.moe_bias_rate"), why)
+    elif config.model.router != "sigmoid":
+        out["train.moe_bias_rate"] = (f"model.router={config.model.router!r}", "only the sigmoid router has a bias")
     return out
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from txjax.decode.cache import LENGTH_AXIS, gather_rows
 from txjax.decode.strategy import Strategy, is_eos
-from txjax.model.attention import NEG_INF
+from txjax.model.masks import NEG_INF
 
 
 def length_penalty(length, alpha):

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from txjax.model import attention, precision
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.attention import MultiHeadAttention
-from txjax.model.layers import FeedForward
+from txjax.model.ffn import FeedForward
 
 DECODING_NAMES = ("qkv", "qkv_t", "wi_fused", "kernel_t", "out_t")  # parameters no trained model has
 
@@ -157,8 +157,8 @@ def _ffn_hidden(own, module, x_BxLxD):
     """SwiGLU with 'wi_fused': one product x [W1 | W3], split."""
     if not _has(module, "wi_fused"):
         return own(x_BxLxD)
-    cfg = module.cfg
-    h1, h3 = jnp.split(module.linear("wi_fused", 2 * cfg.d_ff, ("embed", "mlp"), cfg.hidden_init_std)(x_BxLxD), 2, -1)
+    cfg, width = module.cfg, module.hidden_width
+    h1, h3 = jnp.split(module.linear("wi_fused", 2 * width, ("embed", "mlp"), cfg.hidden_init_std)(x_BxLxD), 2, -1)
     return ACTIVATIONS[cfg.activation](h1) * h3
 
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.decode.strategy import Strategy, is_eos
-from txjax.model.attention import NEG_INF
+from txjax.model.masks import NEG_INF
 
 
 def top_k_filter(logits_CxV, k: int):

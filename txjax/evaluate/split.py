@@ -1,6 +1,8 @@
 """Evaluation over a whole split: one jitted eval_step per batch, sums added up in float64, one division at the end.
 
     loss = sum_t w_t CE_t / sum_t w_t,   perplexity = exp(loss),   token_accuracy = sum_t w_t [argmax = y_t] / sum_t w_t
+A mixture-of-experts model adds its routing metrics (txjax.model.moe.eval_metrics: expert load, tokens dropped, aux
+losses).
 The datasets pad the last batch with weight-0 rows, so every token counts exactly once, whatever the batch size.
 exact_match (synthetic tasks) is the fraction of examples whose every weighted target is the teacher-forced argmax.
 By induction over the answer this is the same event as "greedy decoding writes the answer, then EOS" (up to argmax
@@ -25,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 from txjax import decode
 from txjax.data import ParallelDataset, SyntheticTask, prefetch
 from txjax.families.objective import forward, hits, params_shardings, token_sums
+from txjax.model import moe
 from txjax.ops import provenance
 from txjax.parallel import distributed
 from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh, process_rows
@@ -37,8 +40,8 @@ def make_eval_step(model, mesh: Mesh | None = None):
     mesh = mesh or distributed.first_device_mesh()
 
     def eval_step(params, batch):
-        logits_BxLxV, targets_BxL, weights_BxL = forward(model, params, batch)
-        sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL)
+        logits_BxLxV, targets_BxL, weights_BxL, stats = forward(model, params, batch)
+        sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL) | moe.eval_sums(stats)
         right_BxL = hits(logits_BxLxV, targets_BxL) | (weights_BxL == 0)
         real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
         return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
@@ -54,17 +57,20 @@ def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
     """Metrics over `batches` (an iterable of eval batches; the steps are dispatched a few ahead)."""
     in_flight = distributed.InFlight()
     per_batch = [in_flight.add(eval_step(params, batch)) for batch in batches]
-    total = {k: float(np.sum([np.float64(s[k]) for s in jax.device_get(per_batch)])) for k in per_batch[0]}
-    loss = total["loss"] / max(total["weight"], 1.0)
+    total = {k: np.sum([np.float64(s[k]) for s in jax.device_get(per_batch)], axis=0) for k in per_batch[0]}
+    loss = float(total["loss"] / max(total["weight"], 1.0))
     metrics = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 700.0)),
-        "token_accuracy": total["correct"] / max(total["weight"], 1.0),
+        "token_accuracy": float(total["correct"] / max(total["weight"], 1.0)),
         "tokens": int(total["weight"]),
     }
     if exact_match:
-        metrics |= {"exact_match": total["exact"] / max(total["examples"], 1.0), "examples": int(total["examples"])}
-    return metrics
+        metrics |= {
+            "exact_match": float(total["exact"] / max(total["examples"], 1.0)),
+            "examples": int(total["examples"]),
+        }
+    return metrics | moe.eval_metrics(total, len(per_batch))
 
 
 def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | None = None):

@@ -4,6 +4,8 @@
     label smoothing eps (Szegedy et al. 2016, sec. 7): target (1 - eps) onehot(y) + eps / V, so
     CE_t^eps = (1 - eps) CE_t + eps mean_v(-log p(v)) = (1 - eps) CE_t + eps (logsumexp(z) - mean_v z_v)
     z-loss (Chowdhery et al. 2022, PaLM): objective += z_loss * logsumexp(z)^2 per token (train.z_loss)
+    mixture of experts: objective += (sum_t w_t) (moe_aux_weight * balance + moe_z_weight * router z-loss), summed
+    over the MoE layers (txjax.model.moe.aux_loss; `moe_sums`): the batch's mean per token, as a sum over tokens
 Everything here returns sums over tokens, so batches and micro-batches add up exactly before the one division.
 """
 
@@ -17,7 +19,7 @@ import optax
 from jax.sharding import Mesh
 
 from txjax.families import family_of, init_params
-from txjax.model import ring_attention
+from txjax.model import moe, ring_attention
 from txjax.parallel.sharding import shardings_for
 
 
@@ -27,15 +29,17 @@ def params_shardings(model, mesh: Mesh):
 
 
 def forward(model, params, batch, dropout_rng=None):
-    """(logits f32[B, L, V], targets i32[B, L], weights f32[B, L]) of an LM or seq2seq batch, in the batch's order,
-    or in ring attention's zig-zag order when the mesh in context shards the sequence (ring_attention.layout; the
-    sums over tokens are the same). Dropout is on iff a dropout rng is given.
+    """(logits f32[B, L, V], targets i32[B, L], weights f32[B, L], MoE statistics) of an LM or seq2seq batch, in the
+    batch's order, or in ring attention's zig-zag order when the mesh in context shards the sequence
+    (ring_attention.layout; the sums over tokens are the same). Dropout is on iff a dropout rng is given. The
+    statistics: each MoE layer's routing counts and auxiliary losses (txjax.model.moe; {} for a dense model).
     """
     family, batch = family_of(model), ring_attention.layout(batch)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    logits_BxLxV = family.logits(model, params, batch, deterministic=dropout_rng is None, rngs=rngs)
+    kwargs = dict(deterministic=dropout_rng is None, rngs=rngs, mutable=[moe.MOE_STATS])
+    logits_BxLxV, sown = family.logits(model, params, batch, **kwargs)
     targets, weights = family.labels
-    return logits_BxLxV, batch[targets], batch[weights]
+    return logits_BxLxV, batch[targets], batch[weights], sown.get(moe.MOE_STATS, {})
 
 
 def hits(logits_BxLxV, targets_BxL):
@@ -66,3 +70,11 @@ def token_sums(logits_BxLxV, targets_BxL, weights_BxL, label_smoothing: float = 
         "correct": (weights_BxL * correct_BxL).sum(),
         "weight": weights_BxL.sum(),
     }
+
+
+def moe_sums(stats, weight, aux_weight: float, z_weight: float) -> dict:
+    """The MoE terms of the objective as a sum over the batch's `weight` tokens ({} for a dense model): "moe_objective"
+    (added to the objective), and the statistics themselves under "moe" (added over micro-batches)."""
+    if not stats:
+        return {}
+    return {"moe_objective": weight * moe.aux_loss(stats, aux_weight, z_weight), "moe": stats}

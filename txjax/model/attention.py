@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import blockwise, positional, precision, ring_attention
-from txjax.model.masks import causal_mask, is_global, segment_mask, window_mask
+from txjax.model.masks import NEG_INF, causal_mask, is_global, segment_mask, window_mask
 
-NEG_INF = -1e30  # "a large negative number": exp() underflows to exactly 0 in float32, no inf - inf = NaN
 ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
 
 

@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import masks, precision
-
-NEG_INF = -1e30  # as attention.NEG_INF: exp() of it underflows to 0
+from txjax.model.masks import NEG_INF
 
 
 class Segments(NamedTuple):

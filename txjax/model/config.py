@@ -28,6 +28,7 @@ _CHOICES = {
     "matmul_precision": precision.PRECISIONS,
     "attention_scale": ("sqrt", "none", "linear"),
     "parametrization": ("standard", "mup"),
+    "router": ("topk_then_softmax", "softmax_then_topk", "sigmoid"),  # txjax.model.moe
 }
 
 
@@ -93,6 +94,15 @@ class ModelConfig:
     rope_attention_factor: float = 0.0  # yarn: multiplies cos and sin; 0 = 0.1 ln(factor) + 1
     rope_fraction: float = 1.0  # the share of each head's channels rotated (partial rotary; the first ones)
     rope_local_base: float = 0.0  # > 0: local layers' own unscaled RoPE base (Gemma 3's rope_local_base_freq)
+    # mixture of experts (txjax.model.moe): 0 experts = the dense FFN in every layer
+    num_experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 2  # top-k
+    num_shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek-MoE, Qwen2-MoE)
+    moe_d_ff: int | None = None  # each expert's width; None: d_ff
+    moe_every: int = 1  # every n-th layer is MoE (layers n-1, 2n-1, ...), the others dense; 1: all
+    router: str = "topk_then_softmax"  # Mixtral | softmax_then_topk (Switch, Qwen-MoE, OLMoE) | sigmoid (DeepSeek-V3)
+    moe_norm_topk: bool = False  # softmax_then_topk / sigmoid: renormalise the k chosen gates to sum 1
+    moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -155,6 +165,40 @@ class ModelConfig:
             raise ValueError(
                 f"model.rope_fraction={self.rope_fraction} must be in (0, 1] and rotate an even number of channels"
             )
+        self._check_moe()
+
+    def _check_moe(self):
+        """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
+        moe_fields = ("experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router", "moe_norm_topk")
+        moe_fields += ("moe_capacity_factor",)
+        if not isinstance(self.num_experts, int) or self.num_experts < 0:
+            raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
+        if self.num_experts == 0:
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for name in moe_fields:
+                if getattr(self, name) != defaults[name]:
+                    raise ValueError(
+                        f"model.{name} is read only by an MoE model: set model.num_experts > 0 or remove it"
+                    )
+            return
+        for name in ("experts_per_token", "moe_every", *(("moe_d_ff",) if self.moe_d_ff is not None else ())):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
+        if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
+            raise ValueError(f"model.num_shared_experts={self.num_shared_experts!r} must be an integer >= 0")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"model.experts_per_token={self.experts_per_token} must be <= model.num_experts={self.num_experts}"
+            )
+        for name, layers in (("num_layers", self.num_layers), ("num_encoder_layers", self.encoder_layers)):
+            if layers % self.moe_every:
+                raise ValueError(f"model.{name}={layers} must be a multiple of model.moe_every={self.moe_every}")
+        if self.moe_capacity_factor < 0:
+            raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must be >= 0 (0 = dropless)")
+        if self.moe_norm_topk and self.router == "topk_then_softmax":
+            raise ValueError("model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1; remove it")
+        if self.use_bias:
+            raise ValueError("model.num_experts > 0 has experts without biases: set model.use_bias=false")
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:
@@ -196,6 +240,11 @@ class ModelConfig:
     def local_rope(self) -> positional.Rope | None:
         """The local layers' own RoPE, unscaled (Gemma 3), or None: theirs is `rope`."""
         return positional.Rope(self.rope_local_base, fraction=self.rope_fraction) if self.rope_local_base else None
+
+    @property
+    def expert_d_ff(self) -> int:
+        """Each routed (and shared) expert's hidden width."""
+        return self.d_ff if self.moe_d_ff is None else self.moe_d_ff
 
     @property
     def compute_dtype(self):

@@ -5,7 +5,9 @@ Block, post-LN (Vaswani et al. 2017):         t3 = LN(x + MHA(x));  h = LN(t3 + 
 A decoder block of an encoder-decoder adds cross-attention over the encoder output between the two, and the FFN
 reads t5 instead of t3:                       t5 = t3 + CrossMHA(LN(t3), enc)   (pre-LN)
                                               t5 = LN(t3 + CrossMHA(t3, enc))   (post-LN)
-FFN(x) = act(x W1 + b1) W2 + b2 (ReLU in the 2017 paper, GELU in GPT-2); SwiGLU(x) = (silu(x W1) * x W3) W2.
+FFN(x) = act(x W1 + b1) W2 + b2 (ReLU in the 2017 paper, GELU in GPT-2); SwiGLU(x) = (silu(x W1) * x W3) W2
+(txjax.model.ffn); in an MoE layer the FFN is a mixture of experts (txjax.model.moe). With model.moe_every = n > 1
+every n-th layer is MoE: the stack repeats a Group of n blocks, n - 1 dense then one MoE.
 Dropout is applied to each residual branch before the addition and is off when deterministic.
 """
 
@@ -14,34 +16,11 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txjax.model import precision as precision_lib
-from txjax.model.activations import ACTIVATIONS, GATED
 from txjax.model.attention import MultiHeadAttention, resolve_impl
 from txjax.model.config import ModelConfig
+from txjax.model.ffn import FeedForward
+from txjax.model.moe import MoE
 from txjax.parallel.sharding import BATCH_LENGTH, constrain
-
-
-def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: float, name=None) -> nn.Dense:
-    """y = x W + b, W [in, out] ~ N(0, std^2): flax's nn.Dense ('kernel', 'bias'), its axes named (`axes`: in, out;
-    for the sharding rules), the product through txjax.model.precision (float32 sums for 16-bit operands)."""
-    return nn.Dense(
-        features,
-        use_bias=use_bias,
-        dtype=dtype,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
-        dot_general=_dense_product,
-        name=name,
-    )
-
-
-def _dense_product(x, w, dimension_numbers, precision=None):
-    """nn.Dense's dot_general as txjax.model.precision.einsum: x's last axis against w's first, no batch axes (the
-    one form nn.Dense asks for; another is refused, not computed as this one)."""
-    (x_contract, w_contract), batch_axes = dimension_numbers
-    if tuple(x_contract) != (x.ndim - 1,) or tuple(w_contract) != (0,) or any(batch_axes):
-        raise NotImplementedError(f"dense product with dimension_numbers={dimension_numbers}")
-    return precision_lib.einsum("...i,io->...o", x, w)
 
 
 def make_norm(cfg, name=None):
@@ -58,24 +37,9 @@ def make_norm(cfg, name=None):
     )
 
 
-class FeedForward(nn.Module):
-    """act(x W1 + b1) W2 + b2, or SwiGLU; W1 (and W3) [d_model, d_ff], W2 [d_ff, d_model]."""
-
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, x_BxLxD):
-        cfg = self.cfg
-        return self.linear("wo", x_BxLxD.shape[-1], ("mlp", "embed"), cfg.out_init_std)(self.hidden(x_BxLxD))
-
-    def hidden(self, x_BxLxD):
-        """act(x W1 + b1), or a gated act(x W1) * x W3 (SwiGLU, GeGLU): [B, L, d_ff]."""
-        w_in = lambda name: self.linear(name, self.cfg.d_ff, ("embed", "mlp"), self.cfg.hidden_init_std)(x_BxLxD)
-        act = ACTIVATIONS[self.cfg.activation]
-        return act(w_in("wi")) * w_in("wi_gate") if self.cfg.activation in GATED else act(w_in("wi"))
-
-    def linear(self, name, features, axes, std):
-        return dense(features, axes, self.cfg.use_bias, self.cfg.compute_dtype, std, name=name)
+def make_ffn(cfg: ModelConfig, moe: bool, name: str = "ffn") -> nn.Module:
+    """The block's FFN: a mixture of experts (txjax.model.moe) in an MoE layer, else the dense FeedForward."""
+    return MoE(cfg, name=name) if moe else FeedForward(cfg, name=name)
 
 
 def make_attention(cfg, cross: bool, name: str, sow_weights=False):
@@ -118,6 +82,7 @@ class Block(nn.Module):
     sow_weights: bool = False
     deterministic: bool = True  # no dropout (eval, decode)
     decode: bool = False  # write keys/values into the KV cache
+    moe: bool = False  # the FFN is a mixture of experts
 
     @nn.compact
     def __call__(self, x_BxLxD, ctx, window=0):
@@ -145,7 +110,7 @@ class Block(nn.Module):
             cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)
             kv, mask = ctx["enc"], ctx["enc_mask"]
             cross = lambda t: cross_attn(t, mask, q_pos=ctx["pos"], kv=kv, deterministic=deterministic, decode=decode)
-        ffn = FeedForward(cfg, name="ffn")
+        ffn = make_ffn(cfg, self.moe)
         x = x_BxLxD
 
         if cfg.norm_placement == "pre":  # Xiong et al. 2020; GPT-2
@@ -158,3 +123,26 @@ class Block(nn.Module):
             t5 = ln("cross_attention")(t3 + drop(cross(t3))) if self.cross else t3
             h = ln("ffn")(t5 + drop(ffn(t5)))
         return h.astype(x_BxLxD.dtype), None
+
+
+class Group(nn.Module):
+    """model.moe_every = n consecutive layers, n - 1 dense blocks then one MoE block ('block_0', ..., 'block_{n-1}'):
+    the unit the stack scans (or loops) over when MoE layers alternate with dense ones. Block's signature."""
+
+    cfg: ModelConfig
+    cross: bool = False
+    causal: bool = False
+    sow_weights: bool = False
+    deterministic: bool = True
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, x_BxLxD, ctx, window=0):
+        """window: the blocks' local windows, one int for all or n of them (ints, or a scanned group's [n] array)."""
+        n = self.cfg.moe_every
+        kwargs = dict(cfg=self.cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
+        kwargs |= dict(deterministic=self.deterministic, decode=self.decode)
+        for j in range(n):
+            block_window = window if isinstance(window, int) else window[j]
+            x_BxLxD, _ = Block(**kwargs, moe=j == n - 1, name=f"block_{j}")(x_BxLxD, ctx, block_window)
+        return x_BxLxD, None

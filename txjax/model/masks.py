@@ -1,8 +1,11 @@
 """Attention masks from explicit positions and segment ids: boolean [batch, 1, n_q, n_k] (the 1 broadcasts over
 heads), True = may attend. One definition each, read by the reference attention (txjax.model.attention), the
-blockwise kernel block by block (txjax.model.blockwise) and the KV caches."""
+blockwise kernel block by block (txjax.model.blockwise) and the KV caches; and NEG_INF, the score a masked key
+gets."""
 
 from __future__ import annotations
+
+NEG_INF = -1e30  # the score of a masked key: exp() underflows to exactly 0 in float32, no inf - inf = NaN
 
 
 def causal_mask(q_pos, k_pos):

@@ -29,7 +29,9 @@ import jax.numpy as jnp
 from txjax.model import positional, precision
 from txjax.model.blockwise import Segments
 from txjax.model.config import ModelConfig
-from txjax.model.layers import Block, dense, make_norm
+from txjax.model.ffn import dense
+from txjax.model.layers import Block, Group, make_norm
+from txjax.model.moe import MOE_STATS
 
 
 class LogitsBias(nn.Module):
@@ -102,14 +104,16 @@ class Embedder(nn.Module):
 
 
 class Stack(nn.Module):
-    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...).
+    """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...); with
+    model.moe_every = n > 1 (and experts), num_layers / n Groups of n blocks the same way.
 
     Local attention: a causal stack's layers take their windows from cfg.layer_windows. Looped, or scanned with one
     window for all, each is a Python int (static: the fused kernels' local_window_size, a ring-buffer KV cache of
-    window slots); scanned with a pattern of local and global layers the windows are a scanned [num_layers] array,
-    so that one body still serves every layer and the parameter layout is the same: the band is then a mask on
-    traced values (blockwise still skips the key blocks outside it) and the KV cache is the full one in every layer.
-    Decoding unrolls the layers (txjax.decode.cache.for_decoding), so generation keeps the ring buffers."""
+    window slots); scanned with a pattern of local and global layers the windows are a scanned array (one per layer,
+    [num_layers / n, n] for Groups), so that one body still serves every layer and the parameter layout is the same:
+    the band is then a mask on traced values (blockwise still skips the key blocks outside it) and the KV cache is the
+    full one in every layer. Decoding unrolls the layers (txjax.decode.cache.for_decoding), so generation keeps the
+    ring buffers."""
 
     cfg: ModelConfig
     num_layers: int
@@ -131,24 +135,28 @@ class Stack(nn.Module):
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         windows = cfg.layer_windows if self.causal else (0,) * self.num_layers
         uniform = len(set(windows)) == 1
-        static = (3,) if uniform or not cfg.scan_layers else ()  # the window argument, a Python int
-        block = nn.remat(Block, prevent_cse=not cfg.scan_layers, static_argnums=static) if cfg.remat else Block
+        grouped = cfg.num_experts > 0 and cfg.moe_every > 1
+        n = cfg.moe_every if grouped else 1
+        unit, length = (Group if grouped else Block), self.num_layers // n
+        unit_windows = [windows[i * n : (i + 1) * n] if grouped else windows[i] for i in range(length)]
+        static = (3,) if uniform or not cfg.scan_layers else ()  # the window argument: Python ints
+        block = nn.remat(unit, prevent_cse=not cfg.scan_layers, static_argnums=static) if cfg.remat else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
-        kwargs |= dict(deterministic=deterministic, decode=decode)
+        kwargs |= dict(deterministic=deterministic, decode=decode) | ({} if grouped else dict(moe=cfg.num_experts > 0))
         if cfg.scan_layers:
             scanned = nn.scan(
                 block,
-                variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                variable_axes={"params": 0, "cache": 0, "intermediates": 0, MOE_STATS: 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast, nn.broadcast if uniform else 0),
-                length=self.num_layers,
+                length=length,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            window = windows[0] if uniform else jnp.asarray(windows, jnp.int32)
+            window = windows[0] if uniform else jnp.asarray(unit_windows, jnp.int32)
             x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, window)
         else:
-            for i in range(self.num_layers):
-                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, windows[i])
+            for i in range(length):
+                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, unit_windows[i])
         return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement == "pre" else x_BxLxD
 
 

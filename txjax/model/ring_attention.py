@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from txjax.model import blockwise
-from txjax.model.blockwise import NEG_INF, Segments
+from txjax.model.blockwise import Segments
+from txjax.model.masks import NEG_INF
 from txjax.parallel.sharding import BATCH_AXES, BATCH_LENGTH, SEQUENCE_AXIS, constrain, context_axis
 
 

@@ -5,9 +5,11 @@
   2N FLOPs per token forward and 4N backward, and attention's q k^T and probs v cost 2·T·d each per layer, so
       train  = 6N + 12·L·d·T          decode = 2N + 4·L·d·T   (one new token attending over a full context T)
   N counts the weights used as matmuls: all parameters but the position tables and the token tables that are only
-  looked up (an untied head, a separate source table). L is the number of attention layers. Encoder-decoder: a
-  training token is one source plus one target token, L counts encoder self-attention and decoder self- and
-  cross-attention; decoding a target token skips the encoder (its N and its L) and attends over T source tokens.
+  looked up (an untied head, a separate source table), and of a mixture of experts' routed experts the k of X a
+  token uses (k/X of their weights: the active parameters per token). L is the number of attention layers.
+  Encoder-decoder: a training token is one source plus one target token, L counts encoder self-attention and
+  decoder self- and cross-attention; decoding a target token skips the encoder (its N and its L) and attends over T
+  source tokens.
 - FLOPs per training step (`train_flops_per_batch`, the training loop's MFU numerator) for a batch of B rows:
       B·(6·N_enc·S + 6·N_dec·T + 12·d·(L_enc·S² + L_self·T² + L_cross·T·S))    src [B, S], tgt [B, T]
   which for a decoder LM (no encoder: S = N_enc = L_enc = L_cross = 0) is B·T·(6N + 12·L·d·T)
@@ -57,7 +59,7 @@ class Summary:
         lines += [
             "",
             f"total parameters                 {self.total_params:>16,}  ({_si(self.total_params)})",
-            f"N (matmul weights)               {self.flop_params:>16,}  ({_si(self.flop_params)})",
+            f"N (matmul weights, active)       {self.flop_params:>16,}  ({_si(self.flop_params)})",
             f"train FLOPs / token              {self.train_flops_per_token:>16,}  ({_si(self.train_flops_per_token)})"
             f"   6N + 12*L*d*T, T={self.context}",
             f"decode FLOPs / token             {self.decode_flops_per_token:>16,}  ({_si(self.decode_flops_per_token)})"
@@ -108,6 +110,11 @@ def _lookup_only(path: str, cfg: ModelConfig, family: str) -> bool:
     return False
 
 
+def _active_fraction(path: str, cfg: ModelConfig) -> float:
+    """The share of a weight one token multiplies: k/X of a mixture of experts' routed experts, else all of it."""
+    return cfg.experts_per_token / cfg.num_experts if "/experts/" in path else 1.0
+
+
 def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1, context: int | None = None) -> Summary:
     """Parameters, FLOPs per token and memory of a config; `context` (default max_len) is T and the cache length."""
     model = families.build(family, cfg)
@@ -115,8 +122,9 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
     leaves = jax.tree_util.tree_leaves_with_path(param_shapes(model))
     rows = [("/".join(k.key for k in path), tuple(s.shape), math.prod(s.shape)) for path, s in leaves]
     total = sum(r[2] for r in rows)
-    n = sum(c for p, _, c in rows if not _lookup_only(p, cfg, family))
-    n_decode = n - sum(c for p, _, c in rows if p.startswith("encoder/"))  # the encoder runs once per source
+    active = [(p, c * _active_fraction(p, cfg)) for p, _, c in rows if not _lookup_only(p, cfg, family)]
+    n = round(sum(c for _, c in active))
+    n_decode = n - round(sum(c for p, c in active if p.startswith("encoder/")))  # the encoder runs once per source
     encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
     attn_layers, decode_attn_layers = encoder_layers + self_layers + cross_layers, self_layers + cross_layers
     src_len = context if encoder_layers else None
@@ -143,7 +151,7 @@ def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:
     unless model.d_head sets it apart)."""
     b, s, t = families.batch_lengths(families.get(family), batch)
     summary = summarize(cfg, family, context=t)
-    n_enc = sum(count for path, _, count in summary.rows if path.startswith("encoder/"))
+    n_enc = round(sum(c * _active_fraction(p, cfg) for p, _, c in summary.rows if p.startswith("encoder/")))
     n_dec = summary.flop_params - n_enc
     encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
     attention = (

@@ -35,6 +35,7 @@ LOGICAL_RULES = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
+    ("expert", None),  # a mixture of experts' expert axis (txjax.model.moe)
     ("kv", None),
     ("layers", None),
     ("position", None),

@@ -123,9 +123,10 @@ def is_decayed(params):
 
 
 def is_hidden(path) -> bool:
-    """A weight matrix inside the layers (attention and FFN kernels); not embeddings, the untied head, norms, biases."""
+    """A weight matrix inside the layers (attention and FFN kernels, a mixture of experts' [..., X, in, out] expert
+    weights); not embeddings, the untied head, norms, biases."""
     name, parent = path[-1].key, path[-2].key if len(path) > 1 else ""
-    return name in ("query", "key", "value", "out") or (name == "kernel" and parent != "lm_head")
+    return name in ("query", "key", "value", "out") or (name == "kernel" and parent != "lm_head") or parent == "experts"
 
 
 def muon_dimensions(params):

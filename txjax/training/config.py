@@ -21,6 +21,9 @@ class TrainConfig:
     seed: int  # parameters, batch order and dropout
     label_smoothing: float
     z_loss: float
+    moe_aux_weight: float  # mixture of experts (txjax.model.moe): balance loss, router z-loss, bias balancing rate
+    moe_z_weight: float
+    moe_bias_rate: float
     log_every: int
     eval_every: int  # 0: only at the end
     eval_batches: int

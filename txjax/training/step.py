@@ -4,6 +4,7 @@ train_step(state, batch, dropout_key) -> (state, metrics):
     g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
                                                        lax.scan before the one division: the full batch's gradient
     theta, opt_state <- AdamW(clip(g))                 (txjax.state.train_state)
+    b <- b + gamma sign(mean n - n)                    an MoE sigmoid router's bias (train.moe_bias_rate)
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
 vmapped for stacked runs (txjax.training.stack).
@@ -19,7 +20,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax.families.objective import forward, token_sums
+from txjax.families.objective import forward, moe_sums, token_sums
+from txjax.model import moe
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding, on_mesh
 from txjax.state.optim import current_learning_rate
@@ -51,8 +53,10 @@ def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig)
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(params, batch, rng):
-        sums = token_sums(*forward(model, params, batch, rng if dropout else None), t.label_smoothing, t.z_loss)
-        return sums["objective"], sums
+        logits_BxLxV, targets_BxL, weights_BxL, stats = forward(model, params, batch, rng if dropout else None)
+        sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL, t.label_smoothing, t.z_loss)
+        sums |= moe_sums(stats, sums["weight"], t.moe_aux_weight, t.moe_z_weight)
+        return sums["objective"] + sums.get("moe_objective", 0.0), sums
 
     grad_sums = jax.grad(objective_sum, has_aux=True)
 
@@ -75,6 +79,8 @@ def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig)
         grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if t.moe_bias_rate:  # DeepSeek-V3's aux-loss-free balancing, from this step's routing counts
+            params = moe.balance_biases(params, sums["moe"], t.moe_bias_rate)
         finite = jnp.stack([jnp.isfinite(sums["loss"])] + [jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), {
             "loss": sums["loss"] / weight,
