@@ -11,8 +11,8 @@ import pytest
 from txjax import decode
 from txjax.decode import init_cache
 from txjax.families import family_of
-from txjax.model.masks import NEG_INF
 from txjax.model.config import ModelConfig
+from txjax.model.masks import NEG_INF
 from txjax.model.models import DecoderLM, EncoderDecoder
 from txjax.model.positional import KINDS
 
