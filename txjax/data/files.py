@@ -26,6 +26,35 @@ def read_text(path: PathLike) -> str:
         raise _not_utf8(p) from None
 
 
+def text_pieces(path: PathLike, piece_chars: int = 1 << 20) -> Iterator[str]:
+    """The UTF-8 text of `path` (newlines as read_text gives them) in pieces of `piece_chars` characters or more,
+    each but the last ending right after a newline with a non-space character on either side, where the tokenizers
+    here start a new token (text.encode_pieces checks it); a file without such a newline is one piece."""
+    p = resolve_path(path)
+    rest = ""
+    with p.open(encoding="utf-8") as f:
+        try:
+            while chunk := f.read(piece_chars):
+                rest += chunk
+                cut = _last_cut(rest)
+                if cut:
+                    yield rest[:cut]
+                    rest = rest[cut:]
+        except UnicodeDecodeError:
+            raise _not_utf8(p) from None
+    if rest:
+        yield rest
+
+
+def _last_cut(text: str) -> int:
+    """The end of the last newline of `text` between two non-space characters (0: none)."""
+    at = len(text) - 1
+    while (at := text.rfind("\n", 0, at)) > 0:
+        if not (text[at - 1].isspace() or text[at + 1].isspace()):
+            return at + 1
+    return 0
+
+
 def _not_utf8(path: Path) -> ValueError:
     """The error for a file that is not UTF-8: its first bad byte, by line and offset."""
     data = path.read_bytes()
