@@ -1,6 +1,7 @@
 """Storage faults as one line: a full disk, a read-only filesystem, a quota, a permission, a workdir that is a file.
 
     writing(what, advice)   turns an OSError of those kinds raised inside into a StorageError naming the path
+    write_file(path, data)  writes bytes whose OSError names the path (numpy's tofile loses the errno)
     quiet_orbax()           holds back orbax's logged tracebacks of a failed save (the StorageError says it once)
 A StorageError is a ConfigError: run.py prints it as `error: ...` and exits with status 2.
 """
@@ -10,10 +11,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
+import re
 
 from txjax.errors import ConfigError
 
 ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR, errno.EIO)
+
+
+_ERRNO_IN_MESSAGE = re.compile(r"\(os error (\d+)\)|\[os_error_code='(\d+)'\]")  # Rust's io::Error; tensorstore's
 
 
 class StorageError(ConfigError):
@@ -21,12 +27,27 @@ class StorageError(ConfigError):
 
 
 def cause(e: BaseException) -> OSError | None:
-    """The storage OSError behind `e` (itself, or in its chain of causes), if there is one."""
+    """The storage OSError behind `e` (itself, or in its chain of causes), if there is one. A Rust library's I/O
+    error (safetensors, tokenizers) or tensorstore's (orbax) is no OSError but its message ends with the errno."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in ERRNOS:
             return e
+        code = None if isinstance(e, OSError) else _ERRNO_IN_MESSAGE.search(str(e))
+        if code and int(code[1] or code[2]) in ERRNOS:
+            return OSError(int(code[1] or code[2]), os.strerror(int(code[1] or code[2])))
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return None
+
+
+def write_file(path: str | os.PathLike, data) -> None:
+    """Writes `data` (bytes, or an array's buffer) to `path`; an OSError names `path` (a failed write() names none)."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def reason(e: OSError) -> str:
