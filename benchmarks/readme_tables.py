@@ -328,15 +328,16 @@ def attention_time() -> list[str]:
     return table(header, rows)
 
 
-TABLES = {
-    f.__name__: f
-    for f in (
-        *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
-        attention_time,
-        passkey,
-        *(experiments, bible_variants, bible_averaging, bible_length_penalty),
-    )
-}
+def score_text_memory() -> list[str]:
+    d = bench("score_text_memory")
+    rows = [[f"{n(r['text_mb'])} MB", n(r["tokens"]), n(r["peak_rss_gb"]), n(r["seconds"]), machine_label(d["machine"])]
+            for r in d["rows"]]  # fmt: skip
+    return table(["text", "tokens scored", "peak RSS (GB)", "seconds", "measured"], rows)
+
+
+TABLES = {f.__name__: f for f in (ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu)}
+TABLES |= {f.__name__: f for f in (lm_eval, long_context, attention_time, score_text_memory, passkey, experiments)}
+TABLES |= {f.__name__: f for f in (bible_variants, bible_averaging, bible_length_penalty)}
 
 
 def pages() -> list[Path]:
