@@ -83,6 +83,24 @@ def test_a_token_across_a_cut_joins_the_pieces(tmp_path):
     np.testing.assert_array_equal(np.concatenate(encoded), tokenizer.encode_array(text))
 
 
+def test_a_byte_that_is_not_utf8_is_named_by_line_and_offset_in_any_block(tmp_path):
+    """The file is read a block at a time, also to find a bad byte: a character cut by a block's end is no error."""
+    path = tmp_path / "latin1.txt"
+    data = "héllo wörld\n".encode() * 5 + b"na\xefve\n"
+    path.write_bytes(data)
+    for block_bytes in (1, 2, 3, 7, 1 << 20):
+        with pytest.raises(ValueError, match=r"latin1.txt:6: byte 0xef at offset 72 is not UTF-8"):
+            _not_utf8_error(path, block_bytes)
+    with pytest.raises(ValueError, match="latin1.txt:6: byte 0xef at offset 72"):
+        list(text_pieces(path, piece_chars=4))
+
+
+def _not_utf8_error(path, block_bytes):
+    from txjax.data.files import _not_utf8
+
+    raise _not_utf8(path, block_bytes)
+
+
 @pytest.mark.parametrize("max_tokens", [0, 321])
 @pytest.mark.parametrize("tokenizer", [CharTokenizer.from_text(TEXT), ByteTokenizer()], ids=lambda t: t.kind)
 def test_streamed_score_equals_the_whole_texts(tokenizer, max_tokens, tmp_path):
