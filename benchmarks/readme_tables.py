@@ -293,11 +293,18 @@ def long_context() -> list[str]:
     return table(header + ["measured"], rows)
 
 
+def score_text_memory() -> list[str]:
+    d = bench("score_text_memory")
+    rows = [[f"{n(r['text_mb'])} MB", n(r["tokens"]), n(r["peak_rss_gb"]), n(r["seconds"]), machine_label(d["machine"])]
+            for r in d["rows"]]  # fmt: skip
+    return table(["text", "tokens scored", "peak RSS (GB)", "seconds", "measured"], rows)
+
+
 TABLES = {
     f.__name__: f
     for f in (
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
-        *(prepare_memory, attention_time, local_attention, seq2seq_equality),
+        *(prepare_memory, score_text_memory, attention_time, local_attention, seq2seq_equality),
         passkey,
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )

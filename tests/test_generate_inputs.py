@@ -157,3 +157,44 @@ def test_generate_from_a_workdir_with_beam_size_one_is_greedy_not_sampling():
     greedy, beam1 = (decode.generate_from_workdir(run, "3141", **flags) for flags in ({}, {"beam_size": 1}))
     sampled = {decode.generate_from_workdir(run, "3141", method="sample", seed=s)[0] for s in range(4)}
     assert beam1 == greedy and len(sampled) > 1
+
+
+def digits_run(max_new_tokens: int = 4):
+    """A TrainedRun of the tiny LM (max_len 24) with a character tokenizer of the digits (BOS first: synthetic)."""
+    from txjax import config as config_lib
+    from txjax.data import CharTokenizer
+    from txjax.experiment import TrainedRun
+
+    config = config_lib.base_config()
+    config.decode.update(max_new_tokens=max_new_tokens, method="greedy")
+    model, params = lm("rope")
+    return TrainedRun(config, model, CharTokenizer("0123456789", specials=True), params, step=0)
+
+
+def test_a_prompt_longer_than_the_context_is_cut_with_a_note(capsys):
+    """30 digits after BOS (31 tokens) against max_len 24: its last 24 tokens are generated from, and a note says so;
+    beam search refuses it in one line."""
+    run, prompt = digits_run(), "314159265358979323846264338327"
+    (text,) = decode.generate_from_workdir(run, prompt)
+    note = "note: the prompt has 31 tokens, more than the model's context (max_len=24): its last 24 are kept, the"
+    assert f"{note} first 7 dropped" in capsys.readouterr().err
+    ids = run.tokenizer.encode(prompt)[-24:]
+    (expected,) = decode.generate_windowed(run.model, run.params, ids, max_new_tokens=4, eos_id=run.tokenizer.eos_id)
+    assert text == prompt + run.tokenizer.decode(expected)
+    decode.generate_from_workdir(run, prompt[:20])
+    assert "note" not in capsys.readouterr().err
+    with pytest.raises(ValueError, match="prompt 0 has 31 tokens, more than the model's context max_len=24: shorten"):
+        decode.generate_from_workdir(run, prompt, method="beam")
+
+
+def test_a_long_prompt_is_prefilled_in_chunks(monkeypatch):
+    """A prompt over 2 * PREFILL_CHUNK tokens goes through the chunked prefill (decode.prefill_chunk 0) and gives the
+    one-call prefill's tokens."""
+    import txjax.decode.workdir
+
+    run, prompt = digits_run(max_new_tokens=3), "2718281828459045"
+    one_call = decode.generate_from_workdir(run, prompt)
+    monkeypatch.setattr(txjax.decode.workdir, "PREFILL_CHUNK", 4)
+    assert txjax.decode.workdir.workdir_prompt(run, prompt)[2]["prefill_chunk"] == 4
+    assert decode.generate_from_workdir(run, prompt) == one_call
+    assert "prefill_chunk" not in txjax.decode.workdir.workdir_prompt(run, prompt[:6])[2]

@@ -113,3 +113,20 @@ def test_init_from_starts_from_the_imported_parameters(folder, workdir, tmp_path
     source, result = load_workdir(workdir), load_workdir(tuned)
     assert result.step == 2 and result.model.cfg == source.model.cfg and result.tokenizer.kind == "hf"
     jax.tree.map(np.testing.assert_array_equal, result.params, source.params)
+
+
+def test_import_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(folder, tmp_path, capsys):
+    """The checkpoint or the config cannot be written: one line naming the workdir, nothing left beside it."""
+    from test_storage_faults import mounted, one_error
+
+    for name, options in [("full", "size=64k"), ("read_only", "ro,size=1m")]:
+        with mounted(tmp_path / name, options) as is_tmpfs:
+            if not is_tmpfs:
+                pytest.skip("mounting a tmpfs is not allowed here")
+            target = tmp_path / name / "run"
+            flags = [f"--from={folder / 'hf'}", f"--workdir={target}", f"--config.data.path={folder / 'text.txt'}"]
+            assert run.main(["import", *flags]) == 2
+            line = one_error(capsys)
+            reason = "Read-only file system" if name == "read_only" else "No space left on device"
+            assert str(target) in line and reason in line
+            assert list((tmp_path / name).iterdir()) == []

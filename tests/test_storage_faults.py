@@ -12,6 +12,7 @@ from test_train import TINY_FLAGS
 
 import run
 import txjax.cli.eval
+import txjax.data.prepare
 from txjax.ops.metrics_log import read_metrics
 from txjax.state.checkpoint import Checkpointer
 
@@ -119,3 +120,52 @@ def test_eval_prints_its_result_when_it_cannot_write_it(tmp_path, monkeypatch, c
             f"warning: the result above is not saved ({workdir / 'eval_valid.json'}: Read-only file system)"
         ]
         assert (workdir / "eval_valid.json").read_text() == recorded
+
+
+def corpus(tmp_path):
+    """About 100 KB of text in 200 documents: shards of about 200 KB (uint16 ids)."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"document {i} " * 50 + "\n\n" for i in range(200)))
+    return path
+
+
+@pytest.mark.parametrize("disk", ["full", "read_only", "patched"])
+def test_prepare_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(disk, tmp_path, monkeypatch, capsys):
+    """The error names the output folder and the file; no DIR and no DIR.partial-PID is left for a rerun to trust."""
+    options = {"full": "size=64k", "read_only": "ro,size=1m", "patched": "size=8m"}[disk]
+    with mounted(tmp_path / "disk", options) as is_tmpfs:
+        if disk != "patched" and not is_tmpfs:
+            pytest.skip("mounting a tmpfs is not allowed here")
+        out = tmp_path / "disk" / "prepared"
+        if disk == "patched":
+
+            def no_space(path, data):
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+            monkeypatch.setattr(txjax.data.prepare.storage, "write_file", no_space)
+        flags = [f"--input={corpus(tmp_path)}", f"--output={out}", "--delimiter=\\n\\n", "--workers=1"]
+        assert run.main(["prepare", *flags]) == 2
+        line = one_error(capsys)
+        reason = "Read-only file system" if disk == "read_only" else "No space left on device"
+        assert line.startswith(f"error: cannot write {out} ({out}.partial-") and reason in line
+        assert list((tmp_path / "disk").iterdir()) == []
+
+
+def test_export_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    """The Hugging Face folder's writer (safetensors' Rust I/O error on a full disk): one line naming
+    the target; nothing at the target, no temporary folder beside it."""
+    workdir = tmp_path / "run"
+    llama = ["positional=rope", "norm=rmsnorm", "activation=swiglu", "attention_scale=sqrt", "use_bias=false"]
+    flags = [*TINY_FLAGS, "--config.train.steps=1", *(f"--config.model.{flag}" for flag in llama)]
+    assert run.main(["train", f"--workdir={workdir}", *flags]) == 0
+    for name, options in [("full", "size=16k"), ("read_only", "ro,size=1m")]:
+        with mounted(tmp_path / name, options) as is_tmpfs:
+            if not is_tmpfs:
+                pytest.skip("mounting a tmpfs is not allowed here")
+            capsys.readouterr()
+            target = tmp_path / name / "hf"
+            assert run.main(["export", f"--workdir={workdir}", f"--to={target}"]) == 2
+            reason = "Read-only file system" if name == "read_only" else "No space left on device"
+            line = one_error(capsys)
+            assert line.startswith(f"error: cannot write {target} (") and reason in line
+            assert list((tmp_path / name).iterdir()) == []

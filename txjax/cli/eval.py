@@ -9,7 +9,7 @@ import sys
 from txjax import config as config_lib
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import ConfigError, user_errors
-from txjax.data import read_text, resolve_path
+from txjax.data import resolve_path
 from txjax.evaluate.score_text import score_text
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import build_dataset, load_workdir
@@ -53,8 +53,8 @@ def main(argv: list[str]) -> None:
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh, average=args.average)
         if args.text:  # a missing, short or unencodable text is a one-line error
-            text = read_text(resolve_path(args.text, "text file", "--text"))
-            score = score_text(run, text, max_tokens=args.max_tokens, context=args.context, mesh=mesh)
+            path = resolve_path(args.text, "text file", "--text")
+            score = score_text(run, path, max_tokens=args.max_tokens, context=args.context, mesh=mesh)
             metrics = {"text": args.text, "step": run.step, **score}
         else:
             dataset = build_dataset(run.config, run.tokenizer, args.split)

@@ -33,6 +33,7 @@ from txjax.extras import require
 from txjax.families import build, init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import stack_layers, unstack_layers
+from txjax.ops import storage
 from txjax.ops.memory import device_bytes
 
 CONFIG_FILE = "config.json"
@@ -189,23 +190,27 @@ def check_params(params: Mapping, cfg: ModelConfig, family="decoder_lm") -> None
 
 
 def write_atomically(target, write: Callable[[Path], None]) -> Path:
-    """Runs write(tmp_dir) and renames tmp_dir to `target`; on any error nothing is left at `target`.
+    """Runs write(tmp_dir) and renames tmp_dir to `target`; on any error nothing is left at `target`, and a full or
+    read-only disk is a StorageError naming `target` (txjax.ops.storage).
 
     `target` must not exist or be an empty folder.
     """
     target = Path(target).expanduser().absolute()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ValueError(f"{target} exists and is not an empty folder; choose a new one")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():
-            target.rmdir()
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with storage.writing(
+        str(target), "nothing of it was kept: free space there or choose a writable folder, then rerun"
+    ):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            write(tmp)
+            if target.exists():
+                target.rmdir()
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target
 
 

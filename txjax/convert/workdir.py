@@ -103,7 +103,7 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
         tokenizer.save(tmp / TOKENIZER_DIR)
         ckpt = Checkpointer(tmp / CHECKPOINT_DIR, config.train.keep_checkpoints)
         try:
-            ckpt.save(0, state)
+            ckpt.save(0, state, advice=f"nothing was written to {workdir}: free space or choose another --workdir")
         finally:
             ckpt.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,18 +27,54 @@ def read_text(path: PathLike) -> str:
         raise _not_utf8(p) from None
 
 
-def _not_utf8(path: Path) -> ValueError:
-    """The error for a file that is not UTF-8: its first bad byte, by line and offset."""
-    data = path.read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        return ValueError(
-            f"{path}:{line}: byte 0x{data[e.start]:02x} at offset {e.start} is not UTF-8 ({e.reason}); convert the "
-            f"file to UTF-8 (e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix})"
-        )
-    return ValueError(f"{path}: not UTF-8")
+def text_pieces(path: PathLike, piece_chars: int = 1 << 20) -> Iterator[str]:
+    """The UTF-8 text of `path` (newlines as read_text gives them) in pieces of `piece_chars` characters or more,
+    each but the last ending right after a newline with a non-space character on either side, where the tokenizers
+    here start a new token (text.encode_pieces checks it); a file without such a newline is one piece."""
+    p = resolve_path(path)
+    rest = ""
+    with p.open(encoding="utf-8") as f:
+        try:
+            while chunk := f.read(piece_chars):
+                rest += chunk
+                cut = _last_cut(rest)
+                if cut:
+                    yield rest[:cut]
+                    rest = rest[cut:]
+        except UnicodeDecodeError:
+            raise _not_utf8(p) from None
+    if rest:
+        yield rest
+
+
+def _last_cut(text: str) -> int:
+    """The end of the last newline of `text` between two non-space characters (0: none)."""
+    at = len(text) - 1
+    while (at := text.rfind("\n", 0, at)) > 0:
+        if not (text[at - 1].isspace() or text[at + 1].isspace()):
+            return at + 1
+    return 0
+
+
+def _not_utf8(path: Path, block_bytes: int = 1 << 20) -> ValueError:
+    """The error for a file that is not UTF-8: its first bad byte, by line and offset (read a block at a time)."""
+    decoder, offset, lines = codecs.getincrementaldecoder("utf-8")(), 0, 1
+    with path.open("rb") as f:
+        while True:
+            block = f.read(block_bytes)
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                carried = len(e.object) - len(block)  # the start of a character the block before ended in
+                line = lines + e.object.count(b"\n", 0, e.start)
+                return ValueError(
+                    f"{path}:{line}: byte 0x{e.object[e.start]:02x} at offset {offset - carried + e.start} is not UTF-8"
+                    f" ({e.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8 {path.name} > "
+                    f"{path.stem}.utf8{path.suffix})"
+                )
+            if not block:
+                return ValueError(f"{path}: not UTF-8")
+            offset, lines = offset + len(block), lines + block.count(b"\n")
 
 
 def read_tsv(path: PathLike) -> tuple[list[str], list[str]]:

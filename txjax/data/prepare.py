@@ -12,7 +12,8 @@ flat stream, the nanoGPT layout, and `{stream}-documents.npy` (int64[D + 1]) hol
 TSV pairs (the translation task) are two streams, `src` and `tgt`, without EOS (the reader truncates and appends
 it). Tokens are uint16 when the vocabulary has at most 65,536 ids, else uint32.
 
-Everything is written into DIR.partial-PID, renamed to DIR once index.json is in it: a DIR that exists is complete.
+Everything is written into DIR.partial-PID, renamed to DIR once index.json is in it: a DIR that exists is complete;
+a failed write (a full or read-only disk) is one line naming DIR, and the partial folder is removed.
 index.json records the options, the inputs' sizes and SHA-256, the tokenizer's fingerprint and each shard's token
 count; a rerun with the same inputs and options finds it and does nothing.
 """
@@ -37,7 +38,7 @@ from txjax.data import readers
 from txjax.data import tokenizers as tok_lib
 from txjax.data.prepare_tokenizer import TOKENIZERS, Source, batches, closing
 from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
-from txjax.ops import preemption
+from txjax.ops import preemption, storage
 
 SPLITS = ("train", "valid")
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -93,15 +94,18 @@ def prepare(
         return {"output": str(output), "up_to_date": True}
     _remove_stale_partials(output)
     partial = output.with_name(f"{output.name}.partial-{os.getpid()}")
-    partial.mkdir(parents=True)
-    try:
-        index = _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, progress)
-        if output.is_dir():  # empty: _up_to_date refused any other folder
-            output.rmdir()
-        partial.rename(output)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    with storage.writing(
+        str(output), "nothing of it was kept: free space there or pass a writable --output, then rerun"
+    ):
+        partial.mkdir(parents=True)
+        try:
+            index = _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, progress)
+            if output.is_dir():  # empty: _up_to_date refused any other folder
+                output.rmdir()
+            partial.rename(output)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
     seconds = time.monotonic() - began
     total_bytes = sum(f["bytes"] for f in files)
     tokens = sum(s["streams"][index["streams"][0]]["tokens"] for s in index["splits"].values())
@@ -317,8 +321,8 @@ def _tokenize_chunk(task) -> dict:
                     if n.sum():
                         name = names[split][s]
                         if name not in opened:
-                            opened[name] = files.enter_context(open(os.path.join(partial, name), "wb"))
-                        np.concatenate(ids).astype(dtype).tofile(opened[name])
+                            opened[name] = files.enter_context(storage.Appending(os.path.join(partial, name)))
+                        opened[name].write(np.concatenate(ids).astype(dtype).data)
                     lengths[split][s].append(n)
     result = {"bytes": chunk.nbytes, "files": names}
     for split in SPLITS:

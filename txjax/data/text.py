@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -67,24 +68,60 @@ class TextLMDataset:
 
     def eval_batches(self, batch_size: int, max_batches: int | None = None) -> Iterator[Batch]:
         """The whole split (or its first max_batches batches) in order, as fixed-shape [B, L] batches."""
-        L, x = self.seq_len, self.tokens
-        num_targets = len(x) - 1
-        num_batches = self.num_eval_batches(batch_size)
-        if max_batches is not None:
-            num_batches = min(num_batches, max_batches)
-        total = num_batches * batch_size * L  # windows beyond the split are whole padding rows
-        padded = np.zeros(total + 1, np.int32)
-        n = min(len(x), total + 1)
-        padded[:n] = x[:n]
-        flat_pos = np.arange(total)
-        valid = flat_pos < num_targets
-        shape = (num_batches, batch_size, L)
-        arrays = {
-            "inputs": np.where(valid, padded[:-1], 0).reshape(shape),
-            "targets": np.where(valid, padded[1:], 0).reshape(shape),
-            "weights": valid.astype(np.float32).reshape(shape),
-            "positions": np.where(valid, flat_pos % L, 0).astype(np.int32).reshape(shape),
-            "segment_ids": valid.astype(np.int32).reshape(shape),
-        }
-        for j in range(num_batches):
-            yield {name: a[j] for name, a in arrays.items()}
+        return itertools.islice(eval_windows([self.tokens], self.seq_len, batch_size), max_batches)
+
+
+def eval_windows(pieces: Iterable[np.ndarray], seq_len: int, batch_size: int) -> Iterator[Batch]:
+    """Evaluation batches [B, L] over the tokens that `pieces` make up, in order: non-overlapping windows that predict
+    every token but the first exactly once (window w: inputs x[wL : wL + L], targets x[wL + 1 : wL + L + 1]), the last
+    batch padded with weight-0 rows (segment_id 0, position 0). Holds a piece and one batch, not the whole text."""
+    step = batch_size * seq_len
+    rest = np.zeros(0, np.int32)
+    for piece in pieces:
+        rest = np.concatenate([rest, np.asarray(piece, np.int32)])
+        while len(rest) > step:
+            yield _windows(rest[: step + 1], seq_len, batch_size)
+            rest = rest[step:]
+    if len(rest) > 1:
+        yield _windows(rest, seq_len, batch_size)
+
+
+def _windows(x: np.ndarray, seq_len: int, batch_size: int) -> Batch:
+    """One batch of eval windows over x[:B * L + 1] (padded where x is shorter)."""
+    total = batch_size * seq_len
+    padded = np.zeros(total + 1, np.int32)
+    padded[: len(x)] = x
+    flat_pos = np.arange(total)
+    valid = flat_pos < len(x) - 1
+    shape = (batch_size, seq_len)
+    return {
+        "inputs": np.where(valid, padded[:-1], 0).reshape(shape),
+        "targets": np.where(valid, padded[1:], 0).reshape(shape),
+        "weights": valid.astype(np.float32).reshape(shape),
+        "positions": np.where(valid, flat_pos % seq_len, 0).astype(np.int32).reshape(shape),
+        "segment_ids": valid.astype(np.int32).reshape(shape),
+    }
+
+
+def encode_pieces(tokenizer: Tokenizer, pieces: Iterable[str]) -> Iterator[np.ndarray]:
+    """tokenizer.encode_array of the text that `pieces` make up (files.text_pieces), one array per piece: each piece
+    after the first is encoded after the last line of the text before it, whose tokens are dropped, so that a
+    tokenizer that treats a text's start apart (SentencePiece's and Llama's leading space) sees it as inside the whole.
+    A piece's tokens are final once that line's own tokens start the next encoding (no token spans the cut); where
+    they do not, the two pieces are encoded as one."""
+    encode = tokenizer.encode_array
+    context = text = ids = None
+    for piece in pieces:
+        if text is None:
+            text, ids = piece, encode(piece)
+            continue
+        line = text[text.rfind("\n", 0, len(text) - 1) + 1 :]
+        before, joint = encode(line), encode(line + piece)
+        if np.array_equal(joint[: len(before)], before):
+            yield ids
+            context, text, ids = line, piece, joint[len(before) :]
+        else:
+            text += piece
+            ids = encode(text) if context is None else encode(context + text)[len(encode(context)) :]
+    if text is not None:
+        yield ids

@@ -58,8 +58,10 @@ def check_inputs(seqs: Sequence[Sequence[int]], vocab_size: int, max_len: int, w
         if bad:
             raise ValueError(f"{what} {i} has token id {bad[0]} outside the vocab [0, {vocab_size})")
         if len(s) + new_tokens - 1 > max_len:
-            if new_tokens == 1:
-                raise ValueError(f"{what} {i} has {len(s)} tokens, more than the model's context max_len={max_len}")
+            if len(s) > max_len or new_tokens == 1:
+                raise ValueError(
+                    f"{what} {i} has {len(s)} tokens, more than the model's context max_len={max_len}: shorten it"
+                )
             raise ValueError(
                 f"{what} {i} of {len(s)} tokens + max_new_tokens={new_tokens} needs "
                 f"{len(s) + new_tokens - 1} positions, more than the model's context max_len={max_len};"

@@ -4,10 +4,13 @@ overrides, a text made the family's input, and the texts generated from it."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from txjax.decode.generate import generate, generate_windowed
 from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.families import family_of
+
+PREFILL_CHUNK = 512  # tokens a call for a long prompt when decode.prefill_chunk is 0 (the passkey eval's chunk)
 
 
 def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict:
@@ -36,12 +39,31 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
 
 
 def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[list[int], str, dict]:
-    """(the family's input ids, the text its outputs continue, Strategy fields) of generate_from_workdir."""
+    """(the family's input ids, the text its outputs continue, Strategy fields) of generate_from_workdir.
+
+    An LM's prompt longer than the context is cut to its last max_len tokens with a note on stderr saying how many
+    were kept (beam search and an encoder-decoder's source refuse it: txjax.decode.check_inputs); a prompt of more
+    than 2 * PREFILL_CHUNK tokens is fed PREFILL_CHUNK tokens a call when decode.prefill_chunk is 0, so its prefill
+    holds chunk x cache attention scores, not prompt x prompt (docs/long_context.md)."""
     tokenizer = run.tokenizer
     if chat:
         text = tokenizer.render_chat([{"role": "user", "content": text}])
-    ids, shown = family_of(run.model).read_text(tokenizer, text, bos=run.config.data.kind == "synthetic")
-    return ids, "" if chat else shown, strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
+    family = family_of(run.model)
+    ids, shown = family.read_text(tokenizer, text, bos=run.config.data.kind == "synthetic")
+    strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
+    if family.continues_prompt and strategy["method"] != "beam":
+        max_len = run.model.cfg.max_len
+        if len(ids) > max_len:
+            print(
+                f"note: the prompt has {len(ids)} tokens, more than the model's context (max_len={max_len}): its last"
+                f" {max_len} are kept, the first {len(ids) - max_len} dropped",
+                file=sys.stderr,
+                flush=True,
+            )
+            ids = ids[-max_len:]
+        if "prefill_chunk" not in strategy and len(ids) > 2 * PREFILL_CHUNK:
+            strategy["prefill_chunk"] = PREFILL_CHUNK
+    return ids, "" if chat else shown, strategy
 
 
 def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:

@@ -54,10 +54,19 @@ def make_eval_step(model, mesh: Mesh | None = None):
 
 
 def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
-    """Metrics over `batches` (an iterable of eval batches; the steps are dispatched a few ahead)."""
-    in_flight = distributed.InFlight()
-    per_batch = [in_flight.add(eval_step(params, batch)) for batch in batches]
-    total = {k: np.sum([np.float64(s[k]) for s in jax.device_get(per_batch)], axis=0) for k in per_batch[0]}
+    """Metrics over `batches` (an iterable of eval batches; the steps are dispatched a few ahead and their sums added
+    up in float64 as they finish, so memory does not grow with the number of batches)."""
+    total = {}  # float64 sums, arrays (an MoE's loads per expert) included
+
+    def add(sums):
+        for k, value in sums.items():
+            total[k] = total.get(k, 0.0) + np.asarray(value, np.float64)
+
+    in_flight, num_batches = distributed.InFlight(on_done=add), 0
+    for batch in batches:
+        in_flight.add(eval_step(params, batch))
+        num_batches += 1
+    in_flight.flush()
     loss = float(total["loss"] / max(total["weight"], 1.0))
     metrics = {
         "loss": loss,
@@ -70,19 +79,21 @@ def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
             "exact_match": float(total["exact"] / max(total["examples"], 1.0)),
             "examples": int(total["examples"]),
         }
-    return metrics | moe.eval_metrics(total, len(per_batch))
+    return metrics | moe.eval_metrics(total, num_batches)
 
 
 def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | None = None):
-    """The split's eval batches, the first max_batches of them if > 0, built ahead in a background thread, as
-    global arrays on `mesh` (default: the first device) to which each process gives its rows."""
+    """The split's eval batches, the first max_batches of them if > 0, as global_batches."""
+    batches = dataset.eval_batches(batch_size)
+    return global_batches(itertools.islice(batches, max_batches) if max_batches else batches, batch_size, mesh)
+
+
+def global_batches(batches, batch_size: int, mesh: Mesh | None = None):
+    """`batches` (of batch_size rows each) built ahead in a background thread, as global arrays on `mesh` (default:
+    the first device) to which each process gives its rows."""
     mesh = mesh or distributed.first_device_mesh()
     rows = process_rows(mesh, batch_size)
-    batches = dataset.eval_batches(batch_size)
-    return prefetch(
-        global_batch({k: x[rows] for k, x in batch.items()}, mesh)
-        for batch in (itertools.islice(batches, max_batches) if max_batches else batches)
-    )
+    return prefetch(global_batch({k: x[rows] for k, x in batch.items()}, mesh) for batch in batches)
 
 
 def generation_metrics(model, params, tokenizer, dataset, decoding, batch_size: int = 64, **strategy) -> dict:

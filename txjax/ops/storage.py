@@ -1,6 +1,8 @@
 """Storage faults as one line: a full disk, a read-only filesystem, a quota, a permission, a workdir that is a file.
 
     writing(what, advice)   turns an OSError of those kinds raised inside into a StorageError naming the path
+    write_file(path, data)  writes bytes whose OSError names the path (numpy's tofile loses the errno)
+    Appending(path)         the same for a file written piece by piece (prepare's shards)
     quiet_orbax()           holds back orbax's logged tracebacks of a failed save (the StorageError says it once)
 A StorageError is a ConfigError: run.py prints it as `error: ...` and exits with status 2.
 """
@@ -10,10 +12,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
+import re
 
 from txjax.errors import ConfigError
 
 ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR, errno.EIO)
+
+
+_ERRNO_IN_MESSAGE = re.compile(r"\(os error (\d+)\)|\[os_error_code='(\d+)'\]")  # Rust's io::Error; tensorstore's
 
 
 class StorageError(ConfigError):
@@ -21,12 +28,54 @@ class StorageError(ConfigError):
 
 
 def cause(e: BaseException) -> OSError | None:
-    """The storage OSError behind `e` (itself, or in its chain of causes), if there is one."""
+    """The storage OSError behind `e` (itself, or in its chain of causes), if there is one. A Rust library's I/O
+    error (safetensors, tokenizers) or tensorstore's (orbax) is no OSError but its message ends with the errno."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in ERRNOS:
             return e
+        code = None if isinstance(e, OSError) else _ERRNO_IN_MESSAGE.search(str(e))
+        if code and int(code[1] or code[2]) in ERRNOS:
+            return OSError(int(code[1] or code[2]), os.strerror(int(code[1] or code[2])))
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return None
+
+
+@contextlib.contextmanager
+def _naming(path):
+    """An OSError raised inside names `path` (a failed write() or close() names no file)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def write_file(path: str | os.PathLike, data) -> None:
+    """Writes `data` (bytes, or an array's buffer) to `path`; an OSError names `path`."""
+    with _naming(path), open(path, "wb") as f:
+        f.write(data)
+
+
+class Appending:
+    """A new file at `path` written piece by piece (`write(data)`, bytes or an array's buffer); a failed open, write
+    or close raises an OSError naming `path`. A context manager that closes it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = path
+        with _naming(path):
+            self.file = open(path, "wb")  # closed by __exit__
+
+    def write(self, data) -> None:
+        with _naming(self.path):
+            self.file.write(data)
+
+    def __enter__(self) -> Appending:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _naming(self.path):
+            self.file.close()
 
 
 def reason(e: OSError) -> str:

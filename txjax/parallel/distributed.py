@@ -135,11 +135,22 @@ class InFlight:
     hangs for good). Eight steps ahead keep one device or an accelerator just as busy.
     """
 
-    def __init__(self, limit: int = 8):
-        self.limit, self.queue = limit, collections.deque()
+    def __init__(self, limit: int = 8, on_done=None):
+        """on_done(outputs), if given, receives each step's outputs once they are ready (as NumPy), in order."""
+        self.limit, self.queue, self.on_done = limit, collections.deque(), on_done
 
     def add(self, outputs):
         self.queue.append(outputs)
         if len(self.queue) > self.limit:
-            jax.block_until_ready(self.queue.popleft())
+            self._finish()
         return outputs
+
+    def flush(self) -> None:
+        """Waits for every step still in flight."""
+        while self.queue:
+            self._finish()
+
+    def _finish(self) -> None:
+        oldest = jax.block_until_ready(self.queue.popleft())
+        if self.on_done is not None:
+            self.on_done(jax.device_get(oldest))

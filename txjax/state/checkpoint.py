@@ -59,11 +59,15 @@ class Checkpointer:
         """The last step whose save finished (None when there is none)."""
         return self.manager.latest_step()
 
-    def save(self, step: int, state) -> None:
-        """Saves `state` as `step` and waits until it is on disk; StorageError when it cannot be written."""
+    def save(self, step: int, state, advice: str | None = None) -> None:
+        """Saves `state` as `step` and waits until it is on disk; StorageError (ending with `advice`, by default
+        training's) when it cannot be written."""
         last = self.latest_step()
         kept = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was saved before"
-        advice = f"training stopped at step {step} and {kept}: free space or make it writable, then rerun to resume"
+        advice = (
+            advice
+            or f"training stopped at step {step} and {kept}: free space or make it writable, then rerun to resume"
+        )
         with storage.quiet_orbax(), storage.writing(f"checkpoint step {step} in {self.directory}", advice):
             try:
                 if step in self.manager.all_steps():  # a damaged step the run fell back from: set it aside
