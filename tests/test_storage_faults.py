@@ -139,10 +139,10 @@ def test_prepare_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(di
         out = tmp_path / "disk" / "prepared"
         if disk == "patched":
 
-            def no_space(path, data):
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            def no_space(self, data):
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
 
-            monkeypatch.setattr(txjax.data.prepare.storage, "write_file", no_space)
+            monkeypatch.setattr(txjax.data.prepare.storage.Appending, "write", no_space)
         flags = [f"--input={corpus(tmp_path)}", f"--output={out}", "--delimiter=\\n\\n", "--workers=1"]
         assert run.main(["prepare", *flags]) == 2
         line = one_error(capsys)
