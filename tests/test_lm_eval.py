@@ -21,10 +21,10 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from test_llama_convert import save_tiny_llama  # noqa: E402
 
 import run  # noqa: E402
-from txjax.cli.lm_eval import load_tasks  # noqa: E402
 from txjax.config import ConfigError  # noqa: E402
 from txjax.evaluate import lm_eval_model  # noqa: E402
 from txjax.evaluate.lm_eval_model import TxjaxLM, bucket_length, pack, token_windows  # noqa: E402
+from txjax.evaluate.lm_eval_tasks import load_tasks  # noqa: E402
 from txjax.evaluate.score_text import score_tokens  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 

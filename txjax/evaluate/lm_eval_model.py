@@ -323,7 +323,7 @@ def main(argv: list[str]) -> int:
     `run.py lm-eval` reads them, so that one that cannot be read (a hub task offline) is its one line and status 2."""
     from lm_eval.__main__ import cli_evaluate
 
-    from txjax.cli.lm_eval import load_tasks, task_manager
+    from txjax.evaluate.lm_eval_tasks import load_tasks, task_manager
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--tasks", "-t")

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 from txjax.extras import require
 from txjax.ops.provenance import machine
-from txjax.ops.trackers import command
 
 HTTP_WAITS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",  # seconds per request
@@ -93,7 +93,7 @@ class MLflow:
             self.run_id = c.create_run(experiment_id(c), run_name=name, tags=tags).info.run_id
             log_params(c, self.run_id, flat(config))
             c.log_text(self.run_id, json.dumps(config, indent=1) + "\n", "config.json")
-        set_tags(c, self.run_id, {f"machine.{k}": v for k, v in flat(machine(command())).items()})
+        set_tags(c, self.run_id, {f"machine.{k}": v for k, v in flat(machine(" ".join(sys.argv))).items()})
 
     def state(self) -> dict:
         return {"run_id": self.run_id}

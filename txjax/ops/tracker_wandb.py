@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from txjax.extras import require
 from txjax.ops.provenance import machine
-from txjax.ops.trackers import command
 
 WAITS = {"init_timeout": 30.0, "finish_timeout": 60.0}  # seconds; WANDB_INIT_TIMEOUT / WANDB_FINISH_TIMEOUT win
 
@@ -43,7 +43,7 @@ class WandB:
             dir=os.environ.get("WANDB_DIR") or str(workdir),
             settings=wandb.Settings(console="off", **bounded),
         )
-        self.run.config.update({"provenance": machine(command())}, allow_val_change=True)
+        self.run.config.update({"provenance": machine(" ".join(sys.argv))}, allow_val_change=True)
 
     def state(self) -> dict:
         return {"id": self.run.id}

@@ -223,8 +223,3 @@ def close_sweep(directory: Path, status: str, artifacts: list[Path]) -> None:
             tracker_mlflow.close_parent(parent, status, [p for p in artifacts if p.is_file()])
         except Exception as e:  # noqa: BLE001
             warn("mlflow", "to end the sweep's parent run", e)
-
-
-def command() -> str:
-    """The command line of this process, for the provenance a tracker run records."""
-    return " ".join(sys.argv)
