@@ -57,9 +57,7 @@ def config_from_hf(hf: Mapping) -> ModelConfig:
     """A GPT-2 config.json (as a dict) -> ModelConfig; a field txjax cannot represent is a ValueError naming it."""
     if hf.get("model_type") != "gpt2":
         raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, not a GPT-2 checkpoint (expected 'gpt2')")
-    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-        if not isinstance(hf.get(name), int):
-            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    hf_folder.integers(hf, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
     act = hf.get("activation_function", "gelu_new")
     if act not in _ACTIVATIONS:
         raise ValueError(

@@ -52,6 +52,13 @@ def read_config(folder: Path) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
+def integers(hf: Mapping, *names: str) -> None:
+    """Each of config.json's `names` is an integer, else a ValueError naming the field (before a size is believed)."""
+    for name in names:
+        if not isinstance(hf.get(name), int):
+            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+
+
 @dataclass(frozen=True)
 class Stored:
     """A tensor in a file, known by its header: its shape (NumPy's order), bytes, and how to read it (in its stored

@@ -128,9 +128,7 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     kind = hf.get("model_type")
     if kind not in MODEL_TYPES:
         raise ValueError(f"config.json: model_type={kind!r} is not a Llama-family model ({', '.join(MODEL_TYPES)})")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        if not isinstance(hf.get(name), int):
-            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    hf_folder.integers(hf, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     unsupported = {
         "hidden_act": ("silu", "txjax's SwiGLU gates with silu"),
         "attention_bias": (False, "txjax has no bias on o_proj"),

@@ -79,9 +79,7 @@ _BUFFERS = ("embed_positions.weight",)  # old checkpoints store the sinusoid tab
 
 def _same(hf: Mapping, encoder: str, decoder: str) -> int:
     """A size the encoder and decoder must share in txjax (one num_heads, one d_ff)."""
-    for name in (encoder, decoder):
-        if not isinstance(hf.get(name), int):
-            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    hf_folder.integers(hf, encoder, decoder)
     if hf[encoder] != hf[decoder]:
         raise ValueError(
             f"config.json: {decoder}={hf[decoder]} differs from {encoder}={hf[encoder]} (txjax's encoder and "
@@ -107,9 +105,7 @@ def shared_config(hf: Mapping, model_types: tuple[str, ...], **fields) -> ModelC
     kind = hf.get("model_type")
     if kind not in model_types:
         raise ValueError(f"config.json: model_type={kind!r} is not one of {', '.join(model_types)}")
-    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "max_position_embeddings"):
-        if not isinstance(hf.get(name), int):
-            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    hf_folder.integers(hf, "vocab_size", "d_model", "encoder_layers", "decoder_layers", "max_position_embeddings")
     act = hf.get("activation_function", "gelu")
     if act not in ACTIVATIONS:
         raise ValueError(f"config.json: activation_function={act!r} is not one of {', '.join(ACTIVATIONS)}")

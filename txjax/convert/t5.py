@@ -62,9 +62,7 @@ def config_from_hf(hf: Mapping, has_head: bool = False) -> ModelConfig:
     kind = hf.get("model_type")
     if kind not in MODEL_TYPES:
         raise ValueError(f"config.json: model_type={kind!r} is not one of {', '.join(MODEL_TYPES)}")
-    for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):
-        if not isinstance(hf.get(name), int):
-            raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
+    hf_folder.integers(hf, "vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
     ffn = hf.get("feed_forward_proj", "relu")
     if ffn not in ACTIVATIONS:
         raise ValueError(f"config.json: feed_forward_proj={ffn!r} is not one of {', '.join(ACTIVATIONS)}")
