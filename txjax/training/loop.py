@@ -26,7 +26,6 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 from time import monotonic
-from typing import Any
 
 import ml_collections
 
@@ -38,6 +37,7 @@ from txjax.parallel.distributed import InFlight, agree
 from txjax.state.optim import eval_params
 from txjax.training import budget, edge
 from txjax.training.run import Run, common_step
+from txjax.training.trainee import Trainee
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -49,11 +49,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     return outcome
 
 
-def drive(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], together: Callable[[list[Run]], Any]):
+def drive(
+    configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], together: Callable[[list[Run]], Trainee]
+):
     """Trains the runs of `configs` in `workdirs`, resuming from the last step they saved: each config resolved
     against its workdir at the edge (txjax.training.edge.prepare), under the workdir's lock, into a Run, and
-    `together(runs)` the one the loop drives (a Run, or stacked runs: txjax.training.stack.Stack); its outcome
-    (Run.finish)."""
+    `together(runs)` the Trainee the loop drives (txjax.training.trainee: a Run, or stacked runs,
+    txjax.training.stack.StackedRuns); its outcome (Run.finish)."""
     with contextlib.ExitStack() as held:  # one writer per workdir; SIGTERM/SIGINT stop with a checkpoint
         for workdir in workdirs:
             held.enter_context(workdir_lock.hold(Path(workdir)))
@@ -70,7 +72,7 @@ def drive(configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], 
                 ckpt.close()
 
 
-def _loop(run, data, start: int, changes):
+def _loop(run: Trainee, data, start: int, changes):
     tokenizer, train_data, valid_data = data
     t, (model, mesh) = run.t, run.build()
     run.compile(model, mesh)

@@ -6,9 +6,9 @@ loop (txjax.training.loop) that trains a single run:
 Stacked runs may differ only in train.seed (parameters, batch order, dropout) and the optimizer's scalar settings
 (txjax.state.optim.HYPERPARAMS, held as arrays in each run's optimizer state); everything else is one program, and
 their results equal those of the runs trained one by one (up to float reassociation in the batched matmuls).
-`Stack` has the methods of txjax.training.run.Run: the stacked state and program are its own, and each run's
-workdir, checkpoints, logs and evaluations stay that run's, handed its part of every tree. This is the one place
-that knows R.
+`StackedRuns` is a Trainee (txjax.training.trainee) as txjax.training.run.Run is: the stacked state and program are
+its own, and each run's workdir, checkpoints, logs and evaluations stay that run's, handed its part of every tree.
+This is the one place that knows R.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str | Pa
     of them saved; per run, the final metrics or the Diverged error that stopped it."""
     if len(configs) == 1:
         return [drive(configs, workdirs, lambda runs: runs[0])]
-    return drive(configs, workdirs, Stack)
+    return drive(configs, workdirs, StackedRuns)
 
 
 @jax.jit
@@ -51,7 +51,7 @@ def unstack(tree, r):
     return jax.tree_util.tree_map(lambda leaf: leaf[r], tree)
 
 
-class Stack:
+class StackedRuns:
     """R runs on one device, every state and batch leaf with a leading run axis R; the settings they share are
     the first run's."""
 
