@@ -52,7 +52,7 @@ def _run(argv: list[str], received: list[int]) -> int:
 
     from txjax.cli import COMPILING_COMMANDS, enable_compilation_cache
     from txjax.config import ConfigError
-    from txjax.errors import symlink_loop_line
+    from txjax.errors import check_symlink_loops, symlink_loop_line
     from txjax.extras import MissingExtra
     from txjax.ops.memory import out_of_memory_line
     from txjax.ops.preemption import EXIT_STATUS, Preempted, Stopped, recorded_signal, stop_on_signals
@@ -64,6 +64,7 @@ def _run(argv: list[str], received: list[int]) -> int:
         with stop_on_signals():
             if received:
                 raise Stopped(received[0])
+            check_symlink_loops(argv[1:])
             importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
             if (signum := recorded_signal()) is not None:  # a library caught the Stopped: the command still stops
                 raise Stopped(signum)
