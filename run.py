@@ -13,7 +13,6 @@ callback or finalizer (acted on just after it: txjax.ops.preemption.stop_on_sign
 """
 
 import importlib
-import os
 import signal
 import sys
 
@@ -92,11 +91,4 @@ def _run(argv: list[str], received: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:])
-    if status > 128:  # stopped by a signal (128 + its number), its one line printed and nothing left half-written:
-        # end without the interpreter's teardown, which an interrupted compiled loop's XLA threads, still calling
-        # back into Python, now and then crashed (SIGSEGV after the line, jax 0.12)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    sys.exit(main(sys.argv[1:]))
