@@ -78,10 +78,11 @@ def generate_stream(
     run = lambda: generate_windowed(
         model, params, prompt, max_new_tokens=max_new_tokens, seed=seed, pad_id=pad_id, **strategy
     )
-    for (token,) in stream_steps(run):
-        if token == eos_id:
-            return
-        yield token
+    with contextlib.closing(stream_steps(run)) as steps:  # its thread stopped when this one closes
+        for (token,) in steps:
+            if token == eos_id:
+                return
+            yield token
 
 
 def streams(run, strategy: dict) -> bool:
@@ -100,12 +101,14 @@ def stream_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **
     tokenizer = run.tokenizer
     yield shown
     window, printed = [], 0  # the tokens decoded together, and the length of their text already out
-    for token in generate_stream(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy):
-        window.append(token)
-        text = tokenizer.decode(window)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
-            continue
-        yield text[printed:]
-        window, printed = ([], 0) if text.endswith("\n") or len(window) >= WINDOW else (window, len(text))
+    tokens = generate_stream(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
+    with contextlib.closing(tokens):  # closed with this one: generate_stream's thread stops
+        for token in tokens:
+            window.append(token)
+            text = tokenizer.decode(window)
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+                continue
+            yield text[printed:]
+            window, printed = ([], 0) if text.endswith("\n") or len(window) >= WINDOW else (window, len(text))
     if rest := tokenizer.decode(window)[printed:]:  # a sequence the generation left incomplete
         yield rest
