@@ -117,8 +117,8 @@ def test_run_py_generate_prints_as_it_goes_and_says_when_it_passes_the_context(m
     fake_run = TrainedRun(config, model, CharTokenizer("0123456789", specials=True), params, 0)
     monkeypatch.setattr(txjax.cli.generate, "load_workdir", lambda workdir, average=1: fake_run)
     printed = []
-    monkeypatch.setattr(txjax.cli.generate, "stream_from_workdir", lambda *a, **k: printed.extend(
-        decode.stream.stream_from_workdir(*a, **k)) or printed)  # fmt: skip
+    monkeypatch.setattr(txjax.cli.generate, "stream_from_workdir", lambda *a, **k: (p for p in printed.extend(
+        decode.stream.stream_from_workdir(*a, **k)) or printed))  # fmt: skip
     assert run.main(["generate", "--workdir=unused", "--prompt=3141"]) == 0
     out, err = capsys.readouterr()
     assert out == "".join(printed) + "\n"  # the text is what generate_windowed gives (test above)
