@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from txjax.families.objective import token_sums
 from txjax.model.attention import MultiHeadAttention
@@ -31,17 +32,21 @@ def softmax(z):
     return e / e.sum(-1, keepdims=True)
 
 
-def test_qk_norm_normalizes_q_and_k_per_head_before_the_scores():
+@pytest.mark.parametrize("all_heads", [False, True])
+def test_qk_norm_normalizes_q_and_k_per_head_before_the_scores(all_heads):
+    """Per head: RMS over each head's d_k; all_heads (OLMoE): over the whole projection, gains [heads, d_k]."""
     d, h, k = 8, 2, 4
-    mha = MultiHeadAttention(num_heads=h, num_kv_heads=h, head_dim=k, qk_norm=True)
+    mha = MultiHeadAttention(num_heads=h, num_kv_heads=h, head_dim=k, qk_norm=True, qk_norm_all_heads=all_heads)
     x = jnp.asarray(RNG.normal(size=(1, 5, d)), jnp.float32)
     pos = jnp.arange(5)[None]
     params = randomized(jax.eval_shape(mha.init, jax.random.key(0), x, None, q_pos=pos))["params"]
     out = np.asarray(mha.apply({"params": params}, x, None, q_pos=pos))
     p = jax.tree.map(np.asarray, params)
     x0 = np.asarray(x[0])
-    q = rms_norm(np.einsum("ld,dhk->lhk", x0, p["query"]), p["query_norm"]["scale"])
-    kk = rms_norm(np.einsum("ld,dhk->lhk", x0, p["key"]), p["key_norm"]["scale"])
+    assert p["query_norm"]["scale"].shape == ((h, k) if all_heads else (k,))
+    norm = lambda t, g: rms_norm(t.reshape(5, -1), g.reshape(-1)).reshape(5, h, k) if all_heads else rms_norm(t, g)
+    q = norm(np.einsum("ld,dhk->lhk", x0, p["query"]), p["query_norm"]["scale"])
+    kk = norm(np.einsum("ld,dhk->lhk", x0, p["key"]), p["key_norm"]["scale"])
     v = np.einsum("ld,dhk->lhk", x0, p["value"])
     probs = softmax(np.einsum("qhk,shk->hqs", q, kk) / np.sqrt(k))
     expected = np.einsum("hqs,shk,hkd->qd", probs, v, p["out"])

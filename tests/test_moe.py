@@ -83,7 +83,10 @@ def reference_moe(params, x_MxD, cfg, keep=None, xp=np, choices=None):
                 y = y + gates[j] * ((silu(x @ ex["wi"][e]) * (x @ ex["wi_gate"][e])) @ ex["wo"][e])
         if "shared_experts" in params:
             sh = params["shared_experts"]
-            y = y + (silu(x @ sh["wi"]["kernel"]) * (x @ sh["wi_gate"]["kernel"])) @ sh["wo"]["kernel"]
+            shared = (silu(x @ sh["wi"]["kernel"]) * (x @ sh["wi_gate"]["kernel"])) @ sh["wo"]["kernel"]
+            if "shared_expert_gate" in params:  # Qwen2-MoE: sigmoid(x w_s) scales the shared experts
+                shared = shared / (1.0 + xp.exp(-(x @ params["shared_expert_gate"]["kernel"])))
+            y = y + shared
         rows.append(y)
     return xp.stack(rows), chosen
 
@@ -99,6 +102,7 @@ def apply_moe(cfg, params, x_BxLxD):
     [
         dict(router="topk_then_softmax"),
         dict(router="softmax_then_topk", moe_norm_topk=True, num_shared_experts=1),
+        dict(router="softmax_then_topk", num_shared_experts=2, shared_expert_gate=True),
         dict(router="sigmoid", experts_per_token=3),
     ],
 )
@@ -234,6 +238,8 @@ def test_bad_moe_settings_are_one_line_errors():
         ModelConfig(vocab_size=11, num_experts=2, experts_per_token=3)
     with pytest.raises(ValueError, match="multiple of model.moe_every=3"):
         ModelConfig(vocab_size=11, num_experts=2, moe_every=3)
+    with pytest.raises(ValueError, match="set model.num_shared_experts > 0"):
+        ModelConfig(vocab_size=11, num_experts=2, shared_expert_gate=True)
     with pytest.raises(config_lib.ConfigError, match="moe_bias_rate=0.001 is not read by model.router"):
         config_lib.from_command_line(None, ["--config.model.num_experts=4", "--config.train.moe_bias_rate=1e-3"])
     with pytest.raises(config_lib.ConfigError, match="moe_aux_weight=0.1 is not read by model.num_experts=0"):

@@ -139,17 +139,10 @@ def attend(q, k, v, mask, *, causal=False, window=0, bias=None, scale=None, keep
     if impl in ("fused", "cudnn") and keep is None and not weights:
         full = None if mask is None else jnp.broadcast_to(mask, (b, 1, l, s))
         local = None if is_global(window) else (window - 1, 0)  # i - window < j <= i
-        out = jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            bias,
-            full,
-            scale=scale,
-            is_causal=causal,
-            local_window_size=local,
-            implementation=impl.replace("fused", "xla"),
+        kernel = dict(
+            scale=scale, is_causal=causal, local_window_size=local, implementation=impl.replace("fused", "xla")
         )
+        out = jax.nn.dot_product_attention(q, k, v, bias, full, **kernel)
         if mask is None:
             return out, None
         # like the reference: a query with no key to attend to (padding) gets zeros
@@ -279,6 +272,7 @@ class MultiHeadAttention(nn.Module):
     alibi: bool = False
     max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
+    qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_k] (OLMoE)
     norm_eps: float = 1e-5
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
@@ -354,11 +348,15 @@ class MultiHeadAttention(nn.Module):
         return y + self.param(f"{name}_bias", zeros, (heads, self.head_dim)).astype(self.dtype)
 
     def norm(self, name, t):
-        """QK-norm: g * t / sqrt(mean_k(t^2) + eps) over each head's d_k, in float32 (identity unless qk_norm)."""
+        """QK-norm: g * t / sqrt(mean_k(t^2) + eps) over each head's d_k (qk_norm_all_heads: over all heads' [H, d_k]),
+        in float32 (identity unless qk_norm)."""
         if not self.qk_norm:
             return t
-        scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("kv",))
-        return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, name=name)(t).astype(t.dtype)
+        axes = (-2, -1) if self.qk_norm_all_heads else (-1,)
+        spec = ("heads" if name == "query_norm" else "kv_heads", "kv")[-len(axes) :]
+        kwargs = dict(reduction_axes=axes, feature_axes=axes, name=name)
+        scale_init = nn.with_logical_partitioning(nn.initializers.ones, spec)
+        return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, **kwargs)(t).astype(t.dtype)
 
     def project_qkv(self, x_BxLxD, kv_BxSxD):
         """-> q [B, L, H, K], k/v [B, S, KV, K] (None for kv None: a cross-attention decode step)."""

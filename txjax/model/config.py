@@ -70,6 +70,7 @@ class ModelConfig:
     rope_base: float = 10000.0
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, sec. 3.4)
     qk_norm: bool = False  # RMSNorm of q and k per head before the scores
+    qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_head] (OLMoE)
     logit_softcap: float = 0.0  # > 0: logits = c tanh(logits / c) (Gemma 2; modded-nanogpt); 0 = off
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
@@ -103,6 +104,7 @@ class ModelConfig:
     router: str = "topk_then_softmax"  # Mixtral | softmax_then_topk (Switch, Qwen-MoE, OLMoE) | sigmoid (DeepSeek-V3)
     moe_norm_topk: bool = False  # softmax_then_topk / sigmoid: renormalise the k chosen gates to sum 1
     moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
+    shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x w_g), one gate per token (Qwen2-MoE)
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -165,12 +167,14 @@ class ModelConfig:
             raise ValueError(
                 f"model.rope_fraction={self.rope_fraction} must be in (0, 1] and rotate an even number of channels"
             )
+        if self.qk_norm_all_heads and not self.qk_norm:
+            raise ValueError("model.qk_norm_all_heads changes how qk_norm normalizes: set model.qk_norm=true")
         self._check_moe()
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
         moe_fields = ("experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router", "moe_norm_topk")
-        moe_fields += ("moe_capacity_factor",)
+        moe_fields += ("moe_capacity_factor", "shared_expert_gate")
         if not isinstance(self.num_experts, int) or self.num_experts < 0:
             raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
         if self.num_experts == 0:
@@ -199,6 +203,8 @@ class ModelConfig:
             raise ValueError("model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1; remove it")
         if self.use_bias:
             raise ValueError("model.num_experts > 0 has experts without biases: set model.use_bias=false")
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ValueError("model.shared_expert_gate gates the shared experts: set model.num_shared_experts > 0")
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:

@@ -60,6 +60,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         alibi=not cross and cfg.positional == "alibi",
         max_distance=cfg.relative_max_distance,
         qk_norm=cfg.qk_norm,
+        qk_norm_all_heads=cfg.qk_norm_all_heads,
         norm_eps=cfg.norm_eps,
         sow_weights=sow_weights,
         cross=cross,

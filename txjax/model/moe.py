@@ -8,7 +8,8 @@
     g <- g / sum_j g_j with model.moe_norm_topk (the last two routers)
     y = sum_j g_j FFN_{e_j}(x) + FFN_shared(x)     FFN_i(x) = act(x W1_i) W2_i, or (silu(x W1_i) * x W3_i) W2_i
 top_k breaks ties toward the lower expert index (jax.lax.top_k). The shared experts are one FeedForward of width
-num_shared_experts x moe_d_ff (DeepSeek-MoE; Qwen2-MoE's gate on it is not modelled).
+num_shared_experts x moe_d_ff (DeepSeek-MoE); with model.shared_expert_gate its output is scaled per token by
+sigmoid(x w_s), w_s [D, 1] (Qwen2-MoE's shared_expert_gate).
 
 Dropless (moe_capacity_factor = 0): the M k (token, expert) assignments are sorted by expert and each expert weight
 is one grouped matmul over them (`grouping`, the group sizes = assignments per expert): no loop over experts,
@@ -208,7 +209,11 @@ class MoE(nn.Module):
         y_MxD = (gates_MxJ.T[..., None] * y_JxMxD).sum(0)
         if cfg.num_shared_experts:
             shared = FeedForward(cfg, width=cfg.num_shared_experts * cfg.expert_d_ff, name="shared_experts")
-            y_MxD = y_MxD + shared(x_MxD).astype(jnp.float32)
+            shared_MxD = shared(x_MxD).astype(jnp.float32)
+            if cfg.shared_expert_gate:
+                gate = dense(1, ("embed", None), False, jnp.float32, cfg.hidden_init_std, name="shared_expert_gate")
+                shared_MxD = jax.nn.sigmoid(gate(x_MxD.astype(jnp.float32))) * shared_MxD
+            y_MxD = y_MxD + shared_MxD
 
         fraction_X = counts_X / (m * k)
         self.sow(MOE_STATS, "expert_tokens", counts_X.astype(jnp.float32), **_OVERWRITE)
