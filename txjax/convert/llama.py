@@ -28,6 +28,7 @@ puts where txjax has none, another activation) is a one-line ValueError naming t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -168,7 +169,8 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
     """ModelConfig -> a config.json that LlamaForCausalLM loads (Qwen2ForCausalLM with q/k/v biases, Qwen3ForCausalLM
     with q/k norms, MistralForCausalLM with a window in every layer)."""
-    for name, want in {**_LLAMA_FIELDS, "window_pattern": "", "rope_local_base": 0.0, "rope_fraction": 1.0}.items():
+    fixed = {"window_pattern": "", "rope_local_base": 0.0, "rope_fraction": 1.0, "qk_norm_all_heads": False}
+    for name, want in {**_LLAMA_FIELDS, **fixed, "num_experts": 0}.items():
         if getattr(cfg, name) != want:
             raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Llama (needs {want!r})")
     kinds = [k for k, on in (("qwen2", cfg.qkv_bias), ("qwen3", cfg.qk_norm), ("mistral", cfg.attention_window)) if on]
@@ -205,9 +207,25 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
 # tensors <-> params
 
 
-def _layer_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dict:
-    """One block's params from `get(name, shape)` (HF tensor `model.layers.i.<name>` as float32 of that shape)."""
-    d, h, g, k, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff
+MLP_NAMES = ("gate_proj", "up_proj", "down_proj")  # SwiGLU's W1 (gated by silu), W3, W2
+
+
+def ffn_from_hf(get: Callable, d: int, f: int, names=MLP_NAMES) -> dict:
+    """A SwiGLU FFN's params from `get(name, shape)`: `names` (gate, up, down) [F, D], [F, D], [D, F] -> ffn.wi,
+    wi_gate [D, F], wo [F, D]."""
+    kernel = lambda name, shape: {"kernel": get(f"{name}.weight", shape).T}
+    return {"wi": kernel(names[0], (f, d)), "wi_gate": kernel(names[1], (f, d)), "wo": kernel(names[2], (d, f))}
+
+
+def ffn_to_hf(ffn: Mapping, names=MLP_NAMES) -> dict:
+    """Inverse of ffn_from_hf: {`name`.weight: array}."""
+    return {f"{n}.weight": ffn[key]["kernel"].T for n, key in zip(names, ("wi", "wi_gate", "wo"), strict=True)}
+
+
+def attention_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dict:
+    """A block's attention and its two norms from `get(name, shape)` (HF tensor `model.layers.i.<name>` as float32
+    of that shape); q/k norm gains of each head, or (qk_norm_all_heads, OLMoE) of the whole projection [H K]."""
+    d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     norm = lambda name: {"scale": get(f"{name}.weight", (d,))}
     attn = {
         "query": get("self_attn.q_proj.weight", (h * k, d)).T.reshape(d, h, k)[..., to_pairs],
@@ -215,31 +233,35 @@ def _layer_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dic
         "value": get("self_attn.v_proj.weight", (g * k, d)).T.reshape(d, g, k),
         "out": get("self_attn.o_proj.weight", (d, h * k)).T.reshape(h, k, d),
     }
-    if cfg.qk_norm:
-        attn["query_norm"] = {"scale": get("self_attn.q_norm.weight", (k,))[to_pairs]}
-        attn["key_norm"] = {"scale": get("self_attn.k_norm.weight", (k,))[to_pairs]}
+    for ours, theirs, heads in (("query_norm", "q_norm", h), ("key_norm", "k_norm", g)) if cfg.qk_norm else ():
+        n = heads if cfg.qk_norm_all_heads else 1  # OLMoE's gains span the whole projection
+        scale = get(f"self_attn.{theirs}.weight", (n * k,)).reshape(n, k)[..., to_pairs]
+        attn[ours] = {"scale": scale if cfg.qk_norm_all_heads else scale[0]}
     if cfg.qkv_bias:
         attn["query_bias"] = get("self_attn.q_proj.bias", (h * k,)).reshape(h, k)[..., to_pairs]
         attn["key_bias"] = get("self_attn.k_proj.bias", (g * k,)).reshape(g, k)[..., to_pairs]
         attn["value_bias"] = get("self_attn.v_proj.bias", (g * k,)).reshape(g, k)
-    kernel = lambda name, shape: {"kernel": get(f"mlp.{name}.weight", shape).T}
     return {
         "self_attention_norm": norm("input_layernorm"),
         "self_attention": attn,
         "ffn_norm": norm("post_attention_layernorm"),
-        "ffn": {
-            "wi": kernel("gate_proj", (f, d)),
-            "wi_gate": kernel("up_proj", (f, d)),
-            "wo": kernel("down_proj", (d, f)),
-        },
     }
 
 
-def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
-    """Inverse of _layer_from_hf: one block's params -> {name: array} without the `model.layers.i.` prefix."""
+def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dict:
+    """The decoder's Llama blocks layers_0 ... from `get(i, name, shape)` (HF tensor `model.layers.i.<name>`)."""
+    return {
+        f"layers_{i}": attention_from_hf(functools.partial(get, i), cfg, to_pairs)
+        | {"ffn": ffn_from_hf(lambda n, s, i=i: get(i, f"mlp.{n}", s), cfg.d_model, cfg.d_ff)}
+        for i in range(cfg.num_layers)
+    }
+
+
+def attention_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
+    """Inverse of attention_from_hf: one block's attention and norms -> {name: array} without `model.layers.i.`."""
     d = cfg.d_model
     to_halves = np.argsort(pairs(cfg.head_dim))
-    a, ffn = p["self_attention"], p["ffn"]
+    a = p["self_attention"]
     out = {
         "self_attn.q_proj.weight": a["query"][..., to_halves].reshape(d, -1).T,
         "self_attn.k_proj.weight": a["key"][..., to_halves].reshape(d, -1).T,
@@ -247,13 +269,10 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
         "self_attn.o_proj.weight": a["out"].reshape(-1, d).T,
         "input_layernorm.weight": p["self_attention_norm"]["scale"],
         "post_attention_layernorm.weight": p["ffn_norm"]["scale"],
-        "mlp.gate_proj.weight": ffn["wi"]["kernel"].T,
-        "mlp.up_proj.weight": ffn["wi_gate"]["kernel"].T,
-        "mlp.down_proj.weight": ffn["wo"]["kernel"].T,
     }
-    if cfg.qk_norm:
-        out["self_attn.q_norm.weight"] = a["query_norm"]["scale"][to_halves]
-        out["self_attn.k_norm.weight"] = a["key_norm"]["scale"][to_halves]
+    if cfg.qk_norm:  # [K] per head, or [H, K] over the whole projection: flattened either way
+        out["self_attn.q_norm.weight"] = a["query_norm"]["scale"][..., to_halves].reshape(-1)
+        out["self_attn.k_norm.weight"] = a["key_norm"]["scale"][..., to_halves].reshape(-1)
     if cfg.qkv_bias:
         out["self_attn.q_proj.bias"] = a["query_bias"][..., to_halves].reshape(-1)
         out["self_attn.k_proj.bias"] = a["key_bias"][..., to_halves].reshape(-1)
@@ -261,10 +280,19 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     return out
 
 
-def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False) -> dict:
+def _layers_to_hf(dec: Mapping, cfg: ModelConfig) -> list[dict]:
+    """Inverse of _layers_from_hf: HF layer i's tensors (names without `model.layers.i.`) for each i."""
+    mlp = lambda p: {f"mlp.{k}": v for k, v in ffn_to_hf(p["ffn"]).items()}
+    return [attention_to_hf(dec[f"layers_{i}"], cfg) | mlp(dec[f"layers_{i}"]) for i in range(cfg.num_layers)]
+
+
+def params_from_hf(
+    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False, layers=_layers_from_hf
+) -> dict:
     """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
     cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
-    A missing, extra or misshapen tensor is a ValueError naming it."""
+    layers(get, cfg, to_pairs): the decoder's layer entries (another FFN: txjax.convert.moe). A missing, extra or
+    misshapen tensor is a ValueError naming it."""
     t = hf_folder.Tensors(tensors, "model.")
     to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
     d, v = cfg.d_model, cfg.vocab_size
@@ -276,16 +304,14 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
             raise ValueError(
                 f"{hf_folder.CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
             )
-    decoder = {
-        f"layers_{i}": _layer_from_hf(lambda n, s, i=i: t.get(f"layers.{i}.{n}", s), cfg, to_pairs)
-        for i in range(cfg.num_layers)
-    }
+    decoder = layers(lambda i, name, shape: t.get(f"layers.{i}.{name}", shape), cfg, to_pairs)
     decoder["final_norm"] = {"scale": t.get("norm.weight", (d,))}
     return t.finish({"embed": embed, "decoder": decoder}, cfg, _BUFFERS)
 
 
-def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them."""
+def params_to_hf(params: Mapping, cfg: ModelConfig, layers=_layers_to_hf) -> dict[str, np.ndarray]:
+    """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them
+    (layers(decoder, cfg): each HF layer's tensors, as _layers_to_hf)."""
     params, dec = hf_folder.looped_numpy(params, cfg)
     out = {
         "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],
@@ -293,8 +319,8 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     }
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = params["embed"]["lm_head"]["kernel"].T
-    for i in range(cfg.num_layers):
-        out.update({f"model.layers.{i}.{k}": v for k, v in _layer_to_hf(dec[f"layers_{i}"], cfg).items()})
+    for i, tensors in enumerate(layers(dec, cfg)):
+        out.update({f"model.layers.{i}.{k}": v for k, v in tensors.items()})
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

@@ -193,7 +193,8 @@ class MoE(nn.Module):
         x_MxD = x_BxLxD.reshape(-1, x_BxLxD.shape[-1])
         m = x_MxD.shape[0]
         router = dense(num_experts, ("embed", None), False, jnp.float32, cfg.hidden_init_std, name="router")
-        z_MxX = router(x_MxD.astype(jnp.float32))
+        # the dense layers read [B, L, D], the rank decoding's out-major kernels take (txjax.decode.kernels)
+        z_MxX = router(x_BxLxD.astype(jnp.float32)).reshape(m, num_experts)
         bias_X = None
         if cfg.router == "sigmoid":
             init = nn.with_logical_partitioning(nn.initializers.zeros, (None,))
@@ -209,10 +210,10 @@ class MoE(nn.Module):
         y_MxD = (gates_MxJ.T[..., None] * y_JxMxD).sum(0)
         if cfg.num_shared_experts:
             shared = FeedForward(cfg, width=cfg.num_shared_experts * cfg.expert_d_ff, name="shared_experts")
-            shared_MxD = shared(x_MxD).astype(jnp.float32)
+            shared_MxD = shared(x_BxLxD).astype(jnp.float32).reshape(m, -1)
             if cfg.shared_expert_gate:
                 gate = dense(1, ("embed", None), False, jnp.float32, cfg.hidden_init_std, name="shared_expert_gate")
-                shared_MxD = jax.nn.sigmoid(gate(x_MxD.astype(jnp.float32))) * shared_MxD
+                shared_MxD = jax.nn.sigmoid(gate(x_BxLxD.astype(jnp.float32)).reshape(m, 1)) * shared_MxD
             y_MxD = y_MxD + shared_MxD
 
         fraction_X = counts_X / (m * k)

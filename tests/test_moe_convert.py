@@ -1,0 +1,180 @@
+"""Mixture-of-experts interop against transformers' MixtralForCausalLM, Qwen2MoeForCausalLM (shared expert and its
+gate, a dense layer by decoder_sparse_step), Qwen3MoeForCausalLM and OlmoeForCausalLM (q/k norm over the whole
+projection): logits, greedy generation, the export round trip, and `run.py import` / `export` of a folder with its
+tokenizer (skipped without the `interop` extra)."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_llama_convert import randomized, torch_logits, txjax_logits  # noqa: E402
+
+import run  # noqa: E402
+from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, save_moe  # noqa: E402
+from txjax.decode import generate  # noqa: E402
+from txjax.experiment import load_workdir  # noqa: E402
+from txjax.model.models import DecoderLM  # noqa: E402
+
+VOCAB, CTX = 96, 48
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=CTX,
+    num_experts_per_tok=2,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+MODELS = {  # 4 experts, top-2 in each; the fields each family adds
+    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=4, intermediate_size=24)),
+    "qwen2_moe": (
+        transformers.Qwen2MoeConfig,
+        dict(
+            num_experts=4,
+            intermediate_size=40,  # layer 0's dense MLP (decoder_sparse_step=2: layer 1 alone is MoE)
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,  # two experts' width
+            decoder_sparse_step=2,
+        ),
+    ),
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        dict(num_experts=4, intermediate_size=40, moe_intermediate_size=16, head_dim=16, norm_topk_prob=True),
+    ),
+    "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=24)),
+}
+EXPECTED = {  # (router, moe_norm_topk, num_shared_experts, moe_every, qk_norm, qk_norm_all_heads, qkv_bias)
+    "mixtral": ("topk_then_softmax", False, 0, 1, False, False, False),
+    "qwen2_moe": ("softmax_then_topk", False, 2, 2, False, False, True),
+    "qwen3_moe": ("softmax_then_topk", True, 0, 1, True, False, False),
+    "olmoe": ("softmax_then_topk", False, 0, 1, True, True, False),
+}
+TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, CTX))
+
+
+def random_model(kind: str, **changes):
+    config_class, fields = MODELS[kind]
+    return randomized(config_class(**{**COMMON, **fields, **changes}))
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def hf(request, tmp_path_factory):
+    """(kind, model, folder)"""
+    model = random_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    return request.param, model, folder
+
+
+def test_logits_match_transformers(hf):
+    kind, model, folder = hf
+    cfg, params = load_moe(folder)
+    got = (cfg.router, cfg.moe_norm_topk, cfg.num_shared_experts, cfg.moe_every, cfg.qk_norm, cfg.qk_norm_all_heads)
+    assert (*got, cfg.qkv_bias) == EXPECTED[kind] and cfg.num_experts == 4 and cfg.experts_per_token == 2
+    assert cfg.shared_expert_gate == (kind == "qwen2_moe")
+    ref = torch_logits(model, TOKENS)
+    assert np.abs(ref).max() > 3.0  # not a trivially small signal
+    np.testing.assert_allclose(txjax_logits(cfg, params, TOKENS), ref, atol=1e-4, rtol=0)
+
+
+def test_greedy_generation_matches_transformers(hf):
+    _, model, folder = hf
+    cfg, params = load_moe(folder)
+    prompt = TOKENS[0, :5]
+    with torch.no_grad():
+        ref = model.generate(torch.as_tensor(prompt[None]), max_new_tokens=24, do_sample=False)[0, 5:].tolist()
+    assert generate(DecoderLM(cfg), params, [prompt.tolist()], max_new_tokens=24).ids[0] == ref
+
+
+def test_export_round_trip(hf, tmp_path):
+    kind, model, folder = hf
+    cfg, params = load_moe(folder)
+    out = save_moe(tmp_path / "out", cfg, params)
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["model_type"] == kind and config_from_hf(hf_config, has_head=True) == cfg
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    np.testing.assert_allclose(torch_logits(reloaded, TOKENS), torch_logits(model, TOKENS), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kind, change, field",
+    [
+        ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
+        ("qwen2_moe", {"decoder_sparse_step": 3}, "decoder_sparse_step"),
+        ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+        ("qwen2_moe", {"shared_expert_intermediate_size": 24}, "shared_expert_intermediate_size"),
+        ("qwen2_moe", {"num_experts": 0}, "num_experts"),
+        ("mixtral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("qwen3_moe", {"use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
+def test_unrepresentable_config_names_the_field(kind, change, field):
+    hf_config = {**random_model_config(kind), **change}
+    with pytest.raises(ValueError, match=field) as e:
+        config_from_hf(hf_config, has_head=True)
+    assert "\n" not in str(e.value)
+
+
+def random_model_config(kind: str) -> dict:
+    """config.json's fields of a MODELS entry, as save_pretrained writes them."""
+    config_class, fields = MODELS[kind]
+    return {**config_class(**COMMON, **fields).to_dict(), "model_type": kind}
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"router": "sigmoid"}, "model.router"),
+        ({"shared_expert_gate": False}, "model.shared_expert_gate"),  # Qwen2-MoE gates its shared expert
+        (
+            {"moe_norm_topk": False, "num_shared_experts": 0, "shared_expert_gate": False, "qkv_bias": False},
+            "moe_norm_topk",
+        ),
+    ],
+)
+def test_unexportable_config_names_the_field(change, field):
+    """A Qwen2-MoE config changed so that no architecture holds it (Mixtral's router renormalises its k gates)."""
+    cfg = config_from_hf(random_model_config("qwen2_moe"), has_head=True)
+    moe_every_1 = {"moe_every": 1} if "num_shared_experts" in change else {}
+    with pytest.raises(ValueError, match=field) as e:
+        config_to_hf(dataclasses.replace(cfg, **change, **moe_every_1))
+    assert "\n" not in str(e.value)
+
+
+def test_run_py_import_and_export_with_the_tokenizer(tmp_path, capsys):
+    """A Qwen2-MoE folder with a byte-level BPE tokenizer: `run.py import` keeps its parameters, `run.py export`
+    writes a folder transformers loads with the original logits."""
+    tokenizers = pytest.importorskip("tokenizers")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["All: Speak, speak. First Citizen: you are all resolved rather to die."] * 20, 280)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    model = random_model("qwen2_moe", vocab_size=bpe.get_vocab_size())  # byte-level: 256 ids and the merges
+    model.save_pretrained(tmp_path / "hf")
+    fast.save_pretrained(tmp_path / "hf")
+    text = tmp_path / "text.txt"
+    text.write_text("All: Speak, speak.\n" * 40)
+    flags = [f"--config.data.path={text}", "--config.data.seq_len=16"]
+    assert run.main(["import", f"--from={tmp_path / 'hf'}", f"--workdir={tmp_path / 'run'}", *flags]) == 0
+    cfg, params = load_moe(tmp_path / "hf")
+    loaded = load_workdir(tmp_path / "run")
+    assert loaded.model.cfg == cfg
+    np.testing.assert_array_equal(
+        loaded.params["decoder"]["layers"]["block_1"]["ffn"]["shared_expert_gate"]["kernel"],
+        params["decoder"]["layers"]["block_1"]["ffn"]["shared_expert_gate"]["kernel"],
+    )
+    capsys.readouterr()
+    assert run.main(["export", f"--workdir={tmp_path / 'run'}", f"--to={tmp_path / 'out'}"]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(json.loads(capsys.readouterr().out)["files"])
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    np.testing.assert_allclose(torch_logits(again, TOKENS), torch_logits(model, TOKENS), atol=1e-5, rtol=0)

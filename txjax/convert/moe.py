@@ -1,0 +1,279 @@
+"""Mixture-of-experts checkpoints (Hugging Face MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
+OlmoeForCausalLM) <-> DecoderLM with model.num_experts > 0 (txjax.model.moe).
+
+Each is a Llama-family model (txjax.convert.llama reads and writes its embeddings, attention, norms and RoPE's pair
+layout) whose FFN is a mixture of experts. Per layer, HF [out, in] weights transposed, experts stacked in index order:
+
+    Mixtral    block_sparse_moe.gate [X, D]                    -> ffn.router.kernel [D, X]
+               block_sparse_moe.experts.e.w1, w3 [F, D], w2 [D, F] -> ffn.experts.wi, wi_gate [X, D, F], wo [X, F, D]
+    Qwen2-MoE  mlp.gate, mlp.experts.e.gate_proj, up_proj, down_proj: as Mixtral's
+               mlp.shared_expert.{gate,up,down}_proj [S, D], [S, D], [D, S] -> ffn.shared_experts (one FFN of width S:
+               num_shared_experts = S / moe_intermediate_size); mlp.shared_expert_gate [1, D] -> ffn.shared_expert_gate
+               [D, 1] (model.shared_expert_gate: sigmoid(x w_s) scales the shared experts); q/k/v biases
+    Qwen3-MoE  as Qwen2-MoE without shared experts or biases, with q/k RMSNorm per head (model.qk_norm)
+    OLMoE      as Qwen3-MoE, its q/k RMSNorm over the whole projection, gains [H K] and [G K] (qk_norm_all_heads)
+
+Routers: Mixtral's top-k of the softmax renormalised, i.e. a softmax over the top-k logits, is
+router=topk_then_softmax; the others' softmax then top-k is router=softmax_then_topk, renormalised when
+norm_topk_prob (moe_norm_topk). Qwen's decoder_sparse_step = n (layers n-1, 2n-1, ... MoE, the others a dense
+mlp.{gate,up,down}_proj of intermediate_size) is model.moe_every = n, with the layers of group j at
+decoder.layers_j.block_0 ... block_{n-1}; mlp_only_layers that make an MoE layer dense are refused.
+
+Not imported (training settings, not the model): router_aux_loss_coef with output_router_logits, which turns HF's
+balance loss on (it is k times txjax's per-layer balance loss, and taken over all layers' tokens at once, so there is
+no exact weight; the run's train.moe_aux_weight keeps txjax's default, set it with --config.train.moe_aux_weight),
+and Mixtral's router_jitter_noise (noise on the router's input while training). None of the four has a router bias.
+A config txjax cannot represent (clip_qkv, a sparse step the layer count does not divide, a shared expert width that
+is not a multiple of an expert's) is a one-line ValueError naming the config.json field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import save_file
+
+from txjax.convert import hf_folder, llama
+from txjax.model.config import ModelConfig
+
+MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+_ARCHITECTURES = {
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+}
+_ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "qwen3"}  # llama's kinds
+_BLOCK = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}  # the MoE block's name and its experts' (gate, up,
+_QWEN_BLOCK = ("mlp", llama.MLP_NAMES)  # down) names; Qwen's and OLMoE's
+# the ModelConfig fields llama.config_to_hf refuses: reset to their defaults before it writes the common part
+_MOE_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router")
+_MOE_FIELDS += ("moe_norm_topk", "moe_capacity_factor", "shared_expert_gate", "qk_norm_all_heads")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config.json <-> ModelConfig
+
+
+def _experts_and_step(hf: Mapping, kind: str) -> tuple[int, int]:
+    """(routed experts, moe_every) of a config.json; a sparse pattern moe_every cannot express is a ValueError."""
+    experts = hf.get("num_experts", hf.get("num_local_experts"))  # transformers 5 writes Qwen3-MoE's as the latter
+    if not isinstance(experts, int) or experts <= 0:
+        raise ValueError(f"config.json: num_experts={experts!r} must be a positive integer (a mixture of experts)")
+    if kind in ("mixtral", "olmoe"):
+        return experts, 1
+    layers, step = hf["num_hidden_layers"], hf.get("decoder_sparse_step", 1)
+    if not isinstance(step, int) or step <= 0 or layers % step:
+        raise ValueError(
+            f"config.json: decoder_sparse_step={step!r} must be a positive integer dividing num_hidden_layers={layers}"
+            " (txjax's MoE layers are every n-th of whole groups: model.moe_every)"
+        )
+    dense = [i for i in hf.get("mlp_only_layers") or [] if (i + 1) % step == 0]
+    if dense:
+        raise ValueError(
+            f"config.json: mlp_only_layers={hf['mlp_only_layers']!r} makes layer {dense[0]} dense, which txjax cannot "
+            "represent (its MoE layers are every decoder_sparse_step-th: model.moe_every)"
+        )
+    return experts, step
+
+
+def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
+    """A Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE config.json (as a dict) -> ModelConfig; `has_head`: the weights hold
+    lm_head.weight. Unrepresentable fields are a ValueError naming them."""
+    kind = hf.get("model_type")
+    if kind not in MODEL_TYPES:
+        raise ValueError(f"config.json: model_type={kind!r} is not a mixture of experts ({', '.join(MODEL_TYPES)})")
+    hf_folder.integers(hf, "num_hidden_layers", "num_experts_per_tok", "intermediate_size")
+    if hf.get("clip_qkv") is not None:
+        raise ValueError(f"config.json: clip_qkv={hf['clip_qkv']!r} is not supported (txjax does not clip q, k, v)")
+    experts, step = _experts_and_step(hf, kind)
+    qwen = kind in ("qwen2_moe", "qwen3_moe")
+    if qwen:
+        hf_folder.integers(hf, "moe_intermediate_size")
+    width = hf["moe_intermediate_size"] if qwen else hf["intermediate_size"]
+    shared = 0
+    if kind == "qwen2_moe":
+        hf_folder.integers(hf, "shared_expert_intermediate_size")
+        shared, rest = divmod(hf["shared_expert_intermediate_size"], width)
+        if shared <= 0 or rest:
+            raise ValueError(
+                f"config.json: shared_expert_intermediate_size={hf['shared_expert_intermediate_size']} must be a "
+                f"positive multiple of moe_intermediate_size={width} (txjax's shared experts are n of that width)"
+            )
+    attention = _ATTENTION[kind] if hf.get("qkv_bias", True) else "llama"  # Qwen2-MoE's q/k/v biases may be off
+    base = llama.config_from_hf({**hf, "model_type": attention}, has_head)
+    mixtral = kind == "mixtral"
+    return dataclasses.replace(
+        base,
+        num_experts=experts,
+        experts_per_token=hf["num_experts_per_tok"],
+        num_shared_experts=shared,
+        shared_expert_gate=shared > 0,
+        moe_d_ff=width if qwen else None,
+        moe_every=step,
+        router="topk_then_softmax" if mixtral else "softmax_then_topk",
+        moe_norm_topk=False if mixtral else bool(hf.get("norm_topk_prob", False)),
+        qk_norm_all_heads=kind == "olmoe",
+    )
+
+
+def _kind(cfg: ModelConfig) -> str:
+    """The Hugging Face architecture of an MoE ModelConfig, or a ValueError naming the field none of them has."""
+    if cfg.router == "sigmoid" or cfg.num_experts == 0:
+        field = "router" if cfg.num_experts else "num_experts"
+        raise ValueError(f"model.{field}={getattr(cfg, field)!r} has no Hugging Face MoE architecture txjax writes")
+    kind = "olmoe" if cfg.qk_norm_all_heads else "qwen3_moe" if cfg.qk_norm else "qwen2_moe"
+    if not (cfg.qk_norm or cfg.num_shared_experts or cfg.qkv_bias):
+        kind = "mixtral"
+    # each architecture's fixed features: (field, the value it needs)
+    needs = {
+        "mixtral": [("moe_every", 1)],
+        "qwen2_moe": [("shared_expert_gate", True), ("attention_window", 0)],
+        "qwen3_moe": [("num_shared_experts", 0), ("qkv_bias", False), ("attention_window", 0)],
+        "olmoe": [("num_shared_experts", 0), ("qkv_bias", False), ("attention_window", 0), ("moe_every", 1)],
+    }[kind]
+    if kind == "mixtral" and cfg.router == "softmax_then_topk" and not cfg.moe_norm_topk:
+        needs.append(("moe_norm_topk", True))  # renormalised, softmax-then-top-k is Mixtral's softmax over the top k
+    if kind == "olmoe" and cfg.head_dim * cfg.num_heads != cfg.d_model:
+        raise ValueError(
+            f"model.d_head={cfg.d_head} cannot be exported to olmoe (its q_norm spans d_model = heads x d_head)"
+        )
+    for name, want in needs:
+        if getattr(cfg, name) != want:
+            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to {kind} (needs {want!r})")
+    return kind
+
+
+def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    """MoE ModelConfig -> a config.json of the architecture its features name (OLMoE with qk_norm_all_heads, Qwen3-MoE
+    with per-head q/k norms, Qwen2-MoE with shared experts or q/k/v biases, else Mixtral)."""
+    kind = _kind(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    dense = dataclasses.replace(cfg, **{name: defaults[name] for name in _MOE_FIELDS})
+    hf = llama.config_to_hf(dense, bos_id, eos_id)
+    # a renormalised top-k of the softmax equals Mixtral's softmax over the top-k logits
+    norm = cfg.moe_norm_topk or cfg.router == "topk_then_softmax"
+    hf |= {"architectures": [_ARCHITECTURES[kind]], "model_type": kind, "num_experts_per_tok": cfg.experts_per_token}
+    hf |= {"num_local_experts" if kind == "mixtral" else "num_experts": cfg.num_experts}
+    if kind in ("mixtral", "olmoe"):
+        hf["intermediate_size"] = cfg.expert_d_ff
+    if kind != "mixtral":
+        hf |= {"norm_topk_prob": norm, "output_router_logits": False}
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        hf |= {"moe_intermediate_size": cfg.expert_d_ff, "decoder_sparse_step": cfg.moe_every, "mlp_only_layers": []}
+    if kind == "qwen2_moe":
+        hf |= {"qkv_bias": cfg.qkv_bias, "shared_expert_intermediate_size": cfg.num_shared_experts * cfg.expert_d_ff}
+    return hf
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tensors <-> params
+
+
+def _stack(arrays: list):
+    """np.stack, or jnp.stack in check_headers' abstract pass (tracers)."""
+    return jnp.stack(arrays) if isinstance(arrays[0], jax.core.Tracer) else np.stack(arrays)
+
+
+def _moe_from_hf(get: Callable, cfg: ModelConfig, kind: str) -> dict:
+    """One MoE block's params (ffn.router, experts, shared experts and their gate) from get(name, shape)."""
+    d, x, f = cfg.d_model, cfg.num_experts, cfg.expert_d_ff
+    block, names = _BLOCK.get(kind, _QWEN_BLOCK)
+    each = [llama.ffn_from_hf(lambda n, s, e=e: get(f"{block}.experts.{e}.{n}", s), d, f, names) for e in range(x)]
+    ffn = {
+        "router": {"kernel": get(f"{block}.gate.weight", (x, d)).T},
+        "experts": {key: _stack([p[key]["kernel"] for p in each]) for key in ("wi", "wi_gate", "wo")},
+    }
+    if cfg.num_shared_experts:
+        width = cfg.num_shared_experts * f
+        ffn["shared_experts"] = llama.ffn_from_hf(lambda n, s: get(f"mlp.shared_expert.{n}", s), d, width)
+    if cfg.shared_expert_gate:
+        ffn["shared_expert_gate"] = {"kernel": get("mlp.shared_expert_gate.weight", (1, d)).T}
+    return ffn
+
+
+def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray, kind: str) -> dict:
+    """The decoder's layers (llama.params_from_hf's `layers`): HF layer i is MoE when (i + 1) % moe_every == 0, else
+    a dense mlp; with moe_every = n > 1 layer i sits at layers_{i // n}.block_{i % n} (txjax.model.layers.Group)."""
+    n, out = cfg.moe_every, {}
+    for i in range(cfg.num_layers):
+        get_i = functools.partial(get, i)
+        if (i + 1) % n:
+            ffn = llama.ffn_from_hf(lambda name, s, get_i=get_i: get_i(f"mlp.{name}", s), cfg.d_model, cfg.d_ff)
+        else:
+            ffn = _moe_from_hf(get_i, cfg, kind)
+        layer = llama.attention_from_hf(get_i, cfg, to_pairs) | {"ffn": ffn}
+        if n == 1:
+            out[f"layers_{i}"] = layer
+        else:
+            out.setdefault(f"layers_{i // n}", {})[f"block_{i % n}"] = layer
+    return out
+
+
+def _layers_to_hf(dec: Mapping, cfg: ModelConfig, kind: str) -> list[dict]:
+    """Inverse of _layers_from_hf: HF layer i's tensors (names without `model.layers.i.`) for each i."""
+    block, names = _BLOCK.get(kind, _QWEN_BLOCK)
+    n, out = cfg.moe_every, []
+    for i in range(cfg.num_layers):
+        p = dec[f"layers_{i}"] if n == 1 else dec[f"layers_{i // n}"][f"block_{i % n}"]
+        tensors, ffn = llama.attention_to_hf(p, cfg), p["ffn"]
+        if (i + 1) % n:
+            tensors |= {f"mlp.{k}": v for k, v in llama.ffn_to_hf(ffn).items()}
+        else:
+            tensors[f"{block}.gate.weight"] = ffn["router"]["kernel"].T
+            for e in range(cfg.num_experts):
+                expert = {key: {"kernel": ffn["experts"][key][e]} for key in ("wi", "wi_gate", "wo")}
+                tensors |= {f"{block}.experts.{e}.{k}": v for k, v in llama.ffn_to_hf(expert, names).items()}
+            if cfg.num_shared_experts:
+                tensors |= {f"mlp.shared_expert.{k}": v for k, v in llama.ffn_to_hf(ffn["shared_experts"]).items()}
+            if cfg.shared_expert_gate:
+                tensors["mlp.shared_expert_gate.weight"] = ffn["shared_expert_gate"]["kernel"].T
+        out.append(tensors)
+    return out
+
+
+def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, kind: str) -> dict:
+    """HF tensors of a `kind` model -> DecoderLM params (float32, stacked when cfg.scan_layers); a missing, extra or
+    misshapen tensor is a ValueError naming it."""
+    layers = functools.partial(_layers_from_hf, kind=kind)
+    return llama.params_from_hf(tensors, cfg, layers=layers)
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """DecoderLM params -> HF tensors named as the architecture of cfg (`_kind`) names them in save_pretrained."""
+    return llama.params_to_hf(params, cfg, layers=functools.partial(_layers_to_hf, kind=_kind(cfg)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# folders
+
+
+def load_moe(folder) -> tuple[ModelConfig, dict]:
+    """A save_pretrained Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE folder -> (ModelConfig, params as float32 numpy)."""
+    folder = Path(folder).expanduser()
+    hf = hf_folder.read_config(folder)
+    hf_folder.check_fits(config_from_hf(hf, has_head=True), folder)  # before gigabytes of weights are read
+    tensors = hf_folder.read_tensors(folder)
+    cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
+    convert = functools.partial(params_from_hf, kind=hf["model_type"])
+    hf_folder.check_headers(convert, tensors, cfg)
+    return cfg, convert(tensors, cfg)
+
+
+def write_moe(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
+    """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
+    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
+    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+
+
+def save_moe(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
+    """write_moe into a new folder, atomically: a failure (a config txjax cannot export) leaves nothing."""
+    return hf_folder.write_atomically(folder, lambda tmp: write_moe(tmp, cfg, params, bos_id, eos_id))
