@@ -51,8 +51,9 @@ _ARCHITECTURES = {
     "olmoe": "OlmoeForCausalLM",
 }
 _ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "qwen3"}  # llama's kinds
-_BLOCK = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}  # the MoE block's name and its experts' (gate, up,
-_QWEN_BLOCK = ("mlp", llama.MLP_NAMES)  # down) names; Qwen's and OLMoE's
+# the MoE block's name and its experts' (gate, up, down) weight names
+_BLOCKS = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
+_BLOCKS |= dict.fromkeys(("qwen2_moe", "qwen3_moe", "olmoe"), ("mlp", llama.MLP_NAMES))
 # the ModelConfig fields llama.config_to_hf refuses: reset to their defaults before it writes the common part
 _MOE_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router")
 _MOE_FIELDS += ("moe_norm_topk", "moe_capacity_factor", "shared_expert_gate", "qk_norm_all_heads")
@@ -107,7 +108,8 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
                 f"config.json: shared_expert_intermediate_size={hf['shared_expert_intermediate_size']} must be a "
                 f"positive multiple of moe_intermediate_size={width} (txjax's shared experts are n of that width)"
             )
-    attention = _ATTENTION[kind] if hf.get("qkv_bias", True) else "llama"  # Qwen2-MoE's q/k/v biases may be off
+    no_bias = kind == "qwen2_moe" and not hf.get("qkv_bias", True)  # transformers 5 lets Qwen2-MoE turn them off
+    attention = "llama" if no_bias else _ATTENTION[kind]
     base = llama.config_from_hf({**hf, "model_type": attention}, has_head)
     mixtral = kind == "mixtral"
     return dataclasses.replace(
@@ -185,7 +187,7 @@ def _stack(arrays: list):
 def _moe_from_hf(get: Callable, cfg: ModelConfig, kind: str) -> dict:
     """One MoE block's params (ffn.router, experts, shared experts and their gate) from get(name, shape)."""
     d, x, f = cfg.d_model, cfg.num_experts, cfg.expert_d_ff
-    block, names = _BLOCK.get(kind, _QWEN_BLOCK)
+    block, names = _BLOCKS[kind]
     each = [llama.ffn_from_hf(lambda n, s, e=e: get(f"{block}.experts.{e}.{n}", s), d, f, names) for e in range(x)]
     ffn = {
         "router": {"kernel": get(f"{block}.gate.weight", (x, d)).T},
@@ -219,7 +221,7 @@ def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray, kind:
 
 def _layers_to_hf(dec: Mapping, cfg: ModelConfig, kind: str) -> list[dict]:
     """Inverse of _layers_from_hf: HF layer i's tensors (names without `model.layers.i.`) for each i."""
-    block, names = _BLOCK.get(kind, _QWEN_BLOCK)
+    block, names = _BLOCKS[kind]
     n, out = cfg.moe_every, []
     for i in range(cfg.num_layers):
         p = dec[f"layers_{i}"] if n == 1 else dec[f"layers_{i // n}"][f"block_{i % n}"]
