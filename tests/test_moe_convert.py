@@ -70,16 +70,15 @@ def random_model(kind: str, **changes):
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def hf(request, tmp_path_factory):
-    """(kind, model, folder)"""
+    """(kind, transformers model, txjax's ModelConfig and params read from the folder it saved)"""
     model = random_model(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
-    return request.param, model, folder
+    return request.param, model, *load_moe(folder)
 
 
 def test_logits_match_transformers(hf):
-    kind, model, folder = hf
-    cfg, params = load_moe(folder)
+    kind, model, cfg, params = hf
     got = (cfg.router, cfg.moe_norm_topk, cfg.num_shared_experts, cfg.moe_every, cfg.qk_norm, cfg.qk_norm_all_heads)
     assert (*got, cfg.qkv_bias) == EXPECTED[kind] and cfg.num_experts == 4 and cfg.experts_per_token == 2
     assert cfg.shared_expert_gate == (kind == "qwen2_moe")
@@ -89,8 +88,7 @@ def test_logits_match_transformers(hf):
 
 
 def test_greedy_generation_matches_transformers(hf):
-    _, model, folder = hf
-    cfg, params = load_moe(folder)
+    _, model, cfg, params = hf
     prompt = TOKENS[0, :5]
     with torch.no_grad():
         ref = model.generate(torch.as_tensor(prompt[None]), max_new_tokens=24, do_sample=False)[0, 5:].tolist()
@@ -98,8 +96,7 @@ def test_greedy_generation_matches_transformers(hf):
 
 
 def test_export_round_trip(hf, tmp_path):
-    kind, model, folder = hf
-    cfg, params = load_moe(folder)
+    kind, model, cfg, params = hf
     out = save_moe(tmp_path / "out", cfg, params)
     hf_config = json.loads((out / "config.json").read_text())
     assert hf_config["model_type"] == kind and config_from_hf(hf_config, has_head=True) == cfg
