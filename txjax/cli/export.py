@@ -11,7 +11,8 @@ from txjax.convert.workdir import export_workdir
 
 def main(argv: list[str]) -> None:
     """run.py export --workdir=DIR --to=FOLDER: writes config.json, model.safetensors and the tokenizer's files
-    (GPT-2, or Llama / Qwen2) that transformers' from_pretrained loads; prints a JSON summary."""
+    (GPT-2, Llama / Qwen2 / Qwen3, Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, or Marian) that transformers'
+    from_pretrained loads; prints a JSON summary."""
     parser = argparse.ArgumentParser(prog="run.py export", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--to", required=True, help="the new folder (must not exist, or be empty)")

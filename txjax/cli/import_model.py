@@ -16,8 +16,8 @@ def main(argv: list[str]) -> None:
         "--from",
         dest="source",
         required=True,
-        help="a save_pretrained GPT-2 / Llama / Mistral / Qwen2 / Marian / BART / T5 folder (config.json, safetensors, "
-        "tokenizer files) or a .gguf file",
+        help="a save_pretrained GPT-2 / Llama / Mistral / Qwen2 / Qwen3 / Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE / "
+        "Marian / BART / T5 folder (config.json, safetensors, tokenizer files) or a .gguf file",
     )
     parser.add_argument("--workdir", required=True, help="the new workdir (must not exist, or be empty)")
     parser.add_argument("--config", help="experiment file for the data and train sections")
