@@ -71,10 +71,7 @@ def random_model(kind: str, **changes):
 @pytest.fixture(scope="module", params=list(MODELS))
 def hf(request, tmp_path_factory):
     """(kind, transformers model, txjax's ModelConfig and params read from the folder it saved)"""
-    model = random_model(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(folder)
-    return request.param, model, *load_moe(folder)
+    return load_and_convert(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def test_logits_match_transformers(hf):
@@ -175,3 +172,22 @@ def test_run_py_import_and_export_with_the_tokenizer(tmp_path, capsys):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(json.loads(capsys.readouterr().out)["files"])
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     np.testing.assert_allclose(torch_logits(again, TOKENS), torch_logits(model, TOKENS), atol=1e-5, rtol=0)
+
+
+def test_export_writes_topk_then_softmax_as_norm_topk_prob(tmp_path):
+    """Mixtral's router (a softmax over the top-k logits) in a Qwen3-MoE model is exported as norm_topk_prob (the
+    top-k of the softmax renormalised: the same gates), and transformers gives txjax's logits."""
+    _, _, cfg, params = load_and_convert("qwen3_moe", tmp_path / "hf")
+    cfg = dataclasses.replace(cfg, router="topk_then_softmax", moe_norm_topk=False)
+    out = save_moe(tmp_path / "out", cfg, params)
+    assert json.loads((out / "config.json").read_text())["norm_topk_prob"] is True
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    want = txjax_logits(cfg, params, TOKENS)
+    np.testing.assert_allclose(torch_logits(exported, TOKENS), want, atol=1e-4, rtol=0)
+
+
+def load_and_convert(kind: str, folder):
+    """(kind, transformers model, ModelConfig, params) of a random `kind` model saved into `folder`."""
+    model = random_model(kind)
+    model.save_pretrained(folder)
+    return kind, model, *load_moe(folder)
