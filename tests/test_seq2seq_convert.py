@@ -8,6 +8,7 @@ extra, the data skipped without ../shared)."""
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,23 @@ def test_untied_t5_exports_its_own_head(imported, tmp_path):
     back = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     want, got = seq2seq_logits(back, build("encoder_decoder", cfg), params, run_.tokenizer)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("imported", ["t5"], indirect=True)
+def test_export_refuses_what_the_family_lacks_in_one_line(imported):
+    """A field T5 or BART fixes, changed (as an experiment may): its exporter names it, before anything is
+    written."""
+    _, workdir = imported
+    run_ = load_workdir(workdir)
+    cases = [
+        (t5.config_to_hf, dataclasses.replace(run_.model.cfg, norm="layernorm"), "model.norm='layernorm'"),
+        (t5.config_to_hf, dataclasses.replace(run_.model.cfg, num_kv_heads=1), "model.num_kv_heads=1"),
+        (lambda cfg, tok: bart.write_bart(None, cfg, {}, tok), run_.model.cfg, "model.positional='relative_buckets'"),
+    ]
+    for export, cfg, field in cases:
+        with pytest.raises(ValueError, match=re.escape(field)) as e:
+            export(cfg, run_.tokenizer)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("imported", ["marian"], indirect=True)

@@ -129,7 +129,7 @@ def export_workdir(workdir, target) -> dict:
     table, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
     run = load_workdir(workdir)
     cfg, tokenizer = run.model.cfg, run.tokenizer
-    if run.config.family == marian.FAMILY:  # bart.FAMILY, t5.FAMILY too
+    if run.config.family == marian.FAMILY:
         return _export_encoder_decoder(run, target)
     if run.config.family != "decoder_lm":
         raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
