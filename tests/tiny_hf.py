@@ -1,7 +1,7 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
 reads: the Llama family (decoder LMs: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
 Qwen3) and the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and the benchmarks that
-measure the converters (benchmarks/seq2seq_equality.py) share; it imports torch, transformers and tokenizers, so a
+measure the converters (benchmarks/convert_equality.py) share; it imports torch, transformers and tokenizers, so a
 test importorskips them first."""
 
 from __future__ import annotations
