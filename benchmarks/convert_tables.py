@@ -1,47 +1,117 @@
-"""The generated tables of the checkpoint importers (benchmarks/readme_tables.py registers them)."""
+"""The generated table of the checkpoint families (benchmarks/readme_tables.py registers it): what each converter
+reads and writes and what txjax needs for it (written here), its equality figures (benchmarks/convert_equality.py's
+result file, and moe_equality.py's for the mixtures of experts). A new family is one FAMILIES entry here and one
+in convert_equality.py."""
 
 from __future__ import annotations
 
+import numpy as np
 from table_format import bench, machine_label, n, table
 
-FAMILIES = {"marian": "MarianMTModel", "bart": "BART", "t5": "T5 (ReLU, tied head)", "t5v1_1": "T5 v1.1 (gated GELU)"}
-MOE_FAMILIES = {
-    "mixtral": "Mixtral",
-    "qwen2_moe": "Qwen2-MoE (gated shared expert, decoder_sparse_step 2)",
-    "qwen3_moe": "Qwen3-MoE (norm_topk_prob)",
-    "olmoe": "OLMoE (q/k norm over the projection)",
+# result-file family -> (label: config.json model_type, GGUF architecture; in / out; what txjax needs for it)
+FAMILIES = {
+    "gpt2": (
+        "GPT-2 (`gpt2`)",
+        "import, export",
+        "learned positions, pre-LN LayerNorm, GELU (tanh), biases, tied head",
+    ),
+    "llama": (
+        "Llama 2 (`llama`; GGUF `llama`)",
+        "import, export, GGUF in",
+        "RoPE (Q/K columns permuted to pairs), RMSNorm, SwiGLU, grouped-query attention",
+    ),
+    "llama3": (
+        "Llama 3.x (`llama`, rope_type `llama3`; GGUF `llama` with `rope_freqs`)",
+        "import, export, GGUF in",
+        "`rope_scaling=llama3` with its factor, frequency bands and original context (from a .gguf: recovered "
+        "from llama.cpp's per-frequency factors); `linear` and `yarn` from config.json too",
+    ),
+    "mistral": ("Mistral, full context (`mistral`; GGUF `llama`)", "import, export, GGUF in", "as Llama, `d_head`"),
+    "mistral_window": (
+        "Mistral with its window (`mistral`; GGUF `llama.attention.sliding_window`)",
+        "import, export, GGUF in",
+        "`attention_window` in every layer (a ring-buffer KV cache of the window)",
+    ),
+    "qwen2": ("Qwen2 (`qwen2`; GGUF `qwen2`)", "import, export, GGUF in", "as Llama, q/k/v biases (`qkv_bias`)"),
+    "qwen3": ("Qwen3 (`qwen3`; GGUF `qwen3`)", "import, export, GGUF in", "as Llama, per-head q/k RMSNorm (`qk_norm`)"),
+    "qwen3_yarn": ("Qwen3 with YaRN (`qwen3`, rope_type `yarn`)", "import, export", "`rope_scaling=yarn`, `qk_norm`"),
+    "marian": (
+        "MarianMT (`marian`: the opus-mt models)",
+        "import, export",
+        "`positional=sinusoidal_halves`, `embed_scale`, `share_embeddings`, `final_logits_bias`, post-LN, "
+        "swish or GELU; targets start from pad",
+    ),
+    "bart": (
+        "BART (`bart`)",
+        "import, export",
+        "learned positions (rows from offset 2), `embed_norm`, post-LN, GELU, `final_logits_bias`, the two position "
+        "tables as unshared embeddings (export: the token tables must still be equal); targets start from EOS",
+    ),
+    "t5": (
+        "T5 (`t5`)",
+        "import, export",
+        "`positional=relative_buckets`, RMSNorm, pre-LN, `attention_scale=none`, no biases, ReLU, a tied head with "
+        "its d_model^-0.5 folded into the decoder's final norm; targets start from pad",
+    ),
+    "t5v1_1": (
+        "T5 v1.1, mT5 (`t5`, `mt5`)",
+        "import, export",
+        "as T5 with `activation=geglu` (gated GELU), a head without the rescaling (tied or untied)",
+    ),
+    "mixtral": (
+        "Mixtral (`mixtral`)",
+        "import, export",
+        "Mistral's attention; `num_experts`, `router=topk_then_softmax`, SwiGLU experts of `intermediate_size`",
+    ),
+    "qwen2_moe": (
+        "Qwen2-MoE (`qwen2_moe`)",
+        "import, export",
+        "Qwen2's attention; `router=softmax_then_topk`, `moe_norm_topk`, `moe_d_ff`, the shared expert as "
+        "`num_shared_experts` with `shared_expert_gate`, `moe_every` = `decoder_sparse_step`",
+    ),
+    "qwen3_moe": (
+        "Qwen3-MoE (`qwen3_moe`)",
+        "import, export",
+        "Qwen3's attention (per-head q/k norms); Qwen2-MoE's routing fields, no shared expert",
+    ),
+    "olmoe": (
+        "OLMoE (`olmoe`)",
+        "import, export",
+        "q/k RMSNorm over the whole projection (`qk_norm_all_heads`); `router=softmax_then_topk`, `moe_norm_topk`",
+    ),
 }
+_NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py does not build
 
 
-def seq2seq_equality() -> list[str]:
-    """benchmarks/seq2seq_equality.py: each encoder-decoder importer against transformers on a tiny random model."""
-    d = bench("seq2seq_equality") or {"rows": [], "machine": {}}
-    rows = [
-        [FAMILIES.get(r["family"], r["family"]), f"{r['max_abs_logit_difference']:.1e}", n(r["max_abs_logit"]),
-         f"{' / '.join(map(str, r['greedy_tokens_equal']))} of {r['greedy_tokens']}", r["transformers"],
-         machine_label(d["machine"])]
-        for r in d["rows"]
-    ]  # fmt: skip
+def families() -> list[str]:
+    """Each family: what it reads and writes, what txjax needs, and benchmarks/convert_equality.py's figures."""
+    measured = {}  # family -> (row, the machine of its result file)
+    for name in ("convert_equality", "moe_equality"):  # benchmarks/moe_equality.py: the mixtures of experts
+        d = bench(name) or {"rows": [], "machine": {}}
+        measured.update({r["family"]: (r, d["machine"]) for r in d["rows"]})
+    rows = []
+    for family, (label, formats, needs) in FAMILIES.items():
+        r, machine = measured.get(family, (None, None))
+        if r is None:
+            rows.append([label, formats, needs, f"not measured here: {_NOT_MEASURED}", "", "", "", ""])
+            continue
+        gguf = r.get("gguf_max_abs_logit_difference")
+        rows.append([
+            label, formats, needs,
+            f"{r['max_abs_logit_difference']:.1e} (logits to {n(r['max_abs_logit'])})",
+            f"{' / '.join(map(str, np.atleast_1d(r['greedy_tokens_equal'])))} of {r['greedy_tokens']}",
+            f"{r['export_max_abs_logit_difference']:.1e}",
+            "" if gguf is None else f"{gguf:.1e}",
+            f"transformers {r['transformers']}, {machine_label(machine)}",
+        ])  # fmt: skip
     header = [
-        "family",
-        "max abs logit difference",
-        "max abs logit",
-        "greedy tokens equal, per source",
-        "transformers",
+        "family (config.json `model_type`; GGUF)",
+        "in / out",
+        "what txjax needs (ModelConfig)",
+        "import: max abs logit difference",
+        "greedy tokens equal",
+        "export: max abs logit difference",
+        "GGUF: max abs difference from the folder import",
         "measured",
     ]
-    return table(header, rows)
-
-
-def moe_equality() -> list[str]:
-    """benchmarks/moe_equality.py: each mixture-of-experts importer against transformers on a tiny random model."""
-    d = bench("moe_equality") or {"rows": [], "machine": {}}
-    rows = [
-        [MOE_FAMILIES.get(r["family"], r["family"]), f"{r['max_abs_logit_difference']:.1e}", n(r["max_abs_logit"]),
-         f"{r['greedy_tokens_equal']} of {r['greedy_tokens']}", f"{r['export_max_abs_logit_difference']:.1e}",
-         r["transformers"], machine_label(d["machine"])]
-        for r in d["rows"]
-    ]  # fmt: skip
-    header = ["family", "max abs logit difference", "max abs logit", "greedy tokens equal", "exported, reloaded: max"
-              " abs logit difference", "transformers", "measured"]  # fmt: skip
     return table(header, rows)

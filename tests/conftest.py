@@ -128,7 +128,7 @@ LONGEST_FIRST = [
     "test_sweep_ray.py",  # ~70: a local Ray cluster and its trial processes
     "test_gguf.py",  # ~50: SmolLM2-135M against transformers
     "test_decode.py",  # ~50: 21 tests of cached decoding
-    "test_seq2seq_convert.py",  # ~50: four encoder-decoders against transformers, a fine-tuning run
+    "test_seq2seq_convert.py",  # ~50+: four encoder-decoders against transformers and exported back, 2 fine-tunings
     "test_moe_convert.py",  # ~45 (42 s of CPU): four MoE families against transformers, run.py import / export
     "test_sequence_parallel.py",  # ~45
     "test_sharded_training.py",  # ~45

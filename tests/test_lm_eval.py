@@ -1,7 +1,8 @@
 """txjax as an lm-evaluation-harness model against the harness's own `hf` model (transformers) on a small random
 Llama and the shipped local tasks (experiments/lm_eval): every request's log-likelihood and is-greedy flag, the
-generated texts, the accuracies; perplexity windows against `run.py eval --text`'s; the CLI's one-line errors.
-Skipped without the lmeval and interop extras."""
+generated texts, the accuracies (and the log-likelihoods of Llama 3, windowed Mistral and Qwen3 models);
+perplexity windows against `run.py eval --text`'s; the CLI's one-line errors. Skipped without the lmeval and
+interop extras."""
 
 import json
 import math
@@ -18,7 +19,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from test_llama_convert import save_tiny_llama  # noqa: E402
+from tiny_hf import save_tiny_decoder  # noqa: E402
 
 import run  # noqa: E402
 from txjax.config import ConfigError  # noqa: E402
@@ -37,7 +38,7 @@ TEXT = "".join(open(TASKS / name).read() for name in ("capitals.jsonl", "sums.js
 def folder(tmp_path_factory):
     """A random Llama with a byte-level BPE tokenizer that adds BOS (as Llama's), 96 positions."""
     root = tmp_path_factory.mktemp("llama") / "hf"
-    save_tiny_llama(root, TEXT, vocab_size=400, max_positions=96)
+    save_tiny_decoder(root, TEXT, vocab_size=400, max_positions=96)
     return root
 
 
@@ -125,6 +126,34 @@ def test_rolling_uses_the_windows_of_eval_text(models):
     metrics = score_tokens(lm.model, lm.params, ids, context=lm.max_length, batch_size=4)
     np.testing.assert_allclose(-total, metrics["loss"] * metrics["tokens"], rtol=1e-5)
     assert metrics["tokens"] == len(ids) - 1
+
+
+@pytest.mark.parametrize("kind", ["llama3", "mistral_window", "qwen3"])
+def test_newer_families_score_requests_as_the_hf_model(kind, tmp_path):
+    """Llama 3 (rope scaling llama3), Mistral (a window of 8 tokens, shorter than the requests) and Qwen3 (q/k
+    norms), each a random model imported with `run.py import`: the capitals task's multiple-choice requests get
+    the harness's `hf` model's log-likelihoods within 1e-4 nats and its is-greedy flags."""
+    save_tiny_decoder(tmp_path / "hf", TEXT, vocab_size=400, max_positions=96, kind=kind)
+    (tmp_path / "text.txt").write_text(TEXT)
+    flags = [f"--config.data.path={tmp_path / 'text.txt'}", "--config.data.seq_len=16"]
+    assert run.main(["import", f"--from={tmp_path / 'hf'}", f"--workdir={tmp_path / 'wd'}", *flags]) == 0
+    hf = HFLM(
+        pretrained=transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval(),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(tmp_path / "hf"),
+        batch_size=8,
+        device="cpu",
+    )
+    ours = TxjaxLM(run=load_workdir(tmp_path / "wd"), batch_size=8)
+    docs = [json.loads(line) for line in open(TASKS / "capitals.jsonl")][:4]
+    requests = [
+        Instance("loglikelihood", doc, (f"Question: {doc['question']}\nAnswer:", f" {choice}"), i)
+        for doc in docs
+        for i, choice in enumerate(doc["choices"])
+    ]
+    assert max(len(ours.tokenizer.encode(r.args[0] + r.args[1])) for r in requests) > 8  # past Mistral's window
+    got, want = ours.loglikelihood(requests), hf.loglikelihood(requests)
+    assert [g for _, g in got] == [g for _, g in want]
+    np.testing.assert_allclose([ll for ll, _ in got], [ll for ll, _ in want], atol=1e-4, rtol=0)
 
 
 def test_cli_prints_the_table_and_one_json_line(monkeypatch, workdir, results, tmp_path, capsys):

@@ -3,9 +3,11 @@
 gpt2:      Hugging Face GPT-2 folders (config.json + model.safetensors) <-> DecoderLM
            load_gpt2(folder) -> (ModelConfig, params);  save_gpt2(folder, cfg, params, bos_id=None, eos_id=None)
            load_gpt2_tokenizer(folder) -> txjax.data.tokenizers.ByteLevelBPETokenizer
-llama:     Hugging Face Llama / Mistral / Qwen2 folders <-> DecoderLM
+llama:     Hugging Face Llama (2, 3.x) / Mistral / Qwen2 / Qwen3 folders <-> DecoderLM
            load_llama(folder) -> (ModelConfig, params);  save_llama(folder, cfg, params, bos_id=None, eos_id=None)
-gguf:      llama.cpp's .gguf files -> DecoderLM: load_gguf(path) -> (ModelConfig, params, HFTokenizer)
+gguf:      llama.cpp's .gguf files (llama, qwen2, qwen3) -> DecoderLM: load_gguf(path) -> (ModelConfig, params,
+           HFTokenizer)
+marian, bart, t5: Hugging Face MarianMT / BART / T5 folders <-> EncoderDecoder (load_*, write_*)
 hf_folder: what the folder formats share (safetensors reading, tokenizer.json files, atomic writes)
 workdir:   a checkpoint <-> a txjax workdir (`run.py import`, `run.py export`)
 """

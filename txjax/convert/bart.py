@@ -15,6 +15,10 @@ BOS.
     model.{encoder,decoder}.layernorm_embedding      -> {encoder,decoder}.embed_norm
     lm_head.weight (untied only), final_logits_bias  -> tgt_embed.lm_head.kernel, tgt_embed.final_logits_bias.bias
 
+Export (`run.py export` of such a workdir) writes the inverse as BartForConditionalGeneration.save_pretrained names
+it, the two never-read position rows zero; BART has one token table, so a model whose encoder and decoder tables
+differ (fine-tuning moves them apart) is refused in one line.
+
 Not represented: BartTokenizer's <s> before each source (txjax's encoder-decoder reads a source as its tokens and
 EOS; give it as an id when it matters), generation's forced_bos_token_id, and activation_dropout (training only).
 """
@@ -83,3 +87,35 @@ def load_bart(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     tensors = hf_folder.read_tensors(folder)
     hf_folder.check_headers(params_from_hf, tensors, cfg)
     return cfg, params_from_hf(tensors, cfg), tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# EncoderDecoder -> a BartForConditionalGeneration folder
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Inverse of params_from_hf: EncoderDecoder params (scanned or looped) -> HF tensors as
+    BartForConditionalGeneration.save_pretrained names them; differing token tables are a ValueError."""
+    params = marian.looped(params, cfg)
+    tokens = params["src_embed"]["tokens"]["embedding"]
+    if not hf_folder.same(tokens, params["tgt_embed"]["tokens"]["embedding"]):
+        raise ValueError(
+            "the encoder's and decoder's token tables differ (fine-tuning moved them apart): BART has one, "
+            "model.shared.weight, so this model cannot be exported to BART"
+        )
+    out = {"model.shared.weight": tokens}
+    for stack, embedder in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
+        positions = params[embedder]["positions"]["embedding"]
+        unread = np.zeros((OFFSET, cfg.d_model), np.float32)  # rows 0 and 1: BART reads position p at row p + 2
+        out[f"model.{stack}.embed_positions.weight"] = np.concatenate([unread, positions])
+        norm = params[stack]["embed_norm"]
+        out[f"model.{stack}.layernorm_embedding.weight"] = norm["scale"]
+        out[f"model.{stack}.layernorm_embedding.bias"] = norm["bias"]
+    out |= marian.head_to_hf(params["tgt_embed"], cfg) | marian.stacks_to_hf(params, cfg)
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def write_bart(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
+    """Writes a BartForConditionalGeneration folder: config.json, model.safetensors and the tokenizer's files."""
+    hf_config = marian.lineage_config_to_hf(cfg, tokenizer, _BART_FIELDS, "BartForConditionalGeneration")
+    marian.write_folder(folder, hf_config, params_to_hf(params, cfg), tokenizer, cfg.max_len)

@@ -7,7 +7,12 @@ shapes fastest axis first, so a [in, out] tensor is NumPy's [out, in]: a Hugging
 renamed to Hugging Face's names (`_NAMES`) and handed to txjax.convert.llama, with one difference: for the `llama`
 architecture llama.cpp's converter has already permuted each head's Q/K rows into the adjacent-pair order of
 txjax's apply_rope (its `permute`, which transformers undoes on loading), so nothing is permuted here; `qwen2`
-files keep the half layout (llama.cpp rotates them NeoX-style) and are permuted like a Hugging Face folder.
+and `qwen3` files keep the half layout (llama.cpp rotates them NeoX-style) and are permuted like a Hugging Face
+folder. What llama.cpp stores beyond the Llama 2 shape: Qwen3's per-head q/k norms (`attn_q_norm`, `attn_k_norm`),
+a sliding window (`{arch}.attention.sliding_window`: Mistral's, every layer local), linear rope scaling
+(`{arch}.rope.scaling.type` and `.factor`), and Llama 3's rope scaling, which llama.cpp keeps only as the factor
+dividing each frequency (the `rope_freqs` tensor): its factor, low/high frequency factors and original context are
+recovered from those factors (`llama3_from_factors`) and must give them back.
 
 The tokenizer comes from the metadata: `tokenizer.ggml.tokens` (already in the byte-level alphabet) and `merges`
 make a `tokenizers` BPE; `tokenizer.ggml.pre` names the pre-tokenizer (llama.cpp's regexes, `_PRE_TOKENIZERS`);
@@ -29,8 +34,10 @@ from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.extras import require
 from txjax.model.config import ModelConfig
 
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> Hugging Face model_type
-_PAIRS_LAYOUT = {"llama": True, "qwen2": False}  # Q/K rows already in txjax's (2i, 2i+1) order
+# GGUF general.architecture -> Hugging Face model_type
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_PAIRS_LAYOUT = {"llama": True, "qwen2": False, "qwen3": False}  # Q/K rows already in txjax's (2i, 2i+1) order
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rope scaling as llama.cpp stores it: one factor per frequency
 _NAMES = {  # GGUF tensor name -> Hugging Face name ({i}: the block)
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -41,6 +48,8 @@ _NAMES = {  # GGUF tensor name -> Hugging Face name ({i}: the block)
     "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
     "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
     "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
+    "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
     "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
     "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
@@ -109,7 +118,7 @@ class GGUFFile:
 
         out, size = {}, self.path.stat().st_size
         for t in self.reader.tensors:
-            hf_name = _hf_name(t.name)
+            hf_name = t.name if t.name == ROPE_FREQS else _hf_name(t.name)
             if hf_name is None:
                 raise ValueError(f"{self.path}: tensor {t.name!r} has no place in a Llama-family model")
             block, block_bytes = gguf.GGML_QUANT_SIZES.get(t.tensor_type, (1, None))  # None: dequantize says
@@ -132,17 +141,15 @@ class GGUFFile:
             raise ValueError(f"{self.path}: {t.name} is {t.tensor_type.name}, which gguf cannot dequantize") from None
 
 
-def config_from_gguf(f: GGUFFile, has_head: bool) -> ModelConfig:
-    """The {arch}.* metadata -> ModelConfig (through the Hugging Face config.json fields it names)."""
+def config_from_gguf(f: GGUFFile, has_head: bool, rope_factors: np.ndarray | None = None) -> ModelConfig:
+    """The {arch}.* metadata -> ModelConfig (through the Hugging Face config.json fields it names); rope_factors:
+    the rope_freqs tensor (Llama 3's scaling), None without one."""
     arch = f.require("general.architecture")
     if arch not in ARCHITECTURES:
         raise ValueError(
             f"{f.path}: general.architecture={arch!r} is not a Llama-family model "
             f"(txjax reads {', '.join(ARCHITECTURES)})"
         )
-    for key in (f"{arch}.rope.scaling.type", f"{arch}.attention.sliding_window"):
-        if f.get(key) not in (None, "none"):
-            raise ValueError(f"{f.path}: {key}={f.get(key)!r} is not supported (txjax has plain RoPE, full attention)")
     heads = int(f.require(f"{arch}.attention.head_count"))
     d = int(f.require(f"{arch}.embedding_length"))
     head_dim = int(f.get(f"{arch}.attention.key_length", d // heads))
@@ -163,7 +170,59 @@ def config_from_gguf(f: GGUFFile, has_head: bool) -> ModelConfig:
         "rope_theta": float(f.get(f"{arch}.rope.freq_base", 10000.0)),
         "tie_word_embeddings": not has_head,
     }
+    window = f.get(f"{arch}.attention.sliding_window")
+    if window is not None:
+        if arch != "llama":
+            raise ValueError(f"{f.path}: {arch}.attention.sliding_window={window} is not supported (Mistral's is)")
+        hf |= {"model_type": "mistral", "sliding_window": int(window)}  # Mistral: every layer local
+    scaling = f.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        hf["rope_scaling"] = {"rope_type": "linear", "factor": float(f.require(f"{arch}.rope.scaling.factor"))}
+    elif scaling != "none":
+        raise ValueError(f"{f.path}: {arch}.rope.scaling.type={scaling!r} is not supported (none, linear)")
+    if rope_factors is not None:
+        hf["rope_scaling"] = llama3_from_factors(rope_factors, hf["rope_theta"], head_dim, f.path)
     return config_from_hf(hf, has_head)
+
+
+def llama3_factors(inv_freq: np.ndarray, factor, low_freq_factor, high_freq_factor, original) -> np.ndarray:
+    """Llama 3's rope scaling as the factor dividing each frequency (llama.cpp's convert_hf_to_gguf, `rope_freqs`):
+    1 for wavelengths 2 pi / f under original / high_freq_factor, `factor` over original / low_freq_factor, between
+    them 1 / ((1 - s) / factor + s) with s = (original / wavelength - low) / (high - low) (transformers' llama3)."""
+    wavelength = 2 * np.pi / inv_freq
+    smooth = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    medium = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(
+        wavelength < original / high_freq_factor, 1.0, np.where(wavelength > original / low_freq_factor, factor, medium)
+    )
+
+
+def llama3_from_factors(factors: np.ndarray, base: float, head_dim: int, path) -> dict:
+    """transformers' llama3 rope_scaling from llama.cpp's per-frequency factors: factor = the largest; the medium
+    band's s = (1/f - 1/factor) / (1 - 1/factor) is linear in 1 / wavelength, s = original / (high - low) /
+    wavelength - low / (high - low), fitted by least squares (only the ratios original/low, original/high count:
+    low is chosen to make original an integer); the result must give the factors back, else a ValueError."""
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    factors = np.asarray(factors, np.float64).reshape(-1)
+    if factors.shape != inv_freq.shape:
+        raise ValueError(
+            f"{path}: {ROPE_FREQS} has {factors.size} factors, the heads rotate {inv_freq.size} frequencies"
+        )
+    factor = float(factors.max())
+    medium = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6))
+    if factor > 1 and medium.sum() >= 2:
+        s = (1 / factors[medium] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(inv_freq[medium] / (2 * np.pi), s, 1)  # s = slope / wavelength + intercept
+        span = -1 / intercept  # high - low with low = 1
+        original = max(1, round(slope * span))
+        low = original / (slope * span)  # rescales (original, low, high) to an integer original: the same factors
+        bands = {"factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(low * (1 + span))}
+        if np.allclose(llama3_factors(inv_freq, **bands, original=original), factors, rtol=1e-5, atol=0):
+            return {"rope_type": "llama3", **bands, "original_max_position_embeddings": original}
+    raise ValueError(
+        f"{path}: {ROPE_FREQS} holds {factors.size} factors from {factors.min():.4g} to {factor:.4g} that are not "
+        "Llama 3's rope scaling with two or more frequencies between its bands (txjax reads those)"
+    )
 
 
 def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
@@ -210,7 +269,8 @@ def load_gguf(path) -> tuple[ModelConfig, dict, HFTokenizer]:
     check_fits(config_from_gguf(f, has_head=True), f.path)  # before anything is dequantized
     tokenizer = tokenizer_from_gguf(f)
     tensors = f.tensors()
-    cfg = config_from_gguf(f, has_head="lm_head.weight" in tensors)
+    rope_factors = tensors.pop(ROPE_FREQS).read() if ROPE_FREQS in tensors else None  # head_dim / 2 numbers
+    cfg = config_from_gguf(f, has_head="lm_head.weight" in tensors, rope_factors=rope_factors)
     convert = functools.partial(params_from_hf, pairs_layout=_PAIRS_LAYOUT[f.get("general.architecture")])
     try:
         check_headers(convert, tensors, cfg)  # every tensor's shape against the metadata's, before any is read

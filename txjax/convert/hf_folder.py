@@ -12,6 +12,7 @@ target.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -179,9 +180,11 @@ def looped_numpy(params: Mapping, cfg: ModelConfig) -> tuple[dict, dict]:
     return params, unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
 
 
+@functools.lru_cache(maxsize=8)
 def expected_shapes(cfg: ModelConfig, family="decoder_lm"):
     """The param tree of the `family` model (DecoderLM, EncoderDecoder) of cfg, as ShapeDtypeStructs (nothing is
-    computed)."""
+    computed). Remembered per (cfg, family): an import asks for it in check_fits, in check_headers' abstract run of
+    the converter and in the converter's own check_params, and tracing the model's init is most of that cost."""
     return jax.eval_shape(lambda: init_params(build(family, cfg), jax.random.key(0)))
 
 

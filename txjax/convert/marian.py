@@ -255,20 +255,27 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
 
 def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
     """ModelConfig -> a config.json that MarianMTModel loads; a field Marian lacks is a ValueError naming it."""
-    for name, want in _MARIAN_FIELDS.items():
+    hf = lineage_config_to_hf(cfg, tokenizer, _MARIAN_FIELDS, "MarianMTModel")
+    return hf | {"decoder_vocab_size": cfg.vocab_size, "share_encoder_decoder_embeddings": cfg.share_embeddings}
+
+
+def lineage_config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer, fields: Mapping, architecture: str) -> dict:
+    """The config.json fields of a BART-lineage model (Marian, BART) that `architecture` loads, once cfg has the
+    `fields` the family fixes; a field it lacks is a ValueError naming it."""
+    kind = architecture.removesuffix("MTModel").removesuffix("ForConditionalGeneration")
+    for name, want in fields.items():
         if getattr(cfg, name) != want:
-            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Marian (needs {want!r})")
+            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to {kind} (needs {want!r})")
     names = {mine: hf for hf, mine in ACTIVATIONS.items() if hf not in ("silu", "gelu_pytorch_tanh")}
     if cfg.activation not in names or cfg.kv_heads != cfg.num_heads or cfg.head_dim * cfg.num_heads != cfg.d_model:
         raise ValueError(
-            f"model.activation={cfg.activation!r}, num_kv_heads or d_head cannot be exported to Marian (needs one of "
+            f"model.activation={cfg.activation!r}, num_kv_heads or d_head cannot be exported to {kind} (needs one of "
             f"{', '.join(names)}, num_kv_heads=num_heads, d_head=d_model/num_heads)"
         )
     return {
-        "architectures": ["MarianMTModel"],
-        "model_type": "marian",
+        "architectures": [architecture],
+        "model_type": kind.lower(),
         "vocab_size": cfg.vocab_size,
-        "decoder_vocab_size": cfg.vocab_size,
         "d_model": cfg.d_model,
         "encoder_layers": cfg.encoder_layers,
         "decoder_layers": cfg.num_layers,
@@ -279,7 +286,6 @@ def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
         "max_position_embeddings": cfg.max_len,
         "activation_function": names[cfg.activation],
         "scale_embedding": cfg.embed_scale,
-        "share_encoder_decoder_embeddings": cfg.share_embeddings,
         "tie_word_embeddings": cfg.tie_embeddings,
         "dropout": cfg.dropout,
         "attention_dropout": cfg.attention_dropout,
@@ -316,29 +322,48 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig, cross: bool) -> dict:
 _EMBEDDERS = (("encoder", "src_embed"), ("decoder", "tgt_embed"))
 
 
-def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """EncoderDecoder params (scanned or looped) -> HF tensors named as MarianMTModel.save_pretrained names them."""
+def looped(params: Mapping, cfg: ModelConfig) -> dict:
+    """EncoderDecoder params (scanned or looped), checked against cfg, as float32 NumPy with layers_0 .. layers_{N-1}:
+    what the exporters read."""
     hf_folder.check_params(params, cfg, FAMILY)
-    params = unstack_layers(jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params)))
-    head = params["src_embed" if cfg.share_embeddings else "tgt_embed"]
-    if cfg.share_embeddings:
-        out = {"model.shared.weight": params["src_embed"]["tokens"]["embedding"]}
-    else:
-        out = {f"model.{stack}.embed_tokens.weight": params[e]["tokens"]["embedding"] for stack, e in _EMBEDDERS}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = head["lm_head"]["kernel"].T
-    out["final_logits_bias"] = head["final_logits_bias"]["bias"][None]
+    return unstack_layers(jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params)))
+
+
+def head_to_hf(head: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Inverse of head_from_hf: lm_head.weight (untied only) and final_logits_bias of the Embedder `head`."""
+    out = {} if cfg.tie_embeddings else {"lm_head.weight": head["lm_head"]["kernel"].T}
+    return out | {"final_logits_bias": head["final_logits_bias"]["bias"][None]}
+
+
+def stacks_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Inverse of stacks_from_hf: every block of looped params as `model.{encoder,decoder}.layers.i.*`."""
+    out = {}
     for stack, n, cross in (("encoder", cfg.encoder_layers, False), ("decoder", cfg.num_layers, True)):
         for i in range(n):
             layer = _layer_to_hf(params[stack][f"layers_{i}"], cfg, cross)
             out.update({f"model.{stack}.layers.{i}.{k}": v for k, v in layer.items()})
+    return out
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """EncoderDecoder params (scanned or looped) -> HF tensors named as MarianMTModel.save_pretrained names them."""
+    params = looped(params, cfg)
+    if cfg.share_embeddings:
+        out = {"model.shared.weight": params["src_embed"]["tokens"]["embedding"]}
+    else:
+        out = {f"model.{stack}.embed_tokens.weight": params[e]["tokens"]["embedding"] for stack, e in _EMBEDDERS}
+    out |= head_to_hf(params["src_embed" if cfg.share_embeddings else "tgt_embed"], cfg) | stacks_to_hf(params, cfg)
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def write_marian(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
-    """Writes config.json + model.safetensors + the tokenizer's files into `folder` (MarianMTModel and
-    AutoTokenizer load them)."""
-    hf_config, tensors = config_to_hf(cfg, tokenizer), params_to_hf(params, cfg)
+def write_folder(folder: Path, hf_config: Mapping, tensors: Mapping, tokenizer: HFTokenizer, max_len: int) -> None:
+    """config.json + model.safetensors + the tokenizer's files into `folder` (from_pretrained and AutoTokenizer load
+    them)."""
     (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
-    hf_folder.write_tokenizer(folder, tokenizer, cfg.max_len)
+    save_file(dict(tensors), folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_folder.write_tokenizer(folder, tokenizer, max_len)
+
+
+def write_marian(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
+    """Writes a MarianMTModel folder: config.json, model.safetensors and the tokenizer's files."""
+    write_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)

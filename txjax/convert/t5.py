@@ -17,6 +17,11 @@ from decoder_start_token_id (T5's pad), the imported tokenizer's BOS. Names (no 
     {..}.block.i.layer.j.layer_norm.weight                     -> self_attention_norm, (cross_attention_norm), ffn_norm
     {..}.block.i.layer.-1.DenseReluDense.wi (wi_0, wi_1), wo   -> ffn.wi (wi, wi_gate), wo
     {encoder,decoder}.final_layer_norm.weight                  -> {encoder,decoder}.final_norm
+
+Export (`run.py export` of such a workdir) writes the inverse as T5ForConditionalGeneration.save_pretrained names
+it: a tied head as the original T5's (tie_word_embeddings, the d_model^-0.5 taken back out of the decoder's final
+norm gain, which any transformers version reads the same way), an untied one as lm_head.weight with
+tie_word_embeddings false (no scaling).
 """
 
 from __future__ import annotations
@@ -173,3 +178,88 @@ def load_t5(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     convert = lambda named, cfg: params_from_hf(named, cfg, _scales_decoder_output(hf))
     hf_folder.check_headers(convert, tensors, cfg)
     return cfg, convert(tensors, cfg), tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# EncoderDecoder -> a T5ForConditionalGeneration folder
+
+
+def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
+    """ModelConfig -> a config.json that T5ForConditionalGeneration loads; a field T5 lacks is a ValueError naming
+    it."""
+    for name, want in _T5_FIELDS.items():
+        if getattr(cfg, name) != want:
+            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to T5 (needs {want!r})")
+    if cfg.kv_heads != cfg.num_heads:
+        raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads} cannot be exported to T5 (needs num_heads)")
+    names = {mine: hf for hf, mine in ACTIVATIONS.items()}
+    if cfg.activation not in names:
+        raise ValueError(f"model.activation={cfg.activation!r} cannot be exported to T5 (one of {', '.join(names)})")
+    return {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "vocab_size": cfg.vocab_size,
+        "d_model": cfg.d_model,
+        "d_kv": cfg.head_dim,
+        "d_ff": cfg.d_ff,
+        "num_layers": cfg.encoder_layers,
+        "num_decoder_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads,
+        "n_positions": cfg.max_len,
+        "relative_attention_num_buckets": cfg.relative_buckets,
+        "relative_attention_max_distance": cfg.relative_max_distance,
+        "feed_forward_proj": names[cfg.activation],
+        "layer_norm_epsilon": cfg.norm_eps,
+        "dropout_rate": cfg.dropout,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "scale_decoder_outputs": cfg.tie_embeddings,
+        "decoder_start_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id,
+        "is_encoder_decoder": True,
+        "dtype": "float32",
+    }
+
+
+def _layer_to_hf(p: Mapping, cross: bool, gated: bool) -> dict:
+    """Inverse of _layer: one block's params -> {name: array} without the `<stack>.block.i.` prefix."""
+    out = {}
+    attentions = (("layer.0.SelfAttention", "self_attention"),)
+    attentions += (("layer.1.EncDecAttention", "cross_attention"),) if cross else ()
+    for hf, mine in attentions:
+        a = p[mine]
+        for x, name in (("q", "query"), ("k", "key"), ("v", "value")):
+            out[f"{hf}.{x}.weight"] = a[name].reshape(a[name].shape[0], -1).T
+        out[f"{hf}.o.weight"] = a["out"].reshape(-1, a["out"].shape[-1]).T
+    j_ffn = 2 if cross else 1
+    norms = {0: "self_attention_norm", j_ffn: "ffn_norm"} | ({1: "cross_attention_norm"} if cross else {})
+    out |= {f"layer.{j}.layer_norm.weight": p[mine]["scale"] for j, mine in norms.items()}
+    ffn = {"wi_0": "wi", "wi_1": "wi_gate"} if gated else {"wi": "wi"}
+    out |= {f"layer.{j_ffn}.DenseReluDense.{hf}.weight": p["ffn"][mine]["kernel"].T for hf, mine in ffn.items()}
+    out[f"layer.{j_ffn}.DenseReluDense.wo.weight"] = p["ffn"]["wo"]["kernel"].T
+    return out
+
+
+def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Inverse of params_from_hf (a tied head scaled as config_to_hf says): EncoderDecoder params (scanned or
+    looped) -> HF tensors as T5ForConditionalGeneration.save_pretrained names them."""
+    params = marian.looped(params, cfg)
+    embed = params["src_embed"]
+    out = {"shared.weight": embed["tokens"]["embedding"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = embed["lm_head"]["kernel"].T
+    for stack, n, cross in (("encoder", cfg.encoder_layers, False), ("decoder", cfg.num_layers, True)):
+        for i in range(n):
+            layer = _layer_to_hf(params[stack][f"layers_{i}"], cross, cfg.activation in GATED)
+            out.update({f"{stack}.block.{i}.{k}": v for k, v in layer.items()})
+        table = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        out[table] = params[stack]["relative_table"]
+        out[f"{stack}.final_layer_norm.weight"] = params[stack]["final_norm"]["scale"]
+    if cfg.tie_embeddings:  # T5 multiplies the decoder output by d_model^-0.5 before a tied head
+        out["decoder.final_layer_norm.weight"] = out["decoder.final_layer_norm.weight"] * cfg.d_model**0.5
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def write_t5(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
+    """Writes a T5ForConditionalGeneration folder: config.json, model.safetensors and the tokenizer's files."""
+    marian.write_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)

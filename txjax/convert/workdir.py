@@ -11,8 +11,9 @@ small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shorte
 on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything
 is read and checked before the workdir appears; a failure leaves nothing behind.
 
-Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2, Mixtral/Qwen-MoE/OLMoE or
-Marian config.json, model.safetensors, the tokenizer's files) that transformers' from_pretrained loads.
+Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2/Mistral/Qwen3,
+Mixtral/Qwen-MoE/OLMoE, Marian, BART or T5: config.json, model.safetensors, the tokenizer's files) that
+transformers' from_pretrained loads.
 """
 
 from __future__ import annotations
@@ -153,14 +154,24 @@ def export_workdir(workdir, target) -> dict:
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
 
 
+# an encoder-decoder's exporter, by the positions that tell its family apart
+_ENCODER_DECODER_WRITERS = {
+    "sinusoidal_halves": marian.write_marian,
+    "learned": bart.write_bart,
+    "relative_buckets": t5.write_t5,
+}
+
+
 def _export_encoder_decoder(run, target) -> dict:
-    """A Marian-shaped EncoderDecoder (sinusoidal_halves positions, post-LN, biases, final_logits_bias) with a
-    pretrained tokenizer -> a MarianMTModel folder; any other encoder-decoder is refused in one line."""
-    if run.model.cfg.positional != "sinusoidal_halves" or not isinstance(run.tokenizer, HFTokenizer):
+    """A Marian-, BART- or T5-shaped EncoderDecoder (told apart by model.positional; each writer refuses a field its
+    family lacks in one line) with a pretrained tokenizer -> a MarianMTModel, BART or T5 folder."""
+    write = _ENCODER_DECODER_WRITERS.get(run.model.cfg.positional)
+    if write is None or not isinstance(run.tokenizer, HFTokenizer):
         raise ValueError(
-            "only an encoder-decoder imported from Marian (positional='sinusoidal_halves', a pretrained tokenizer) "
-            "can be exported; BART and T5 export is not written"
+            f"model.positional={run.model.cfg.positional!r} with a {run.tokenizer.kind!r} tokenizer cannot be "
+            "exported: an encoder-decoder imported from Marian, BART or T5 can (positional "
+            f"{', '.join(_ENCODER_DECODER_WRITERS)} with its pretrained tokenizer)"
         )
     params = jax.device_get(run.params)
-    path = write_atomically(target, lambda tmp: marian.write_marian(tmp, run.model.cfg, params, run.tokenizer))
+    path = write_atomically(target, lambda tmp: write(tmp, run.model.cfg, params, run.tokenizer))
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}

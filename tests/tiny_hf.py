@@ -1,0 +1,215 @@
+"""Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
+reads: the Llama family (decoder LMs: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
+Qwen3) and the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and the benchmarks that
+measure the converters (benchmarks/convert_equality.py) share; it imports torch, transformers and tokenizers, so a
+test importorskips them first."""
+
+from __future__ import annotations
+
+import numpy as np
+import tokenizers
+import torch
+import transformers
+
+
+def randomized(model, keep=lambda name: False):
+    """The model with norm gains ~ N(1, 0.2^2) and every other parameter ~ N(0, 0.2^2) (but those `keep` names), so
+    that logits are of order 10; seeded."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not keep(name):
+                p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.2)
+    return model.eval()
+
+
+# ---- decoder LMs: the Llama family ----------------------------------------------------------------------------------
+
+LM_VOCAB, LM_CTX = 96, 64
+COMMON = dict(
+    vocab_size=LM_VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=LM_CTX,
+    rms_norm_eps=1e-5,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+# Llama 3's rope scaling with two of head_dim 16's eight frequencies between its bands (what a .gguf's rope_freqs
+# needs to give its bands back: tests/test_gguf.py)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 5e4,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 16.0,
+    "original_max_position_embeddings": 32,
+}
+DECODERS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/h, Qwen2's q/k/v biases
+    "llama": ("LlamaConfig", dict(num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=False)),
+    "mistral": (
+        "MistralConfig",
+        dict(num_key_value_heads=1, head_dim=24, sliding_window=None, tie_word_embeddings=True),
+    ),
+    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama3": ("LlamaConfig", dict(num_key_value_heads=2, tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE)),
+    "mistral_window": (
+        "MistralConfig",
+        dict(num_key_value_heads=1, head_dim=24, sliding_window=8, tie_word_embeddings=True),
+    ),
+    "qwen3_yarn": (
+        "Qwen3Config",
+        dict(
+            num_key_value_heads=2,
+            head_dim=32,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+    "qwen3": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=16, rope_theta=5e4, tie_word_embeddings=True)),
+}
+
+
+def decoder_config(kind: str, **changes):
+    """The transformers config of DECODERS[kind] over COMMON, with `changes`."""
+    config_class, fields = DECODERS[kind]
+    return getattr(transformers, config_class)(**(COMMON | fields | changes))
+
+
+def random_decoder(kind: str, **changes):
+    """A randomized transformers causal LM of DECODERS[kind]."""
+    return randomized(transformers.AutoModelForCausalLM.from_config(decoder_config(kind, **changes)))
+
+
+def byte_level_tokenizer(text: str, vocab_size: int, chat_template: str | None = None):
+    """A byte-level BPE fast tokenizer trained on `text` that adds BOS <s> first as Llama's does (EOS </s>)."""
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([text], vocab_size=vocab_size, special_tokens=["<s>", "</s>"])
+    bpe.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = chat_template
+    return fast
+
+
+def save_tiny_decoder(folder, text: str, vocab_size: int, max_positions: int, kind="llama", chat_template=None):
+    """A random 2-layer model of DECODERS[kind] (d_model 32, 4 heads / 2 KV heads) saved by transformers into `folder`
+    with byte_level_tokenizer(text) (and `chat_template`); returns the model."""
+    fast = byte_level_tokenizer(text, vocab_size, chat_template)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8)
+    config = decoder_config(kind, vocab_size=fast.vocab_size, max_position_embeddings=max_positions, **sizes)
+    config.bos_token_id, config.eos_token_id = 0, 1
+    model = randomized(transformers.AutoModelForCausalLM.from_config(config))
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return model
+
+
+# ---- encoder-decoders: Marian, BART, T5 -----------------------------------------------------------------------------
+
+PAIRS = [
+    ("the cat sat on the mat", "el gato se sento en la alfombra"),
+    ("the dog ran in the park", "el perro corrio en el parque"),
+    ("a bird sings in the tree", "un pajaro canta en el arbol"),
+    ("the sun is hot today", "el sol esta caliente hoy"),
+    ("we read a book at night", "leemos un libro por la noche"),
+    ("my friend lives near the sea", "mi amigo vive cerca del mar"),
+] * 4
+S2S_VOCAB, S2S_CTX = 120, 64
+BART_SIZES = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=S2S_CTX,
+    scale_embedding=True,
+)
+# T5: d_kv apart from d_model / heads, 8 buckets up to distance 20, so that 40 tokens reach the logarithmic ones
+T5_SIZES = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2, relative_attention_num_buckets=8)
+T5_SIZES |= dict(relative_attention_max_distance=20, n_positions=S2S_CTX)
+# per model: its specials in id order, (EOS, pad, decoder start), the config class and its fields
+SEQ2SEQ = {
+    "marian": (["</s>", "<unk>", "<pad>"], (0, 2, 2), "MarianConfig", BART_SIZES | dict(activation_function="swish")),
+    "bart": (["<s>", "<pad>", "</s>", "<unk>"], (2, 1, 2), "BartConfig", BART_SIZES | dict(activation_function="gelu")),
+    "t5": (["<pad>", "</s>", "<unk>"], (1, 0, 0), "T5Config", T5_SIZES | dict(feed_forward_proj="relu")),
+    "t5v1_1": (["<pad>", "</s>", "<unk>"], (1, 0, 0), "T5Config", T5_SIZES | dict(feed_forward_proj="gated-gelu")),
+}
+
+
+def seq2seq_config(kind, **changes):
+    """The transformers config of SEQ2SEQ[kind], with `changes`."""
+    _, (eos, pad, start), config_class, fields = SEQ2SEQ[kind]
+    fields = fields | dict(
+        vocab_size=S2S_VOCAB,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        decoder_start_token_id=start,  # Marian's and T5's decoders start from pad, BART's from EOS
+        forced_eos_token_id=None,  # generate would force EOS as the 40th token; txjax's greedy search does not
+    )
+    if kind == "t5v1_1":
+        fields["tie_word_embeddings"] = False  # v1.1: no d_model^-0.5 on the decoder output (transformers 5 ties)
+    return getattr(transformers, config_class)(**(fields | changes))
+
+
+def save_tiny_seq2seq(kind, folder, **changes):
+    """A random 2+2-layer model of `kind` with a random final_logits_bias (T5: relative bias and tokens of std 1) and
+    EOS pushed down (T5: its token row zero) so that greedy search runs its 40 tokens, saved by transformers with a
+    BPE fast tokenizer trained on both sides of PAIRS; returns it."""
+    specials = SEQ2SEQ[kind][0]
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=S2S_VOCAB, special_tokens=specials)
+    bpe.train_from_iterator([s for pair in PAIRS for s in pair], trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>")
+    config = seq2seq_config(kind, **changes)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config)
+    # Marian's sinusoid table is a parameter too: kept
+    randomized(model, keep=lambda name: kind == "marian" and "embed_positions" in name)
+    with torch.no_grad():
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0.0, 1.0)
+            model.final_logits_bias[0, config.eos_token_id] = -30.0
+        else:
+            for name, p in model.named_parameters():
+                if "relative_attention_bias" in name:
+                    p.normal_(0.0, 1.0)
+            model.get_input_embeddings().weight.normal_(0.0, 1.0)  # T5's init: the head reads it at d_model^-0.5
+            model.get_input_embeddings().weight[config.eos_token_id] = 0.0
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return model
+
+
+def sources(tokenizer):
+    """(ids, src, mask): two sources of different lengths, each ending with EOS as MarianTokenizer's do, right-padded
+    into src with its 0/1 mask."""
+    eos = tokenizer.eos_id
+    ids = [tokenizer.encode(PAIRS[0][0]) + [eos], tokenizer.encode(PAIRS[3][0] + " " + PAIRS[4][0]) + [eos]]
+    src = np.full((2, max(map(len, ids))), tokenizer.pad_id, np.int32)
+    mask = np.zeros_like(src)
+    for row, row_mask, s in zip(src, mask, ids):
+        row[: len(s)], row_mask[: len(s)] = s, 1
+    return ids, src, mask
+
+
+def seq2seq_logits(hf, model, params, tokenizer):
+    """(transformers' logits, txjax's) of sources(tokenizer) and a 7-token target prefix from the decoder start."""
+    _, src, mask = sources(tokenizer)
+    tgt = np.array([[tokenizer.bos_id, *tokenizer.encode(PAIRS[0][1])[:6]]] * 2, np.int32)
+    with torch.no_grad():
+        want = hf(
+            input_ids=torch.tensor(src, dtype=torch.long),
+            attention_mask=torch.tensor(mask),
+            decoder_input_ids=torch.tensor(tgt, dtype=torch.long),
+        ).logits.numpy()
+    return want, np.asarray(model.apply({"params": params}, src, tgt, src_segment_ids=mask))
