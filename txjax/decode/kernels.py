@@ -24,10 +24,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import attention, precision
+from txjax.model import attention, multi_head, precision
 from txjax.model.activations import ACTIVATIONS
-from txjax.model.attention import MultiHeadAttention
 from txjax.model.ffn import FeedForward
+from txjax.model.multi_head import MultiHeadAttention
 
 DECODING_NAMES = ("qkv", "qkv_t", "wi_fused", "kernel_t", "out_t")  # parameters no trained model has
 
@@ -163,13 +163,13 @@ def _ffn_hidden(own, module, x_BxLxD):
 
 
 def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
-    """MultiHeadAttention.update_cache in cache_layout (a local layer's ring buffer too: attention.window_kv_cache)."""
+    """MultiHeadAttention.update_cache in cache_layout (a local layer's ring buffer too: multi_head.window_kv_cache)."""
     if module.cross:
         new = None if k_new is None else cache_layout(k_new, v_new)
         return own(*(new or (None, None)), q_pos, k_pos, mask)
     k_new, v_new = cache_layout(k_new, v_new)
     if isinstance(window, int) and window > 0:
-        return attention.window_kv_cache(module, k_new, v_new, q_pos, mask, window, axes=(2, 1))
+        return multi_head.window_kv_cache(module, k_new, v_new, q_pos, mask, window, axes=(2, 1))
     (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
     ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
     cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
@@ -179,7 +179,7 @@ def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
         return k_new, v_new, q_pos, mask
     ck.value = write_slots(ck.value, k_new, cidx.value, axis=2)
     cv.value = write_slots(cv.value, v_new, cidx.value, axis=1)
-    return ck.value, cv.value, *attention.cache_positions(cpos, cidx, q_pos, mask)
+    return ck.value, cv.value, *multi_head.cache_positions(cpos, cidx, q_pos, mask)
 
 
 def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, window=0):

@@ -16,10 +16,11 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txjax.model.attention import MultiHeadAttention, resolve_impl
+from txjax.model.attention import resolve_impl
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward
 from txjax.model.moe import MoE
+from txjax.model.multi_head import MultiHeadAttention
 from txjax.parallel.sharding import BATCH_LENGTH, constrain
 
 
