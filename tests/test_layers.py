@@ -10,8 +10,9 @@ from test_attention import np_mha, random_params
 
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward
-from txjax.model.layers import Block, make_norm
+from txjax.model.layers import Block
 from txjax.model.masks import causal_mask, segment_mask
+from txjax.model.norms import make_norm
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 

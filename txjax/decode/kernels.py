@@ -187,10 +187,10 @@ def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, win
     window is already in the mask)."""
     if not any(module.has_variable("cache", name) for name in ("cached_key", "window_key", "cross_key")):
         return own(q_BxLxHxK, k, v, mask, causal, bias, deterministic, window)
-    b, scale = q_BxLxHxK.shape[0], attention.score_scale(module.scale, module.head_dim)
+    b, scores = q_BxLxHxK.shape[0], module.score_options()
     if module.impl == "fused":  # jax.nn.dot_product_attention's [B, S, KV, K]
         k, v = einops.rearrange(k, "(b g) k s -> b s g k", b=b), einops.rearrange(v, "(b g) s k -> b s g k", b=b)
-        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias, scale=scale)[0]
+        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias, **scores)[0]
     g = k.shape[0] // b
     rows = lambda t: None if t is None else jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by rows
     split = lambda t: None if t is None else einops.rearrange(rows(t), "b (g r) l s -> (b g) r l s", g=g)
@@ -198,7 +198,7 @@ def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, win
     mask = None if mask is None else einops.repeat(rows(mask[:, 0]), "b l s -> (b g) l s", g=g)
 
     def one_head(q, k_KxS, v, m, bias_, keep):  # XLA folds the swap into the score product, which reads [K, S]
-        out = attention.scaled_dot_product_attention(q, k_KxS.T, v, m, bias=bias_, scale=scale)
+        out = attention.scaled_dot_product_attention(q, k_KxS.T, v, m, bias=bias_, **scores)
         return out, None
 
     out, _ = jax.vmap(attention.over_query_group(one_head))(q_BGxLxRxK, k, v, mask, split(bias), None)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from txjax.model import blockwise, positional, precision
 from txjax.model.attention import attend, score_scale, segment_backend
 from txjax.model.masks import causal_mask, is_global, segment_mask, window_mask
+from txjax.model.norms import rms_norm
 
 
 def stored_positions(q_pos, mask):
@@ -117,6 +118,8 @@ class MultiHeadAttention(nn.Module):
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
     scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
+    scale_dim: int = 0  # the d of 1/sqrt(d) (1/d); 0 = d_k (Gemma's query_pre_attn_scalar)
+    softcap: float = 0.0  # c > 0: scores soft-capped at c tanh(s / c) (Gemma 2)
     impl: str = "reference"  # attend's: 'reference' | 'fused' | 'cudnn', or 'blockwise' (segment_backend)
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope: positional.Rope | None = None  # rotate q and k (RoPE) when set
@@ -125,6 +128,7 @@ class MultiHeadAttention(nn.Module):
     max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
     norm_eps: float = 1e-5
+    norm_offset: bool = False  # the q/k norms' gains as 1 + w (Gemma 3: txjax.model.norms)
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
     init_std: float = 0.02  # W^Q, W^K, W^V ~ N(0, init_std^2)
@@ -154,7 +158,8 @@ class MultiHeadAttention(nn.Module):
         -> [B, Lq, D]."""
         bidirectional = not causal
         k_pos = q_pos if k_pos is None else k_pos
-        by_segments = segment_backend(self.impl, mask, decode or self.sow_weights, self.block_sizes, window)
+        needs_scores = decode or self.sow_weights
+        by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.softcap)
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
             mask = segment_mask(*mask)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
@@ -169,7 +174,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("model.positional='relative_buckets' needs model.attention_impl=reference (or auto)")
         if by_segments is not None:  # masks and ALiBi made block by block (ring step by ring step)
             slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
-            scale = score_scale(self.scale, self.head_dim)
+            scale = self.score_options()["scale"]  # the soft cap is bound into by_segments
             out_BxLxHxK = by_segments(
                 q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale
             )
@@ -199,11 +204,11 @@ class MultiHeadAttention(nn.Module):
         return y + self.param(f"{name}_bias", zeros, (heads, self.head_dim)).astype(self.dtype)
 
     def norm(self, name, t):
-        """QK-norm: g * t / sqrt(mean_k(t^2) + eps) over each head's d_k, in float32 (identity unless qk_norm)."""
+        """QK-norm: g * t / sqrt(mean_k(t^2) + eps) over each head's d_k, in float32 (identity unless qk_norm; the
+        gain 1 + w with norm_offset)."""
         if not self.qk_norm:
             return t
-        scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("kv",))
-        return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, name=name)(t).astype(t.dtype)
+        return rms_norm(self.norm_eps, self.norm_offset, "kv", name)(t).astype(t.dtype)
 
     def project_qkv(self, x_BxLxD, kv_BxSxD):
         """-> q [B, L, H, K], k/v [B, S, KV, K] (None for kv None: a cross-attention decode step)."""
@@ -222,13 +227,19 @@ class MultiHeadAttention(nn.Module):
             return window_kv_cache(self, k_new, v_new, q_pos, mask, window)
         return append_kv_cache(self, k_new, v_new, q_pos, mask)
 
+    def score_options(self) -> dict:
+        """The scores' scale (score_scale of scale_dim, else d_k) and soft cap, as `attend` takes them."""
+        return dict(scale=score_scale(self.scale, self.scale_dim or self.head_dim), softcap=self.softcap)
+
     def attend(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0):
         """The heads' attention (the module-level `attend`) with dropout on the weights and their sowing."""
-        keep, scale = None, score_scale(self.scale, self.head_dim)
+        keep = None
         if self.dropout > 0 and not deterministic:  # one mask per head
             shape = (q_BxLxHxK.shape[0], self.num_heads, q_BxLxHxK.shape[1], k.shape[1])
             keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, shape) / (1.0 - self.dropout)
-        kwargs = dict(causal=causal, window=window, bias=bias_BxHxLxS, scale=scale, keep=keep, impl=self.impl)
+        kwargs = dict(
+            causal=causal, window=window, bias=bias_BxHxLxS, keep=keep, impl=self.impl, **self.score_options()
+        )
         out_BxLxHxK, probs_BxHxLxS = attend(q_BxLxHxK, k, v, mask, **kwargs, weights=self.sow_weights)
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", probs_BxHxLxS)
