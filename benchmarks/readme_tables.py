@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when a test loads this file
 import gpu_summary  # noqa: E402
 from attention_tables import attention_time, local_attention  # noqa: E402
-from convert_tables import seq2seq_equality  # noqa: E402
+from convert_tables import gemma_equality, seq2seq_equality  # noqa: E402
 from data_tables import data, prepare_memory  # noqa: E402
 from experiment_tables import bible_averaging, bible_length_penalty, bible_variants, experiments, passkey  # noqa: E402
 from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, target_tokens_per_s  # noqa: E402
@@ -304,7 +304,7 @@ TABLES = {
     f.__name__: f
     for f in (
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
-        *(prepare_memory, score_text_memory, attention_time, local_attention, seq2seq_equality),
+        *(prepare_memory, score_text_memory, attention_time, local_attention, seq2seq_equality, gemma_equality),
         passkey,
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )

@@ -261,10 +261,14 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     return out
 
 
-def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False) -> dict:
+def params_from_hf(
+    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False, layer: Callable | None = None
+) -> dict:
     """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
-    cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
+    cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted; `layer`:
+    a family's own block reader with _layer_from_hf's signature (Gemma's adds its norms).
     A missing, extra or misshapen tensor is a ValueError naming it."""
+    layer = layer or _layer_from_hf
     t = hf_folder.Tensors(tensors, "model.")
     to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
     d, v = cfg.d_model, cfg.vocab_size
@@ -277,15 +281,17 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs
                 f"{hf_folder.CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
             )
     decoder = {
-        f"layers_{i}": _layer_from_hf(lambda n, s, i=i: t.get(f"layers.{i}.{n}", s), cfg, to_pairs)
+        f"layers_{i}": layer(lambda n, s, i=i: t.get(f"layers.{i}.{n}", s), cfg, to_pairs)
         for i in range(cfg.num_layers)
     }
     decoder["final_norm"] = {"scale": t.get("norm.weight", (d,))}
     return t.finish({"embed": embed, "decoder": decoder}, cfg, _BUFFERS)
 
 
-def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them."""
+def params_to_hf(params: Mapping, cfg: ModelConfig, layer: Callable | None = None) -> dict[str, np.ndarray]:
+    """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them
+    (`layer`: a family's own block writer with _layer_to_hf's signature)."""
+    layer = layer or _layer_to_hf
     params, dec = hf_folder.looped_numpy(params, cfg)
     out = {
         "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],
@@ -294,7 +300,7 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = params["embed"]["lm_head"]["kernel"].T
     for i in range(cfg.num_layers):
-        out.update({f"model.layers.{i}.{k}": v for k, v in _layer_to_hf(dec[f"layers_{i}"], cfg).items()})
+        out.update({f"model.layers.{i}.{k}": v for k, v in layer(dec[f"layers_{i}"], cfg).items()})
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

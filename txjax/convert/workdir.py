@@ -1,7 +1,8 @@
 """A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
-Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Marian,
-BART or T5 encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and
+Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2/Qwen3 or Gemma 2/3 folder (txjax.convert.gpt2,
+.llama, .gemma), a Marian, BART or T5 encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file
+(txjax.convert.gguf) and
 writes what `run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its
 model section and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the
 imported parameters, fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and
@@ -11,7 +12,8 @@ on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.
 is read and checked before the workdir appears; a failure leaves nothing behind.
 
 Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2 or Marian config.json,
-model.safetensors, the tokenizer's files) that transformers' from_pretrained loads.
+model.safetensors, the tokenizer's files) that transformers' from_pretrained loads (Gemma 2/3 for a model with
+sandwich norms).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import bart, gguf, gpt2, llama, marian, t5
+from txjax.convert import bart, gemma, gguf, gpt2, llama, marian, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -53,6 +55,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
         return (*bart.load_bart(path), bart.FAMILY)
     if hf.get("model_type") in t5.MODEL_TYPES:
         return (*t5.load_t5(path), t5.FAMILY)
+    if hf.get("model_type") in (*gemma.MODEL_TYPES, "gemma3"):  # gemma3, the multimodal model, refused in one line
+        return (*gemma.load_gemma(path), read_tokenizer(path, hf), "decoder_lm")
     return (*llama.load_llama(path), read_tokenizer(path, hf), "decoder_lm")
 
 
@@ -126,7 +130,8 @@ def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> Non
 
 def export_workdir(workdir, target) -> dict:
     """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
-    table, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
+    table, Gemma 2/3 with sandwich norms, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or
+    a pretrained model's one."""
     run = load_workdir(workdir)
     cfg, tokenizer = run.model.cfg, run.tokenizer
     if run.config.family == marian.FAMILY:
@@ -134,6 +139,8 @@ def export_workdir(workdir, target) -> dict:
     if run.config.family != "decoder_lm":
         raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
     write_model = gpt2.write_gpt2 if cfg.positional == "learned" else llama.write_llama
+    if cfg.norm_placement == "sandwich":
+        write_model = gemma.write_gemma
     params = jax.device_get(run.params)
 
     def write(tmp: Path):
