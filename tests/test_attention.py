@@ -24,11 +24,14 @@ def np_softmax(s, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def np_attention(q, k, v, mask=None, bias=None, scale=None):
-    """softmax(q k^T / sqrt(d_k) + bias) v over allowed keys, with explicit loops over the query rows."""
+def np_attention(q, k, v, mask=None, bias=None, scale=None, softcap=0.0):
+    """softmax(q k^T / sqrt(d_k) + bias) v over allowed keys, with explicit loops over the query rows; softcap c > 0:
+    the scores q k^T * scale become c tanh(scores / c) before the bias."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = q @ np.swapaxes(k, -1, -2) * scale
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias
     if mask is None:
@@ -83,6 +86,8 @@ def test_sdpa_matches_numpy_dk_ne_dv_nq_ne_nk_with_mask_and_bias():
     np.testing.assert_allclose(
         A.scaled_dot_product_attention(q, k, v, scale=0.3), np_attention(q, k, v, scale=0.3), atol=1e-5
     )
+    capped = A.scaled_dot_product_attention(q, k, v, mask, bias=bias, softcap=0.5)  # binds: the scores reach ~3
+    np.testing.assert_allclose(capped, np_attention(q, k, v, mask, bias, softcap=0.5), atol=1e-5)
 
 
 def test_fully_masked_row_gives_zeros_and_finite_grads():
