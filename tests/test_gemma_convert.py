@@ -145,6 +145,21 @@ def test_layer_types_become_the_shortest_window_pattern():
 GEMMA2 = {**COMMON, "model_type": "gemma2", "vocab_size": 64, "num_hidden_layers": 2}
 
 
+def test_older_config_json_fields():
+    """The Hub's configs from before transformers 5: top-level rope_theta / rope_scaling / rope_local_base_freq and
+    sliding_window_pattern instead of rope_parameters and layer_types (Gemma 3 4B's text model; Gemma 2's)."""
+    gemma3 = {**GEMMA2, "model_type": "gemma3_text", "num_hidden_layers": 8, "sliding_window": 1024}
+    gemma3 |= {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    cfg = config_from_hf(gemma3 | {"sliding_window_pattern": 6, "query_pre_attn_scalar": 256}, has_head=False)
+    assert (cfg.window_pattern, cfg.attention_window, cfg.layer_windows[4:]) == ("LLLLLG", 1024, (1024, 0, 1024, 1024))
+    assert (cfg.rope_base, cfg.rope_scaling, cfg.rope_factor, cfg.rope_local_base) == (1e6, "linear", 8.0, 1e4)
+    assert (cfg.attention_scale_dim, cfg.qk_norm, cfg.tie_embeddings) == (256, True, True)
+    old2 = {**GEMMA2, "num_hidden_layers": 4, "sliding_window": 4096, "rope_theta": 1e4, "query_pre_attn_scalar": 16}
+    cfg = config_from_hf(old2 | {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}, has_head=False)
+    assert (cfg.window_pattern, cfg.attention_scale_dim, cfg.rope_local_base) == ("LG", 0, 0.0)
+    assert (cfg.attention_softcap, cfg.logit_softcap) == (50.0, 30.0)
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
