@@ -1,6 +1,6 @@
 """The generated table of the checkpoint families (benchmarks/readme_tables.py registers it): what each converter
 reads and writes and what txjax needs for it (written here), its equality figures (benchmarks/convert_equality.py's
-result file, and moe_equality.py's for the mixtures of experts). A new family is one FAMILIES entry here and one
+result file, gemma_equality.py's and moe_equality.py's). A new family is one FAMILIES entry here and one
 in convert_equality.py."""
 
 from __future__ import annotations
@@ -58,6 +58,19 @@ FAMILIES = {
         "import, export",
         "as T5 with `activation=geglu` (gated GELU), a head without the rescaling (tied or untied)",
     ),
+    "gemma2": (
+        "Gemma 2 (`gemma2`)",
+        "import, export",
+        "`norm_placement=sandwich` (pre- and post-norms), `norm_offset` ((1 + w) RMSNorm), `embed_scale`, GeGLU "
+        "(tanh), `attention_softcap`, `logit_softcap`, `attention_scale_dim` (query_pre_attn_scalar), "
+        "`window_pattern` alternating local and global",
+    ),
+    "gemma3_text": (
+        "Gemma 3 text (`gemma3_text`)",
+        "import, export",
+        "as Gemma 2 without the soft caps, per-head q/k RMSNorm, its 5:1 `window_pattern`, `rope_local_base` for "
+        "local layers and the global layers' rope scaling",
+    ),
     "mixtral": (
         "Mixtral (`mixtral`)",
         "import, export",
@@ -86,7 +99,7 @@ _NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py doe
 def families() -> list[str]:
     """Each family: what it reads and writes, what txjax needs, and benchmarks/convert_equality.py's figures."""
     measured = {}  # family -> (row, the machine of its result file)
-    for name in ("convert_equality", "moe_equality"):  # benchmarks/moe_equality.py: the mixtures of experts
+    for name in ("convert_equality", "gemma_equality", "moe_equality"):  # benchmarks/gemma_equality.py, moe_equality.py
         d = bench(name) or {"rows": [], "machine": {}}
         measured.update({r["family"]: (r, d["machine"]) for r in d["rows"]})
     rows = []
@@ -100,7 +113,7 @@ def families() -> list[str]:
             label, formats, needs,
             f"{r['max_abs_logit_difference']:.1e} (logits to {n(r['max_abs_logit'])})",
             f"{' / '.join(map(str, np.atleast_1d(r['greedy_tokens_equal'])))} of {r['greedy_tokens']}",
-            f"{r['export_max_abs_logit_difference']:.1e}",
+            "" if "export_max_abs_logit_difference" not in r else f"{r['export_max_abs_logit_difference']:.1e}",
             "" if gguf is None else f"{gguf:.1e}",
             f"transformers {r['transformers']}, {machine_label(machine)}",
         ])  # fmt: skip

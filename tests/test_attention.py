@@ -10,6 +10,7 @@ import pytest
 
 from txjax.model import attention as A
 from txjax.model import masks as M
+from txjax.model.multi_head import MultiHeadAttention
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 
@@ -23,11 +24,14 @@ def np_softmax(s, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def np_attention(q, k, v, mask=None, bias=None, scale=None):
-    """softmax(q k^T / sqrt(d_k) + bias) v over allowed keys, with explicit loops over the query rows."""
+def np_attention(q, k, v, mask=None, bias=None, scale=None, softcap=0.0):
+    """softmax(q k^T / sqrt(d_k) + bias) v over allowed keys, with explicit loops over the query rows; softcap c > 0:
+    the scores q k^T * scale become c tanh(scores / c) before the bias."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = q @ np.swapaxes(k, -1, -2) * scale
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias
     if mask is None:
@@ -82,6 +86,8 @@ def test_sdpa_matches_numpy_dk_ne_dv_nq_ne_nk_with_mask_and_bias():
     np.testing.assert_allclose(
         A.scaled_dot_product_attention(q, k, v, scale=0.3), np_attention(q, k, v, scale=0.3), atol=1e-5
     )
+    capped = A.scaled_dot_product_attention(q, k, v, mask, bias=bias, softcap=0.5)  # binds: the scores reach ~3
+    np.testing.assert_allclose(capped, np_attention(q, k, v, mask, bias, softcap=0.5), atol=1e-5)
 
 
 def test_fully_masked_row_gives_zeros_and_finite_grads():
@@ -184,7 +190,7 @@ def random_params(module, *args, seed=0, std=0.3, **kwargs):
 )
 def test_mha_self_attention_matches_numpy(num_heads, num_kv_heads, scale):
     d_model, head_dim, b, l = 10, 3, 2, 5  # head_dim * heads != d_model on purpose
-    mod = A.MultiHeadAttention(num_heads, num_kv_heads, head_dim, use_bias=True, scale=scale)
+    mod = MultiHeadAttention(num_heads, num_kv_heads, head_dim, use_bias=True, scale=scale)
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.normal(size=(b, l, d_model)), jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(l), (b, l))
@@ -202,7 +208,7 @@ def test_mha_self_attention_matches_numpy(num_heads, num_kv_heads, scale):
 @pytest.mark.parametrize("num_kv_heads", [3, 1])
 def test_mha_cross_attention_different_lengths_matches_numpy(num_kv_heads):
     d_model, heads, head_dim = 8, 3, 4
-    mod = A.MultiHeadAttention(heads, num_kv_heads, head_dim, cross=True)
+    mod = MultiHeadAttention(heads, num_kv_heads, head_dim, cross=True)
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.normal(size=(2, 3, d_model)), jnp.float32)  # Lq = 3
     enc = jnp.asarray(rng.normal(size=(2, 7, d_model)), jnp.float32)  # Lk = 7
@@ -219,7 +225,7 @@ def test_mha_cross_attention_different_lengths_matches_numpy(num_kv_heads):
 
 def test_mha_alibi_bias_matches_numpy():
     d_model, heads, head_dim, l = 8, 4, 2, 5
-    mod = A.MultiHeadAttention(heads, 2, head_dim, alibi=True)
+    mod = MultiHeadAttention(heads, 2, head_dim, alibi=True)
     rng = np.random.default_rng(6)
     x = jnp.asarray(rng.normal(size=(1, l, d_model)), jnp.float32)
     pos = jnp.arange(l)[None]
@@ -234,7 +240,7 @@ def test_mha_alibi_bias_matches_numpy():
 
 
 def test_mha_sows_attention_weights():
-    mod = A.MultiHeadAttention(2, 2, 4, sow_weights=True)
+    mod = MultiHeadAttention(2, 2, 4, sow_weights=True)
     x = jnp.asarray(np.random.default_rng(7).normal(size=(1, 4, 8)), jnp.float32)
     pos = jnp.arange(4)[None]
     mask = M.causal_mask(pos, pos)
@@ -258,7 +264,7 @@ def test_fused_equals_reference_with_causal_padding_segments(num_kv_heads, alibi
     mask = M.causal_mask(pos, pos) & M.segment_mask(seg, seg)
     x = jnp.asarray(np.random.default_rng(8).normal(size=(2, 6, d_model)), jnp.float32)
     kw = dict(num_heads=heads, num_kv_heads=num_kv_heads, head_dim=head_dim, alibi=alibi)
-    ref_mod, fused_mod = A.MultiHeadAttention(**kw), A.MultiHeadAttention(**kw, impl="fused")
+    ref_mod, fused_mod = MultiHeadAttention(**kw), MultiHeadAttention(**kw, impl="fused")
     variables = {"params": random_params(ref_mod, x, mask, q_pos=pos)}
 
     def out_and_grad(mod):
@@ -281,7 +287,7 @@ def test_fused_cross_attention_equals_reference():
     enc = jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.float32)
     mask = M.segment_mask(jnp.array([[1, 1, 0], [1, 1, 1]]), jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
     q_pos = jnp.zeros((2, 3), jnp.int32)
-    v = {"params": random_params(A.MultiHeadAttention(**mod_kw), x, mask, q_pos=q_pos, kv=enc)}
-    ref = A.MultiHeadAttention(**mod_kw).apply(v, x, mask, q_pos=q_pos, kv=enc)
-    fused = A.MultiHeadAttention(**mod_kw, impl="fused").apply(v, x, mask, q_pos=q_pos, kv=enc)
+    v = {"params": random_params(MultiHeadAttention(**mod_kw), x, mask, q_pos=q_pos, kv=enc)}
+    ref = MultiHeadAttention(**mod_kw).apply(v, x, mask, q_pos=q_pos, kv=enc)
+    fused = MultiHeadAttention(**mod_kw, impl="fused").apply(v, x, mask, q_pos=q_pos, kv=enc)
     np.testing.assert_allclose(fused, ref, atol=1e-5)

@@ -17,22 +17,25 @@ from txjax.model.positional import alibi_slopes
 RNG = np.random.default_rng(0)
 
 
-def np_attention_and_grads(q, k, v, allowed, bias, scale, d_out):
+def np_attention_and_grads(q, k, v, allowed, bias, scale, d_out, softcap=0.0):
     """Per head: O = P V with P = softmax over the allowed keys of q k^T * scale + bias, and for the loss sum(O * d_out)
     dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ = dS K scale, dK = dS^T Q scale. q [L, H, K], k/v
-    [S, G, K] (head h reads K/V head h // (H/G)), allowed [L, S], bias [H, L, S]; rows with no allowed key are 0."""
+    [S, G, K] (head h reads K/V head h // (H/G)), allowed [L, S], bias [H, L, S]; rows with no allowed key are 0.
+    softcap c > 0: the scores are c tanh(q k^T * scale / c) + bias, and dS is times 1 - tanh^2."""
     q, k, v, d_out = (np.asarray(t, np.float64) for t in (q, k, v, d_out))
     h, g = q.shape[1], k.shape[1]
     out, dq, dk, dv = np.zeros_like(q), np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for head in range(h):
         kv = head // (h // g)
-        s = q[:, head] @ k[:, kv].T * scale + bias[head]
+        raw = q[:, head] @ k[:, kv].T * scale
+        capped = softcap * np.tanh(raw / softcap) if softcap else raw
+        s = capped + bias[head]
         s = np.where(allowed, s, -np.inf)
         e = np.exp(s - np.where(allowed.any(1, keepdims=True), s.max(1, keepdims=True), 0.0))
         p = np.where(allowed, e, 0.0) / np.maximum(e.sum(1, keepdims=True), 1e-300)
         out[:, head] = p @ v[:, kv]
         dp = d_out[:, head] @ v[:, kv].T
-        ds = p * (dp - (dp * p).sum(1, keepdims=True))
+        ds = p * (dp - (dp * p).sum(1, keepdims=True)) * ((1 - (capped / softcap) ** 2) if softcap else 1.0)
         dv[:, kv] += p.T @ d_out[:, head]
         dq[:, head] = ds @ k[:, kv] * scale
         dk[:, kv] += ds.T @ q[:, head] * scale
@@ -51,20 +54,20 @@ def case(b=2, l=19, s=19, h=4, g=2, kd=8, packed=True):
     return q, k, v, d_out, seg_q, seg_k, pos(seg_q), pos(seg_k)
 
 
-def run(q, k, v, d_out, seg_q, seg_k, pos_q, pos_k, causal, alibi, block_q, block_kv):
+def run(q, k, v, d_out, seg_q, seg_k, pos_q, pos_k, causal, alibi, block_q, block_kv, softcap=0.0):
     slopes = alibi_slopes(q.shape[2]) if alibi else None
     scale = q.shape[-1] ** -0.5
 
     def f(q, k, v):
         segments = blockwise.Segments(jnp.asarray(seg_q), jnp.asarray(seg_k))
-        kw = dict(causal=causal, slopes_H=slopes, scale=scale, block_q=block_q, block_kv=block_kv)
+        kw = dict(causal=causal, slopes_H=slopes, scale=scale, block_q=block_q, block_kv=block_kv, softcap=softcap)
         return blockwise.attention(q, k, v, segments, jnp.asarray(pos_q), jnp.asarray(pos_k), **kw)
 
     out, vjp = jax.vjp(jax.jit(f), q, k, v)
     return (out, *vjp(jnp.asarray(d_out, out.dtype)))
 
 
-def expected(q, k, v, d_out, seg_q, seg_k, pos_q, pos_k, causal, alibi):
+def expected(q, k, v, d_out, seg_q, seg_k, pos_q, pos_k, causal, alibi, softcap=0.0):
     rows = []
     h = q.shape[2]
     slopes = np.asarray(alibi_slopes(h), np.float64)
@@ -74,7 +77,7 @@ def expected(q, k, v, d_out, seg_q, seg_k, pos_q, pos_k, causal, alibi):
             allowed &= pos_k[r, None, :] <= pos_q[r, :, None]
         dist = np.abs(pos_q[r, :, None] - pos_k[r, None, :])
         bias = -slopes[:, None, None] * dist if alibi else np.zeros((h, *dist.shape))
-        rows.append(np_attention_and_grads(q[r], k[r], v[r], allowed, bias, q.shape[-1] ** -0.5, d_out[r]))
+        rows.append(np_attention_and_grads(q[r], k[r], v[r], allowed, bias, q.shape[-1] ** -0.5, d_out[r], softcap))
     return [np.stack(t) for t in zip(*rows)]
 
 
@@ -84,6 +87,14 @@ def test_outputs_and_gradients_match_numpy(block_q, block_kv, causal, alibi):
     c = case()
     got = run(*c, causal, alibi, block_q, block_kv)
     for name, g, e in zip(("out", "dq", "dk", "dv"), got, expected(*c, causal, alibi)):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_soft_capped_scores_outputs_and_gradients_match_numpy():
+    """Gemma 2's c tanh(s / c) on the scores (c small enough to bind: the scores reach about 3c), ALiBi after it."""
+    c = case()
+    got = run(*c, True, True, 5, 8, softcap=1.0)
+    for name, g, e in zip(("out", "dq", "dk", "dv"), got, expected(*c, True, True, softcap=1.0)):
         np.testing.assert_allclose(np.asarray(g), e, rtol=2e-5, atol=2e-5, err_msg=name)
 
 

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from test_attention import np_mha, random_params
 
-from txjax.model.attention import causal_mask, segment_mask
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward
-from txjax.model.layers import Block, make_norm
+from txjax.model.layers import Block
+from txjax.model.masks import causal_mask, segment_mask
+from txjax.model.norms import make_norm
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 
@@ -33,7 +34,12 @@ def np_rmsnorm(x, p):
     return p["scale"] * x / np.sqrt((x**2).mean(-1, keepdims=True) + EPS)
 
 
-NP_NORMS = {"layernorm": np_layernorm, "rmsnorm": np_rmsnorm}
+def np_offset_rmsnorm(x, p):
+    """Gemma's RMSNorm: the stored gain w applies as 1 + w."""
+    return (1 + p["scale"]) * x / np.sqrt((x**2).mean(-1, keepdims=True) + EPS)
+
+
+NP_NORMS = {"layernorm": np_layernorm, "rmsnorm": np_rmsnorm, "offset_rmsnorm": np_offset_rmsnorm}
 NP_ACTS = {
     "relu": lambda x: np.maximum(x, 0),
     "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
@@ -56,9 +62,9 @@ def _np(tree):
     return jax.tree_util.tree_map(lambda w: np.asarray(w, np.float64), tree)
 
 
-@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "offset_rmsnorm"])
 def test_norm_matches_numpy(norm):
-    cfg = _cfg(norm=norm)
+    cfg = _cfg(norm=norm.removeprefix("offset_"), norm_offset=norm.startswith("offset_"))
     x = jnp.asarray(np.random.default_rng(0).normal(2.0, 3.0, size=(2, 3, 8)), jnp.float32)
     mod = make_norm(cfg)
     p = random_params(mod, x)

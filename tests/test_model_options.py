@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from txjax.families.objective import token_sums
-from txjax.model.attention import MultiHeadAttention
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward
 from txjax.model.models import DecoderLM
+from txjax.model.multi_head import MultiHeadAttention
 
 RNG = np.random.default_rng(0)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from txjax.model import attention
+from txjax.model import attention, masks
 from txjax.model.ring_attention import ring_attention, unzigzag, zigzag
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)")
@@ -29,7 +29,7 @@ def test_ring_attention_equals_the_reference(mesh_shape):
     pos = jnp.asarray([list(range(20)) + list(range(9)) + [0] * 3, list(range(32))], jnp.int32)
 
     def reference(q, k, v):
-        mask = attention.segment_mask(seg, seg) & attention.causal_mask(pos, pos)
+        mask = masks.segment_mask(seg, seg) & masks.causal_mask(pos, pos)
         heads = lambda t: jnp.repeat(t, H // G, axis=2).transpose(0, 2, 1, 3)
         out = attention.scaled_dot_product_attention(q.transpose(0, 2, 1, 3), heads(k), heads(v), mask, scale=K**-0.5)
         return out.transpose(0, 2, 1, 3)

@@ -15,10 +15,11 @@ multiplies (`_Bx2W`, `_Dx3D`), a digit after one adds (`_BxL1`: L + 1 tokens), a
 """
 
 from txjax.decode.cache import init_cache
-from txjax.model.attention import MultiHeadAttention, attention_weights, scaled_dot_product_attention
+from txjax.model.attention import attention_weights, scaled_dot_product_attention
 from txjax.model.config import ModelConfig
 from txjax.model.masks import causal_mask, padding_mask, segment_mask, window_mask
 from txjax.model.models import DecoderLM, EncoderDecoder
+from txjax.model.multi_head import MultiHeadAttention
 
 __all__ = [
     "DecoderLM",

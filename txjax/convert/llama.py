@@ -248,12 +248,18 @@ def attention_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> 
     }
 
 
-def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dict:
-    """The decoder's Llama blocks layers_0 ... from `get(i, name, shape)` (HF tensor `model.layers.i.<name>`)."""
-    return {
-        f"layers_{i}": attention_from_hf(functools.partial(get, i), cfg, to_pairs)
-        | {"ffn": ffn_from_hf(lambda n, s, i=i: get(i, f"mlp.{n}", s), cfg.d_model, cfg.d_ff)}
-        for i in range(cfg.num_layers)
+def layer_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> dict:
+    """One Llama block from `get(name, shape)` (HF tensor `model.layers.i.<name>`): attention, norms, SwiGLU FFN."""
+    return attention_from_hf(get, cfg, to_pairs) | {
+        "ffn": ffn_from_hf(lambda n, s: get(f"mlp.{n}", s), cfg.d_model, cfg.d_ff)
+    }
+
+
+def each_layer_from_hf(layer: Callable) -> Callable:
+    """params_from_hf's `layers` for a family whose blocks are all read by `layer(get, cfg, to_pairs)`:
+    layers_0 ... from `get(i, name, shape)`."""
+    return lambda get, cfg, to_pairs: {
+        f"layers_{i}": layer(functools.partial(get, i), cfg, to_pairs) for i in range(cfg.num_layers)
     }
 
 
@@ -280,19 +286,24 @@ def attention_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     return out
 
 
-def _layers_to_hf(dec: Mapping, cfg: ModelConfig) -> list[dict]:
-    """Inverse of _layers_from_hf: HF layer i's tensors (names without `model.layers.i.`) for each i."""
-    mlp = lambda p: {f"mlp.{k}": v for k, v in ffn_to_hf(p["ffn"]).items()}
-    return [attention_to_hf(dec[f"layers_{i}"], cfg) | mlp(dec[f"layers_{i}"]) for i in range(cfg.num_layers)]
+def layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
+    """Inverse of layer_from_hf: one block's tensors (names without `model.layers.i.`)."""
+    return attention_to_hf(p, cfg) | {f"mlp.{k}": v for k, v in ffn_to_hf(p["ffn"]).items()}
+
+
+def each_layer_to_hf(layer: Callable) -> Callable:
+    """params_to_hf's `layers` for a family whose blocks are all written by `layer(params, cfg)`."""
+    return lambda dec, cfg: [layer(dec[f"layers_{i}"], cfg) for i in range(cfg.num_layers)]
 
 
 def params_from_hf(
-    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False, layers=_layers_from_hf
+    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False, layers: Callable | None = None
 ) -> dict:
     """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
     cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
-    layers(get, cfg, to_pairs): the decoder's layer entries (another FFN: txjax.convert.moe). A missing, extra or
-    misshapen tensor is a ValueError naming it."""
+    layers(get, cfg, to_pairs): the decoder's layer entries (default: Llama blocks; another FFN: txjax.convert.moe;
+    other norms: .gemma). A missing, extra or misshapen tensor is a ValueError naming it."""
+    layers = layers or each_layer_from_hf(layer_from_hf)
     t = hf_folder.Tensors(tensors, "model.")
     to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
     d, v = cfg.d_model, cfg.vocab_size
@@ -309,9 +320,10 @@ def params_from_hf(
     return t.finish({"embed": embed, "decoder": decoder}, cfg, _BUFFERS)
 
 
-def params_to_hf(params: Mapping, cfg: ModelConfig, layers=_layers_to_hf) -> dict[str, np.ndarray]:
+def params_to_hf(params: Mapping, cfg: ModelConfig, layers: Callable | None = None) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them
-    (layers(decoder, cfg): each HF layer's tensors, as _layers_to_hf)."""
+    (layers(decoder, cfg): each HF layer's tensors, as each_layer_to_hf's; default: Llama blocks)."""
+    layers = layers or each_layer_to_hf(layer_to_hf)
     params, dec = hf_folder.looped_numpy(params, cfg)
     out = {
         "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],

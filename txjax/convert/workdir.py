@@ -1,17 +1,17 @@
 """A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
-Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2 folder (txjax.convert.gpt2, .llama), a Mixtral,
-Qwen2-MoE, Qwen3-MoE or OLMoE folder (txjax.convert.moe), a Marian, BART or T5 encoder-decoder folder
-(txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and writes what `run.py train` writes
-(txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section and family the
-checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters, fresh AdamW
-moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and
-training from it (or from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a
+Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2/Qwen3 or Gemma 2/3 folder (txjax.convert.gpt2,
+.llama, .gemma), a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE folder (txjax.convert.moe), a Marian, BART or T5
+encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and writes what
+`run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section
+and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters,
+fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and training from it
+(or from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a
 small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's
 on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything
 is read and checked before the workdir appears; a failure leaves nothing behind.
 
-Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2/Mistral/Qwen3,
+Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2/Mistral/Qwen3, Gemma 2/3,
 Mixtral/Qwen-MoE/OLMoE, Marian, BART or T5: config.json, model.safetensors, the tokenizer's files) that
 transformers' from_pretrained loads.
 """
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import bart, gguf, gpt2, llama, marian, moe, t5
+from txjax.convert import bart, gemma, gguf, gpt2, llama, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -57,6 +57,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
         return (*t5.load_t5(path), t5.FAMILY)
     if hf.get("model_type") in moe.MODEL_TYPES:
         return (*moe.load_moe(path), read_tokenizer(path, hf), "decoder_lm")
+    if hf.get("model_type") in (*gemma.MODEL_TYPES, "gemma3"):  # gemma3, the multimodal model, refused in one line
+        return (*gemma.load_gemma(path), read_tokenizer(path, hf), "decoder_lm")
     return (*llama.load_llama(path), read_tokenizer(path, hf), "decoder_lm")
 
 
@@ -130,8 +132,8 @@ def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> Non
 
 def export_workdir(workdir, target) -> dict:
     """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
-    table, an MoE architecture when it has experts, else Llama / Qwen2); its tokenizer's files with them when it is
-    a GPT-2 or a pretrained model's one."""
+    table, an MoE architecture when it has experts, Gemma 2/3 with sandwich norms, else Llama / Qwen2); its
+    tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
     run = load_workdir(workdir)
     cfg, tokenizer = run.model.cfg, run.tokenizer
     if run.config.family == marian.FAMILY:
@@ -139,8 +141,11 @@ def export_workdir(workdir, target) -> dict:
     if run.config.family != "decoder_lm":
         raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
     write_model = (
-        gpt2.write_gpt2 if cfg.positional == "learned" else moe.write_moe if cfg.num_experts else llama.write_llama
-    )
+        gpt2.write_gpt2 if cfg.positional == "learned"
+        else moe.write_moe if cfg.num_experts
+        else gemma.write_gemma if cfg.norm_placement == "sandwich"
+        else llama.write_llama
+    )  # fmt: skip
     params = jax.device_get(run.params)
 
     def write(tmp: Path):

@@ -24,10 +24,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import attention, precision
+from txjax.model import attention, multi_head, precision
 from txjax.model.activations import ACTIVATIONS
-from txjax.model.attention import MultiHeadAttention
 from txjax.model.ffn import FeedForward
+from txjax.model.multi_head import MultiHeadAttention
 
 DECODING_NAMES = ("qkv", "qkv_t", "wi_fused", "kernel_t", "out_t")  # parameters no trained model has
 
@@ -163,13 +163,13 @@ def _ffn_hidden(own, module, x_BxLxD):
 
 
 def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
-    """MultiHeadAttention.update_cache in cache_layout (a local layer's ring buffer too: attention.window_kv_cache)."""
+    """MultiHeadAttention.update_cache in cache_layout (a local layer's ring buffer too: multi_head.window_kv_cache)."""
     if module.cross:
         new = None if k_new is None else cache_layout(k_new, v_new)
         return own(*(new or (None, None)), q_pos, k_pos, mask)
     k_new, v_new = cache_layout(k_new, v_new)
     if isinstance(window, int) and window > 0:
-        return attention.window_kv_cache(module, k_new, v_new, q_pos, mask, window, axes=(2, 1))
+        return multi_head.window_kv_cache(module, k_new, v_new, q_pos, mask, window, axes=(2, 1))
     (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
     ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
     cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
@@ -179,7 +179,7 @@ def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
         return k_new, v_new, q_pos, mask
     ck.value = write_slots(ck.value, k_new, cidx.value, axis=2)
     cv.value = write_slots(cv.value, v_new, cidx.value, axis=1)
-    return ck.value, cv.value, *attention.cache_positions(cpos, cidx, q_pos, mask)
+    return ck.value, cv.value, *multi_head.cache_positions(cpos, cidx, q_pos, mask)
 
 
 def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, window=0):
@@ -187,10 +187,10 @@ def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, win
     window is already in the mask)."""
     if not any(module.has_variable("cache", name) for name in ("cached_key", "window_key", "cross_key")):
         return own(q_BxLxHxK, k, v, mask, causal, bias, deterministic, window)
-    b, scale = q_BxLxHxK.shape[0], attention.score_scale(module.scale, module.head_dim)
+    b, scores = q_BxLxHxK.shape[0], module.score_options()
     if module.impl == "fused":  # jax.nn.dot_product_attention's [B, S, KV, K]
         k, v = einops.rearrange(k, "(b g) k s -> b s g k", b=b), einops.rearrange(v, "(b g) s k -> b s g k", b=b)
-        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias, scale=scale)[0]
+        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias, **scores)[0]
     g = k.shape[0] // b
     rows = lambda t: None if t is None else jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by rows
     split = lambda t: None if t is None else einops.rearrange(rows(t), "b (g r) l s -> (b g) r l s", g=g)
@@ -198,7 +198,7 @@ def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, win
     mask = None if mask is None else einops.repeat(rows(mask[:, 0]), "b l s -> (b g) l s", g=g)
 
     def one_head(q, k_KxS, v, m, bias_, keep):  # XLA folds the swap into the score product, which reads [K, S]
-        out = attention.scaled_dot_product_attention(q, k_KxS.T, v, m, bias=bias_, scale=scale)
+        out = attention.scaled_dot_product_attention(q, k_KxS.T, v, m, bias=bias_, **scores)
         return out, None
 
     out, _ = jax.vmap(attention.over_query_group(one_head))(q_BGxLxRxK, k, v, mask, split(bias), None)

@@ -1,13 +1,15 @@
-"""Attention: the equation, its masks, and the multi-head module.
+"""Attention, the function: its equation, the choice of a backend, and `attend`, the one call behind which they run.
 
     Attention(Q, K, V) = softmax(mask(Q K^T * scale)) V,     scale = 1/sqrt(d_k)   (Vaswani et al. 2017, eq. 1)
-    MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
-`scaled_dot_product_attention` is one head; `MultiHeadAttention` projects with per-head weights written as einsums
-and `vmap`s that one-head function over the heads. The same module serves self-attention (kv = x), masked
-self-attention (a causal mask, and a local window: txjax.model.masks) and cross-attention (kv = encoder output,
-padding mask only). Masks are boolean with True meaning "may attend". A local layer's KV cache is a ring buffer of
-`window` slots (`window_kv_cache`).
+with two variants of the scores s = Q K^T * scale: soft-capped, c tanh(s / c) (Gemma 2's attn_logit_softcapping),
+and a scale 1/sqrt(d) of another d than d_k (Gemma's query_pre_attn_scalar: `score_scale`).
+
+`scaled_dot_product_attention` is one head; `attend` runs it vmapped over the heads (grouped-query attention: a K/V
+head shared by its group of query heads, never copied) or a fused kernel, for self-attention, masked self-attention
+(a causal mask, a local window: txjax.model.masks) and cross-attention alike. Masks are boolean with True meaning
+"may attend". The multi-head module that projects into and out of the heads and keeps the KV cache:
+txjax.model.multi_head.
 """
 
 from __future__ import annotations
@@ -16,38 +18,41 @@ import functools
 from collections.abc import Callable
 
 import einops
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import blockwise, positional, precision, ring_attention
-from txjax.model.masks import NEG_INF, causal_mask, is_global, segment_mask, window_mask
+from txjax.model import blockwise, precision, ring_attention
+from txjax.model.activations import soft_cap
+from txjax.model.masks import NEG_INF, is_global, window_mask
 
 ATTENTION_IMPLS = ("auto", "reference", "fused", "cudnn", "blockwise")  # auto: resolve_impl picks one of the rest
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # The equation
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, *, bias=None, scale=None, keep=None, return_weights=False):
+def scaled_dot_product_attention(
+    q, k, v, mask=None, *, bias=None, scale=None, softcap=0.0, keep=None, return_weights=False
+):
     """softmax(mask(q k^T * scale + bias)) v for one head.
 
     q: [..., n_q, d_k], k: [..., n_k, d_k], v: [..., n_k, d_v]; mask: bool broadcastable to [..., n_q, n_k]
-    (True = may attend); bias: float broadcastable to [..., n_q, n_k] (ALiBi). scale defaults to 1/sqrt(d_k).
+    (True = may attend); bias: float broadcastable to [..., n_q, n_k] (ALiBi). scale defaults to 1/sqrt(d_k);
+    softcap c > 0 caps the scores q k^T * scale at c tanh(. / c) before the bias and mask.
     keep: dropout on the attention weights, multipliers (0 or 1/(1-p)) broadcastable to [..., n_q, n_k].
     The softmax runs in float32 whatever the input dtype; a row whose keys are all masked returns zeros.
     Returns [..., n_q, d_v]; with return_weights also the weights softmax(...) [..., n_q, n_k] (before dropout).
     """
-    probs = attention_weights(q, k, mask, bias=bias, scale=scale)
+    probs = attention_weights(q, k, mask, bias=bias, scale=scale, softcap=softcap)
     out = attention_output(probs if keep is None else probs * keep, v)
     return (out, probs) if return_weights else out
 
 
-def attention_weights(q, k, mask=None, *, bias=None, scale=None):
-    """The probabilities softmax(mask(q k^T * scale + bias)) over keys: [..., n_q, n_k], float32."""
+def attention_weights(q, k, mask=None, *, bias=None, scale=None, softcap=0.0):
+    """The probabilities softmax(mask(soft_cap(q k^T * scale, softcap) + bias)) over keys: [..., n_q, n_k],
+    float32."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = precision.einsum("...qd,...kd->...qk", q, k, out_dtype=jnp.float32) * scale
+    scores = soft_cap(precision.einsum("...qd,...kd->...qk", q, k, out_dtype=jnp.float32) * scale, softcap)
     if bias is not None:
         scores = scores + bias
     if mask is None:
@@ -66,32 +71,39 @@ def attention_output(probs, v):
 # Choosing a backend
 
 
-def resolve_impl(impl: str, dtype, head_dim: int) -> str:
+def resolve_impl(impl: str, dtype, head_dim: int, softcap: float = 0.0) -> str:
     """The attention implementation that runs for ModelConfig.attention_impl: 'auto' is cuDNN's fused (flash)
-    kernel on an NVIDIA GPU where it serves the case (16-bit q/k/v, d_k a multiple of 8 up to 128), else the
-    reference einsums; 'reference', 'fused' (jax.nn.dot_product_attention's XLA formulation) and 'cudnn' as named."""
+    kernel on an NVIDIA GPU where it serves the case (16-bit q/k/v, d_k a multiple of 8 up to 128, no soft-capped
+    scores), else the reference einsums; 'reference', 'fused' (jax.nn.dot_product_attention's XLA formulation) and
+    'cudnn' as named (ModelConfig refuses them with a soft cap: jax.nn.dot_product_attention has none)."""
     if impl == "cudnn" and not cuda_available():
         raise ValueError(f"model.attention_impl='cudnn' needs an NVIDIA GPU (here: {jax.default_backend()}); use auto")
     if impl != "auto":
         return impl
-    fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128 and not softcap
     return "cudnn" if fits and cuda_available() else "reference"
 
 
-def segment_backend(impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int], window=0) -> Callable | None:
+def segment_backend(
+    impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int], window=0, softcap=0.0
+) -> Callable | None:
     """The one choice of an attention backend that reads the mask as blockwise.Segments (O(L) values), with
     blockwise.attention's signature: ring attention (txjax.model.ring_attention) while the mesh in context shards the
     sequence, else blockwise attention (txjax.model.blockwise) when `impl` asks for it; None for the dense paths
     (`attend`), and always when someone needs the dense scores (a decode step reads its cache, sown weights are
-    L x S) or the mask is dense already. A local `window` is bound into blockwise's; ring attention refuses one."""
+    L x S) or the mask is dense already. A local `window` and a soft cap are bound into blockwise's; ring attention
+    refuses them."""
     if needs_scores or not (mask is None or isinstance(mask, blockwise.Segments)):
         return None
     if ring_attention.serves():
         if not is_global(window):
             raise ValueError("ring attention (mesh.sequence > 1) has no local window: set model.attention_window=0")
+        if softcap:
+            raise ValueError("ring attention (mesh.sequence > 1) has no score soft-capping: model.attention_softcap=0")
         return functools.partial(ring_attention.attention, block_q=block_sizes[0])
     if impl == "blockwise":
-        return functools.partial(blockwise.attention, block_q=block_sizes[0], block_kv=block_sizes[1], window=window)
+        blocks = dict(block_q=block_sizes[0], block_kv=block_sizes[1])
+        return functools.partial(blockwise.attention, **blocks, window=window, softcap=softcap)
     return None
 
 
@@ -123,20 +135,25 @@ def _per_head(fn: Callable, q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask, bias, keep):
 
 
 def score_scale(kind: str, head_dim: int) -> float:
-    """The scores' scale: 'sqrt' 1/sqrt(d_k) (the paper's), 'none' 1, 'linear' 1/d_k (muP)."""
+    """The scores' scale: 'sqrt' 1/sqrt(d) (the paper's, d = d_k), 'none' 1, 'linear' 1/d (muP); `head_dim` is d
+    (Gemma scales by its query_pre_attn_scalar, not always d_k)."""
     return {"sqrt": head_dim**-0.5, "none": 1.0, "linear": 1.0 / head_dim}[kind]
 
 
-def attend(q, k, v, mask, *, causal=False, window=0, bias=None, scale=None, keep=None, impl="reference", weights=False):
-    """softmax(mask(q k^T * scale + bias)) v per head: q [B, L, H, K], k/v [B, S, KV, K], mask bool [B|1, 1, L, S]
-    or None, `causal` adds causal order by index (positions grow along the sequence within a segment, as txjax's
-    inputs do) and `window` (an int, 0 = global) a local window by index (masks.window_mask; the fused kernels'
-    local_window_size); bias/keep [B|1, H, L, S]. -> (out [B, L, H, K], probs [B, H, L, S] or None).
+def attend(
+    q, k, v, mask, *, causal=False, window=0, bias=None, scale=None, softcap=0.0, keep=None, impl="reference",
+    weights=False,
+):  # fmt: skip
+    """softmax(mask(soft_cap(q k^T * scale, softcap) + bias)) v per head: q [B, L, H, K], k/v [B, S, KV, K], mask
+    bool [B|1, 1, L, S] or None, `causal` adds causal order by index (positions grow along the sequence within a
+    segment, as txjax's inputs do) and `window` (an int, 0 = global) a local window by index (masks.window_mask; the
+    fused kernels' local_window_size); bias/keep [B|1, H, L, S]. -> (out [B, L, H, K], probs [B, H, L, S] or None).
 
     impl: 'reference' (the one-head function, vmapped over the heads), 'fused' / 'cudnn' (jax.nn.dot_product_attention's
-    XLA or cuDNN kernel; they keep no weights and apply no dropout, so `weights` or `keep` take the reference)."""
+    XLA or cuDNN kernel; they keep no weights, apply no dropout and cap no scores, so `weights`, `keep` or `softcap`
+    take the reference)."""
     b, l, s = q.shape[0], q.shape[1], k.shape[1]
-    if impl in ("fused", "cudnn") and keep is None and not weights:
+    if impl in ("fused", "cudnn") and keep is None and not weights and not softcap:
         full = None if mask is None else jnp.broadcast_to(mask, (b, 1, l, s))
         local = None if is_global(window) else (window - 1, 0)  # i - window < j <= i
         kernel = dict(
@@ -159,240 +176,8 @@ def attend(q, k, v, mask, *, causal=False, window=0, bias=None, scale=None, keep
         q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
 
     def one_head(q_, k_, v_, m_, bias_, keep_):
-        return scaled_dot_product_attention(q_, k_, v_, m_, bias=bias_, scale=scale, keep=keep_, return_weights=True)
+        kwargs = dict(bias=bias_, scale=scale, softcap=softcap, keep=keep_, return_weights=True)
+        return scaled_dot_product_attention(q_, k_, v_, m_, **kwargs)
 
     out, probs = _per_head(one_head, q, k, v, None if mask is None else mask[:, 0], bias, keep)
     return out, probs if weights else None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Multi-head attention
-
-
-def stored_positions(q_pos, mask):
-    """The positions a cache stores for the new tokens q_pos [B, L]: -1 (empty) where `mask` [B, 1, L, L] excludes a
-    token from its own slot (left padding)."""
-    own = jnp.ones(q_pos.shape, bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)
-    return jnp.where(own, q_pos, -1).astype(jnp.int32)
-
-
-def filled_causal(q_pos, k_pos):
-    """The queries' mask over cache slots at positions k_pos [B, S]: a filled slot at a position <= the query's."""
-    return (k_pos[:, None, None, :] >= 0) & causal_mask(q_pos, k_pos)
-
-
-def cache_positions(cpos, cidx, q_pos, mask):
-    """A decode call's bookkeeping: store the new tokens' positions (stored_positions) at cache_index in the slots'
-    positions `cpos` [B, S] and advance the index -> (the slots' positions [B, S], the queries' mask over them
-    [B, 1, L, S]: filled_causal)."""
-    cpos.value = jax.lax.dynamic_update_slice(cpos.value, stored_positions(q_pos, mask), (0, cidx.value))
-    cidx.value = cidx.value + q_pos.shape[1]
-    return cpos.value, filled_causal(q_pos, cpos.value)
-
-
-def window_kv_cache(module, k_new, v_new, q_pos, mask, window: int, axes=(1, 1)):
-    """A local layer's self-attention cache: a ring buffer of `window` slots ('window_key', 'window_value' with the
-    length on axes (key's, value's), 'window_pos' [B, window]), memory O(window) whatever the context. The new
-    tokens (L of them, a prefill chunk may be longer than the window) attend over the buffer as it was and their own
-    keys together, [old window | new L] -> (keys, values, their positions [B, window + L], mask [B, 1, L, window +
-    L]; the caller adds the window's band); then the last min(L, window) of them overwrite the oldest slots, slot =
-    token index mod window (cache_index counts every token, as the full cache's)."""
-    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "window_key")
-
-    def ring(t, axis):
-        return jnp.zeros((*t.shape[:axis], window, *t.shape[axis + 1 :]), t.dtype)
-
-    ck = module.variable("cache", "window_key", ring, k_new, axes[0])
-    cv = module.variable("cache", "window_value", ring, v_new, axes[1])
-    cpos = module.variable("cache", "window_pos", lambda: jnp.full((b, window), -1, jnp.int32))
-    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
-        return k_new, v_new, q_pos, mask
-    stored = stored_positions(q_pos, mask)
-    keys, values = (jnp.concatenate([c.value, t], a) for c, t, a in ((ck, k_new, axes[0]), (cv, v_new, axes[1])))
-    k_pos = jnp.concatenate([cpos.value, stored], axis=1)
-    m = min(l, window)  # the tokens that stay: the last m (distinct slots, so no write order matters)
-    slots = (cidx.value + l - m + jnp.arange(m)) % window
-    last = lambda t, axis: jax.lax.slice_in_dim(t, l - m, l, axis=axis)
-    at = lambda axis: (slice(None),) * axis + (slots,)
-    ck.value = ck.value.at[at(axes[0])].set(last(k_new, axes[0]))
-    cv.value = cv.value.at[at(axes[1])].set(last(v_new, axes[1]))
-    cpos.value = cpos.value.at[:, slots].set(last(stored, 1))
-    cidx.value = cidx.value + l
-    return keys, values, k_pos, filled_causal(q_pos, k_pos)
-
-
-def cross_kv_cache(module, k_new, v_new):
-    """Cross-attention's cache: the encoder's keys/values, stored by the first decode call, read by the later ones
-    (k_new None)."""
-    if k_new is not None:
-        module.put_variable("cache", "cross_key", k_new)
-        module.put_variable("cache", "cross_value", v_new)
-    return module.get_variable("cache", "cross_key"), module.get_variable("cache", "cross_value")
-
-
-def append_kv_cache(module, k_new, v_new, q_pos, mask):
-    """Self-attention's cache: write the new keys/values [B, L, KV, K] at cache_index of the cache [B, max_len, KV, K]
-    (`cached_pos` [B, max_len]: each slot's position, -1 = empty) -> the whole cache, its positions and mask (a filled
-    slot at a position <= the query's that `mask`, the new tokens' [B, 1, L, L], does not exclude)."""
-    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
-    ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
-    cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
-    cpos = module.variable("cache", "cached_pos", lambda: jnp.full((b, l), -1, jnp.int32))
-    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
-        return k_new, v_new, q_pos, mask
-    ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, cidx.value, 0, 0))
-    cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, cidx.value, 0, 0))
-    return ck.value, cv.value, *cache_positions(cpos, cidx, q_pos, mask)
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
-
-    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
-    sequence axis. Self-attention unless `cross` (keys/values from the encoder output). In decode mode (Flax's wmt
-    style: the same parameters) self-attention appends the new tokens' keys/values to a cache and attends over it;
-    cross-attention caches the encoder's keys/values at the first call. Each step is a method, so that
-    txjax.decode.kernels can replace one from outside (flax.linen.intercept_methods) for a decoding layout.
-    """
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: jnp.dtype = jnp.float32
-    use_bias: bool = False
-    qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
-    dropout: float = 0.0
-    scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    impl: str = "reference"  # attend's: 'reference' | 'fused' | 'cudnn', or 'blockwise' (segment_backend)
-    block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
-    rope: positional.Rope | None = None  # rotate q and k (RoPE) when set
-    local_rope: positional.Rope | None = None  # a local layer's (window > 0) own RoPE, if not `rope`
-    alibi: bool = False
-    max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
-    qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
-    qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_k] (OLMoE)
-    norm_eps: float = 1e-5
-    sow_weights: bool = False
-    cross: bool = False  # keys/values from another sequence (the encoder output)
-    init_std: float = 0.02  # W^Q, W^K, W^V ~ N(0, init_std^2)
-    out_init_std: float = 0.02  # W^O (GPT-2 scales it by 1/sqrt(2 * layers))
-
-    @nn.compact
-    def __call__(
-        self,
-        x_BxLxD,
-        mask,
-        *,
-        q_pos,
-        kv=None,
-        k_pos=None,
-        causal=False,
-        window=0,
-        deterministic=True,
-        decode=False,
-        relative_table=None,
-    ):
-        """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
-        mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk], None or
-        blockwise.Segments (segment ids: read as they are by segment_backend's choice, else made dense); q_pos
-        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; window: a local
-        window (masks.window_mask: an int, 0 = global, or a scanned layer's traced scalar); relative_table
-        [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
-        -> [B, Lq, D]."""
-        bidirectional = not causal
-        k_pos = q_pos if k_pos is None else k_pos
-        by_segments = segment_backend(self.impl, mask, decode or self.sow_weights, self.block_sizes, window)
-        if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
-            mask = segment_mask(*mask)
-        q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
-        if self.rope is not None:
-            theta, factor = positional.layer_rope(self.rope, self.local_rope, window, self.head_dim)
-            q_BxLxHxK = positional.rotate(q_BxLxHxK, *positional.rope_tables(q_pos, theta, factor))
-            k = positional.rotate(k, *positional.rope_tables(k_pos, theta, factor))
-        if decode:  # the cache's mask holds the causal order of its slots
-            k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask, window)
-            causal = False
-        if by_segments is not None and relative_table is not None:
-            raise ValueError("model.positional='relative_buckets' needs model.attention_impl=reference (or auto)")
-        if by_segments is not None:  # masks and ALiBi made block by block (ring step by ring step)
-            slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
-            scale = score_scale(self.scale, self.head_dim)
-            out_BxLxHxK = by_segments(
-                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale
-            )
-            return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
-        bias_BxHxLxS = None
-        if self.alibi:
-            bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
-        if relative_table is not None:
-            bias_BxHxLxS = positional.relative_bias(q_pos, k_pos, relative_table, bidirectional, self.max_distance)
-        if causal and self.impl == "reference":  # the causal order on explicit positions, as part of the mask
-            mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
-        if not (is_global(window) or (causal and isinstance(window, int))):  # else by index in attend (the kernels')
-            band = window_mask(q_pos, k_pos, window)  # on explicit positions, as the causal order above
-            mask, window = band if mask is None else mask & band, 0
-        out_BxLxHxK = self.attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window)
-        return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
-
-    def heads_in(self, name, heads, x_BxLxD):
-        """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K or W_i^V of each head)."""
-        spec = ("embed", "heads" if name in ("query", "qkv") else "kv_heads", "kv")
-        init = nn.with_logical_partitioning(nn.initializers.normal(self.init_std), spec)
-        w = self.param(name, init, (x_BxLxD.shape[-1], heads, self.head_dim))
-        y = precision.einsum("bld,dhk->blhk", x_BxLxD.astype(self.dtype), w.astype(self.dtype))
-        if not (self.use_bias or self.qkv_bias):
-            return y
-        zeros = nn.with_logical_partitioning(nn.initializers.zeros, spec[1:])
-        return y + self.param(f"{name}_bias", zeros, (heads, self.head_dim)).astype(self.dtype)
-
-    def norm(self, name, t):
-        """QK-norm: g * t / sqrt(mean_k(t^2) + eps) over each head's d_k (qk_norm_all_heads: over all heads' [H, d_k]),
-        in float32 (identity unless qk_norm)."""
-        if not self.qk_norm:
-            return t
-        axes = (-2, -1) if self.qk_norm_all_heads else (-1,)
-        spec = ("heads" if name == "query_norm" else "kv_heads", "kv")[-len(axes) :]
-        kwargs = dict(reduction_axes=axes, feature_axes=axes, name=name)
-        scale_init = nn.with_logical_partitioning(nn.initializers.ones, spec)
-        return nn.RMSNorm(self.norm_eps, jnp.float32, scale_init=scale_init, **kwargs)(t).astype(t.dtype)
-
-    def project_qkv(self, x_BxLxD, kv_BxSxD):
-        """-> q [B, L, H, K], k/v [B, S, KV, K] (None for kv None: a cross-attention decode step)."""
-        q_BxLxHxK = self.norm("query_norm", self.heads_in("query", self.num_heads, x_BxLxD))
-        if kv_BxSxD is None:
-            return q_BxLxHxK, None, None
-        k_BxSxGxK = self.norm("key_norm", self.heads_in("key", self.num_kv_heads, kv_BxSxD))
-        return q_BxLxHxK, k_BxSxGxK, self.heads_in("value", self.num_kv_heads, kv_BxSxD)
-
-    def update_cache(self, k_new, v_new, q_pos, k_pos, mask, window=0):
-        """Decode mode: the keys/values to attend over, their positions and mask (cross_kv_cache; window_kv_cache for
-        a static local window, whose band the caller adds; else append_kv_cache)."""
-        if self.cross:
-            return *cross_kv_cache(self, k_new, v_new), k_pos, mask
-        if isinstance(window, int) and window > 0:
-            return window_kv_cache(self, k_new, v_new, q_pos, mask, window)
-        return append_kv_cache(self, k_new, v_new, q_pos, mask)
-
-    def attend(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0):
-        """The heads' attention (the module-level `attend`) with dropout on the weights and their sowing."""
-        keep, scale = None, score_scale(self.scale, self.head_dim)
-        if self.dropout > 0 and not deterministic:  # one mask per head
-            shape = (q_BxLxHxK.shape[0], self.num_heads, q_BxLxHxK.shape[1], k.shape[1])
-            keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, shape) / (1.0 - self.dropout)
-        kwargs = dict(causal=causal, window=window, bias=bias_BxHxLxS, scale=scale, keep=keep, impl=self.impl)
-        out_BxLxHxK, probs_BxHxLxS = attend(q_BxLxHxK, k, v, mask, **kwargs, weights=self.sow_weights)
-        if self.sow_weights:
-            self.sow("intermediates", "attention_weights", probs_BxHxLxS)
-        return out_BxLxHxK
-
-    def project_out(self, out_BxLxHxK, d_model):
-        """Concat(head_1..head_h) W^O [+ b]: W^O [H, K, D] -> [B, L, D]."""
-        spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
-        w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std), spec), shape)
-        y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
-        if not self.use_bias:
-            return y_BxLxD
-        zeros = nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))
-        return y_BxLxD + self.param("out_bias", zeros, (d_model,)).astype(self.dtype)

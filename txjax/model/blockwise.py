@@ -7,7 +7,8 @@ and returns o / l, saving logsumexp = m + log l. Under a causal mask a query blo
 holding its last query: the blocks above the diagonal are never computed. The backward pass (a custom VJP; Dao
 2023, Algorithm 2) recomputes each block's probabilities p = exp(s - logsumexp) from q, k and the saved logsumexp:
     dv_j += p^T do,  dp = do v_j^T,  ds = p * (dp - rowsum(do * o)),  dq += ds k_j * scale,  dk_j += ds^T q * scale
-so that training holds q, k, v, o and logsumexp per layer, never the probabilities.
+so that training holds q, k, v, o and logsumexp per layer, never the probabilities. Soft-capped scores (Gemma 2),
+s = c tanh(q k^T * scale / c), multiply ds by the cap's derivative 1 - tanh^2 = 1 - (s / c)^2 on the way back.
 
 The mask is made block by block by txjax.model.masks from segment ids (`Segments`: the same nonzero segment) and
 positions: causal (key position <= query position) and a local window (key position > query position - window);
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import masks, precision
+from txjax.model.activations import soft_cap
 from txjax.model.masks import NEG_INF
 
 
@@ -44,16 +46,18 @@ class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
     block_q: int
     block_kv: int
     aligned: bool = True  # queries and keys are one sequence: causal skips the key blocks past a query block's last
+    softcap: float = 0.0  # c > 0: scores c tanh(s / c) (activations.soft_cap)
 
 
 def attention(
-    q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv, window=0
-):
+    q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv, window=0,
+    softcap=0.0,
+):  # fmt: skip
     """softmax(mask(q k^T * scale + bias)) v in blocks: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of G: query
     head h reads K/V head h // (H/G)); segments: Segments or None (all attend); q_pos [B, L], k_pos [B, S];
     slopes_H: ALiBi's slopes [H] or None; window: a local window (masks.window_mask; an int or a traced scalar, 0 =
-    global). Returns [B, L, H, K] in v's dtype. A last block shorter than block_q
-    (block_kv) is padded with segment 0, which nothing attends to."""
+    global); softcap: c > 0 caps the scores (before ALiBi's bias) at c tanh(. / c). Returns [B, L, H, K] in v's
+    dtype. A last block shorter than block_q (block_kv) is padded with segment 0, which nothing attends to."""
     b, l, h, _ = q_BxLxHxK.shape
     s, g = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
     if segments is None:
@@ -71,7 +75,7 @@ def attention(
     k_seg, k_p = (blocks(t, nk, bk, "b (n s) -> n b s") for t in (segments.k, k_pos))
     slopes = None if slopes_H is None else slopes_H.reshape(g, h // g)
     window = None if masks.is_global(window) else jnp.asarray(window, jnp.int32)
-    out = _flash(_Plan(causal, scale, bq, bk), q, k, v, q_seg, k_seg, q_p, k_p, slopes, window)
+    out = _flash(_Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, slopes, window)
     return einops.rearrange(out, "n b q g r k -> b (n q) (g r) k")[:, :l]
 
 
@@ -89,8 +93,9 @@ def _kv_blocks(plan: _Plan, i, nk: int, window):
 
 def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
     """One block's scores and mask: q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk] float32,
-    allowed [B, 1, 1, bq, bk]."""
-    s = precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32) * plan.scale
+    allowed [B, 1, 1, bq, bk], and the soft cap's derivative ds/d(q k^T * scale) (1 without a cap)."""
+    s = soft_cap(precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32) * plan.scale, plan.softcap)
+    capped = 1.0 - jnp.square(s / plan.softcap) if plan.softcap > 0 else 1.0
     if slopes is not None:  # ALiBi: -m_h |i - j|
         dist = jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]).astype(jnp.float32)
         s = s - slopes[None, :, :, None, None] * dist[:, None, None]
@@ -99,7 +104,7 @@ def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
         ok = ok & masks.causal_mask(q_pos, k_pos)
     if window is not None:
         ok = ok & masks.window_mask(q_pos, k_pos, window)
-    return s, ok[:, :, None]
+    return s, ok[:, :, None], capped
 
 
 def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window=None):
@@ -112,7 +117,7 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window=No
 
         def step(j, carry):
             m, l, o = carry  # running max and sum [B, G, R, bq], unnormalized output [B, G, R, bq, K]
-            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
+            s, ok, _ = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
             m_new = jnp.maximum(m, jnp.where(ok, s, NEG_INF).max(-1))
             p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
@@ -153,11 +158,11 @@ def _flash_bwd(plan, saved, do):
 
         def step(j, c):
             dq_i, dk, dv = c
-            s, ok = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
+            s, ok, capped = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
             p = jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
             dv_j = mm("bgrqs,bqgrk->bsgk", p.astype(q.dtype), do_i)
             dp = mm("bqgrk,bsgk->bgrqs", do_i, v[j].astype(q.dtype))
-            ds = (p * (dp - delta_i[..., None]) * plan.scale).astype(q.dtype)
+            ds = (p * (dp - delta_i[..., None]) * capped * plan.scale).astype(q.dtype)
             dq_i = dq_i + mm("bgrqs,bsgk->bqgrk", ds, k[j])
             return dq_i, dk.at[j].add(mm("bgrqs,bqgrk->bsgk", ds, q_i)), dv.at[j].add(dv_j)
 

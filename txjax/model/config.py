@@ -21,7 +21,7 @@ NORMS = ("layernorm", "rmsnorm")
 _CHOICES = {
     "positional": positional.KINDS,
     "norm": NORMS,
-    "norm_placement": ("pre", "post"),
+    "norm_placement": ("pre", "post", "sandwich"),  # txjax.model.layers: sandwich = pre + a norm of each branch
     "activation": tuple(ACTIVATIONS),
     "dtype": ("float32", "bfloat16"),
     "attention_impl": ATTENTION_IMPLS,
@@ -72,6 +72,9 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm of q and k per head before the scores
     qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_head] (OLMoE)
     logit_softcap: float = 0.0  # > 0: logits = c tanh(logits / c) (Gemma 2; modded-nanogpt); 0 = off
+    attention_softcap: float = 0.0  # > 0: scores = c tanh(scores / c) (Gemma 2's attn_logit_softcapping); 0 = off
+    attention_scale_dim: int = 0  # > 0: the d of attention_scale's 1/sqrt(d) (1/d), not d_k (query_pre_attn_scalar)
+    norm_offset: bool = False  # RMSNorm gains as 1 + w, w stored and zero at init (Gemma's; txjax.model.norms)
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
     base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
@@ -142,8 +145,22 @@ class ModelConfig:
             )
         if self.positional == "relative_buckets" and self.attention_impl == "blockwise":
             raise ValueError("model.positional='relative_buckets' has no blockwise form: set model.attention_impl=auto")
-        if self.logit_softcap < 0:
-            raise ValueError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 = off)")
+        for name in ("logit_softcap", "attention_softcap"):
+            if not isinstance(getattr(self, name), (int, float)) or not getattr(self, name) >= 0:  # NaN too
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be a number >= 0 (0 = off)")
+        if self.attention_softcap and self.attention_impl in ("fused", "cudnn"):
+            raise ValueError(
+                f"model.attention_impl={self.attention_impl!r} has no score soft-capping (jax.nn.dot_product_attention)"
+                ": set model.attention_impl=auto, reference or blockwise, or model.attention_softcap=0"
+            )
+        if not isinstance(self.attention_scale_dim, int) or self.attention_scale_dim < 0:
+            raise ValueError(
+                f"model.attention_scale_dim={self.attention_scale_dim!r} must be an integer >= 0 (0 = d_k)"
+            )
+        if self.attention_scale_dim and self.attention_scale == "none":
+            raise ValueError("model.attention_scale_dim is read by attention_scale sqrt or linear, not none: remove it")
+        if self.norm_offset and self.norm != "rmsnorm":
+            raise ValueError("model.norm_offset (gains 1 + w) is an RMSNorm's: set model.norm=rmsnorm")
         if self.parametrization == "mup" and self.attention_scale != "linear":
             raise ValueError("model.parametrization='mup' scales the scores by 1/d_k: set model.attention_scale=linear")
         if not isinstance(self.attention_window, int) or self.attention_window < 0:

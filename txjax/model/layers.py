@@ -1,9 +1,11 @@
-"""Norms, the position-wise feed-forward network and the transformer block.
+"""The transformer block, from attention, the FFN and the norms (txjax.model.norms).
 
 Block, pre-LN (Xiong et al. 2020; GPT-2):     t1 = LN(x);  t3 = x + MHA(t1);  h = t3 + FFN(LN(t3))
 Block, post-LN (Vaswani et al. 2017):         t3 = LN(x + MHA(x));  h = LN(t3 + FFN(t3))
+Block, sandwich (pre-LN and a norm LN' of each branch's output: Ding et al. 2021, CogView; Gemma 2 and 3):
+                                              t3 = x + LN'(MHA(LN(x)));  h = t3 + LN'(FFN(LN(t3)))
 A decoder block of an encoder-decoder adds cross-attention over the encoder output between the two, and the FFN
-reads t5 instead of t3:                       t5 = t3 + CrossMHA(LN(t3), enc)   (pre-LN)
+reads t5 instead of t3:                       t5 = t3 + CrossMHA(LN(t3), enc)   (pre-LN; sandwich: LN'(CrossMHA))
                                               t5 = LN(t3 + CrossMHA(t3, enc))   (post-LN)
 FFN(x) = act(x W1 + b1) W2 + b2 (ReLU in the 2017 paper, GELU in GPT-2); SwiGLU(x) = (silu(x W1) * x W3) W2
 (txjax.model.ffn); in an MoE layer the FFN is a mixture of experts (txjax.model.moe). With model.moe_every = n > 1
@@ -14,27 +16,14 @@ Dropout is applied to each residual branch before the addition and is off when d
 from __future__ import annotations
 
 import flax.linen as nn
-import jax.numpy as jnp
 
-from txjax.model.attention import MultiHeadAttention, resolve_impl
+from txjax.model.attention import resolve_impl
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward
 from txjax.model.moe import MoE
+from txjax.model.multi_head import MultiHeadAttention
+from txjax.model.norms import make_norm
 from txjax.parallel.sharding import BATCH_LENGTH, constrain
-
-
-def make_norm(cfg, name=None):
-    """LayerNorm: g * (x - mean) / sqrt(var + eps) + b;  RMSNorm: g * x / sqrt(mean(x^2) + eps). Computed in float32."""
-    scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("embed",))
-    if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=jnp.float32, scale_init=scale_init, name=name)
-    return nn.LayerNorm(
-        epsilon=cfg.norm_eps,
-        dtype=jnp.float32,
-        scale_init=scale_init,
-        name=name,
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-    )
 
 
 def make_ffn(cfg: ModelConfig, moe: bool, name: str = "ffn") -> nn.Module:
@@ -53,7 +42,9 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         qkv_bias=cfg.qkv_bias,
         dropout=cfg.attention_dropout,
         scale=cfg.attention_scale,
-        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim),
+        scale_dim=cfg.attention_scale_dim,
+        softcap=cfg.attention_softcap,
+        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim, cfg.attention_softcap),
         block_sizes=(cfg.attention_block_q, cfg.attention_block_kv),
         rope=cfg.rope if (not cross and cfg.positional == "rope") else None,
         local_rope=cfg.local_rope,
@@ -62,6 +53,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         qk_norm=cfg.qk_norm,
         qk_norm_all_heads=cfg.qk_norm_all_heads,
         norm_eps=cfg.norm_eps,
+        norm_offset=cfg.norm_offset,
         sow_weights=sow_weights,
         cross=cross,
         init_std=cfg.hidden_init_std,
@@ -114,11 +106,13 @@ class Block(nn.Module):
         ffn = make_ffn(cfg, self.moe)
         x = x_BxLxD
 
-        if cfg.norm_placement == "pre":  # Xiong et al. 2020; GPT-2
+        if cfg.norm_placement in ("pre", "sandwich"):  # Xiong et al. 2020; GPT-2 (sandwich: + each branch's LN')
+            sandwich = cfg.norm_placement == "sandwich"
+            branch = lambda name, y: make_norm(cfg, f"{name}_post_norm")(y) if sandwich else y  # LN' of its output
             t1 = ln("self_attention")(x)
-            t3 = x + drop(mha(t1))
-            t5 = t3 + drop(cross(ln("cross_attention")(t3))) if self.cross else t3
-            h = t5 + drop(ffn(ln("ffn")(t5)))
+            t3 = x + drop(branch("self_attention", mha(t1)))
+            t5 = t3 + drop(branch("cross_attention", cross(ln("cross_attention")(t3)))) if self.cross else t3
+            h = t5 + drop(branch("ffn", ffn(ln("ffn")(t5))))
         else:  # post-LN, Vaswani et al. 2017
             t3 = ln("self_attention")(x + drop(mha(x)))
             t5 = ln("cross_attention")(t3 + drop(cross(t3))) if self.cross else t3

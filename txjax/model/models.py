@@ -27,11 +27,13 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import positional, precision
+from txjax.model.activations import soft_cap
 from txjax.model.blockwise import Segments
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import dense
-from txjax.model.layers import Block, Group, make_norm
+from txjax.model.layers import Block, Group
 from txjax.model.moe import MOE_STATS
+from txjax.model.norms import make_norm
 
 
 class LogitsBias(nn.Module):
@@ -99,8 +101,7 @@ class Embedder(nn.Module):
             logits_BxLxV = logits_BxLxV / self.cfg.width_multiplier
         if self.cfg.final_logits_bias:
             logits_BxLxV = self.final_logits_bias(logits_BxLxV)
-        cap = self.cfg.logit_softcap
-        return cap * jnp.tanh(logits_BxLxV / cap) if cap > 0 else logits_BxLxV
+        return soft_cap(logits_BxLxV, self.cfg.logit_softcap)
 
 
 class Stack(nn.Module):
@@ -157,7 +158,7 @@ class Stack(nn.Module):
         else:
             for i in range(length):
                 x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, unit_windows[i])
-        return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement == "pre" else x_BxLxD
+        return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement != "post" else x_BxLxD
 
 
 def _defaults(tokens_BxL, positions, segment_ids):

@@ -38,7 +38,7 @@ def train_step_bytes(cfg: ModelConfig, family: str, b: int, s: int, t: int, stat
     encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
     dtype_bytes = jnp.dtype(cfg.dtype).itemsize
     activations = b * width * dtype_bytes * (encoder_layers * s + self_layers * t)
-    if resolve_impl(cfg.attention_impl, cfg.dtype, cfg.head_dim) == "reference":
+    if resolve_impl(cfg.attention_impl, cfg.dtype, cfg.head_dim, cfg.attention_softcap) == "reference":
         pairs = encoder_layers * s * s + self_layers * t * t + cross_layers * t * s
         activations += 4 * b * cfg.num_heads * (pairs if not cfg.remat else max(s * s, t * t, t * s))
     return state + activations + 4 * b * t * cfg.vocab_size
