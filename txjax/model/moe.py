@@ -163,13 +163,15 @@ def sorted_apply(fn, x_AxI, order_A, sizes_X):
 
 
 def across_devices(cfg: ModelConfig, weights, x_BxLxD, experts_MxJ, keep_A):
-    """The assignments' expert outputs [A, D] (a = j M + t; dropped ones 0) under expert parallelism: each device
-    sorts its own tokens' kept assignments by expert and exchanges them with the devices holding those experts
-    (txjax.parallel.expert_parallel), where `weights` (the Experts' parameters) are split along the expert axis."""
+    """The expert outputs [J, M, D] of the assignments (token t's j-th choice; dropped ones 0) under expert
+    parallelism: each device sorts its own tokens' kept assignments by expert and exchanges them with the devices
+    holding those experts (txjax.parallel.expert_parallel), `weights` (Experts' parameters) split along the expert
+    axis."""
     (b, l, d), (m, k), x = x_BxLxD.shape, experts_MxJ.shape, cfg.num_experts
     group_BxLxJ = jnp.where(keep_A.reshape(k, m).T, experts_MxJ, x).reshape(b, l, k)  # dropped: expert x (none)
 
     def body(local_weights, x_bxlxD, group_bxlxJ):
+        # this device's experts (top-k set to 1: ModelConfig checks k <= experts, and Experts does not read it)
         local = dataclasses.replace(cfg, num_experts=x // context_axis(EXPERT_AXIS), experts_per_token=1)
         ffn = lambda rows_RxD, sizes_L: Experts(local).apply({"params": local_weights}, rows_RxD, sizes_L)
 
@@ -185,7 +187,7 @@ def across_devices(cfg: ModelConfig, weights, x_BxLxD, experts_MxJ, keep_A):
         )
         return y_aD.reshape(k, *x_bxlxD.shape)
 
-    return expert_parallel.on_expert_shards(body, weights, x_BxLxD, group_BxLxJ).reshape(k * m, d)
+    return expert_parallel.on_expert_shards(body, weights, x_BxLxD, group_BxLxJ).reshape(k, m, d)
 
 
 class Experts(nn.Module):
@@ -237,12 +239,11 @@ class MoE(nn.Module):
         order_A, sizes_X, keep_A, counts_X = plan(experts_MxJ, num_experts, capacity)
         experts = Experts(cfg, name="experts")
         if expert_parallel.applies(x_BxLxD.shape) and not self.is_initializing():
-            y_AxD = across_devices(cfg, self.variables["params"]["experts"], x_BxLxD, experts_MxJ, keep_A)
+            y_JxMxD = across_devices(cfg, self.variables["params"]["experts"], x_BxLxD, experts_MxJ, keep_A)
         else:
             x_AxD = jnp.tile(x_MxD.astype(cfg.compute_dtype), (k, 1))  # a = j M + t: token t's j-th copy
-            y_AxD = sorted_apply(experts, x_AxD, order_A, sizes_X)
-        y_AxD = y_AxD.astype(jnp.float32)
-        y_JxMxD = jnp.where(keep_A[:, None], y_AxD, 0.0).reshape(k, m, -1)
+            y_JxMxD = sorted_apply(experts, x_AxD, order_A, sizes_X).reshape(k, m, -1)
+        y_JxMxD = jnp.where(keep_A.reshape(k, m, 1), y_JxMxD.astype(jnp.float32), 0.0)
         y_MxD = (gates_MxJ.T[..., None] * y_JxMxD).sum(0)
         if cfg.num_shared_experts:
             shared = FeedForward(cfg, width=cfg.num_shared_experts * cfg.expert_d_ff, name="shared_experts")
