@@ -65,7 +65,7 @@ def main():
         return step.lower(params, x_BxLxD).compile().as_text()
 
     rows = {"shard_map + all_to_all (txjax)": collectives(compiled_hlo())}
-    with mock.patch.object(expert_parallel, "applies", lambda shape: False):  # the one-device code, annotated only
+    with mock.patch.object(expert_parallel, "applies", lambda *_: False):  # the one-device code, annotated only
         rows["sharding annotations only"] = collectives(compiled_hlo())
     for name, row in rows.items():
         print(f"{name}: {', '.join(f'{c} {row[c]}' for c in COLLECTIVES)}; all-gathers of {row['all_gather_shapes']}")

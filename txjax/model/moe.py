@@ -29,6 +29,11 @@ Per MoE layer, sown into the MOE_STATS collection for the objective and the eval
 The objective adds train.moe_aux_weight * balance_loss + train.moe_z_weight * z_loss of every MoE layer
 (`aux_loss`); train.moe_bias_rate = gamma > 0 balances the sigmoid router's bias without a loss after each step,
 b_i += gamma sign(mean_j n_j - n_i) (DeepSeek-V3 sec. 2.1.2; `balance_biases`).
+
+Expert parallelism (mesh.expert = E > 1; `across_devices`): each device routes its own rows, and the grouped matmul
+above runs on the devices holding each assignment's expert, the rows exchanged by jax.shard_map +
+jax.lax.all_to_all (txjax.parallel.expert_parallel says why not sharding annotations: XLA's partitioner all-gathers
+every row for the global sort instead of exchanging them).
 """
 
 from __future__ import annotations
@@ -238,7 +243,7 @@ class MoE(nn.Module):
         capacity = math.ceil(cfg.moe_capacity_factor * m * k / num_experts) if cfg.moe_capacity_factor else None
         order_A, sizes_X, keep_A, counts_X = plan(experts_MxJ, num_experts, capacity)
         experts = Experts(cfg, name="experts")
-        if expert_parallel.applies(x_BxLxD.shape) and not self.is_initializing():
+        if expert_parallel.applies(x_BxLxD.shape, num_experts) and not self.is_initializing():
             y_JxMxD = across_devices(cfg, self.variables["params"]["experts"], x_BxLxD, experts_MxJ, keep_A)
         else:
             x_AxD = jnp.tile(x_MxD.astype(cfg.compute_dtype), (k, 1))  # a = j M + t: token t's j-th copy

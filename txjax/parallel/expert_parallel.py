@@ -32,10 +32,11 @@ from jax.sharding import PartitionSpec as P
 from txjax.parallel.sharding import BATCH_AXES, EXPERT_AXIS, SEQUENCE_AXIS, context_axis
 
 
-def applies(shape_BxL) -> bool:
-    """Whether the mesh in context splits the experts (expert axis > 1) and the rows and the length of a [B, L, ...]
-    activation divide over their axes; otherwise the one-device code runs, laid out by XLA (e.g. one decoding row)."""
-    if context_axis(EXPERT_AXIS) == 1:
+def applies(shape_BxL, num_experts: int) -> bool:
+    """Whether the mesh in context splits the experts (expert axis > 1, dividing them) and the rows and the length of
+    a [B, L, ...] activation divide over their axes; otherwise the one-device code runs, laid out by XLA."""
+    e = context_axis(EXPERT_AXIS)
+    if e == 1 or num_experts % e:
         return False
     b, l = shape_BxL[:2]
     return b % math.prod(context_axis(axis) for axis in BATCH_AXES) == 0 and l % context_axis(SEQUENCE_AXIS) == 0
