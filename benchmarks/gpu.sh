@@ -10,6 +10,8 @@
 #               reference, layers scanned; then unrolled with auto
 #   decode      benchmarks/batched_generation.py: GPT-2 small greedy, batch 1 and 64, 256 new tokens, against
 #               transformers.generate eager and with its static cache (torch.compile), same run
+#   moe         benchmarks/moe_step.py, GPT-2 small in bfloat16: the dense train step against 8 experts top-2 of half
+#               the width (the same active FLOPs), dropless (jax.lax.ragged_dot) and with capacity factor 1.25
 #   cache       the unrolled train variant again in a new process: its compile loads from the persistent cache
 #   flags       the same under XLA flag sets (FLAG_SETS below), one process each
 #   small       shakespeare_char (launch-bound) and marian_small (if ../shared/data/bible is there)
@@ -29,7 +31,7 @@ for arg in "$@"; do
     --dry-run) DRY=1 ;;
     --out=*) OUT=${arg#--out=} ;;
     --budget=*) BUDGET=${arg#--budget=} ;;
-    -h | --help) sed -n '2,23p' "$0" | cut -c3-; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0" | cut -c3-; exit 0 ;;
     *) echo "error: unknown argument $arg (usage: bash benchmarks/gpu.sh [--dry-run] [--out=DIR] [--budget=S])" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +70,7 @@ if ((DRY)); then  # small shapes, the same code paths
   TRAIN=(--shape=shakespeare_char --dtype=bfloat16 --steps=2 --warmup=1 "${TINY[@]}")  # the experiment's dtype
   DECODE=(--models=gpt2_tiny --batches=1,2 --new_tokens=4 --repeats=1 --peers=eager --prompts=equal --stream_calls=3)
   SMALL=(--shape=shakespeare_char --dtype=bfloat16 --attention=auto --steps=2 --warmup=1 "${TINY[@]}")
+  MOE=(--shape=shakespeare_char --steps=2 --batch_size=2 --model.num_layers=2)
   TESTS=(--co -q tests/test_layers.py)  # collected, not run (CI runs them on its CPU anyway); one file: the marker
   FLAG_SETS=("--xla_backend_optimization_level=1")
 else
@@ -75,6 +78,7 @@ else
   TRAIN=(--shape=gpt2_small --dtype=bfloat16 --batch_size=32 --steps=20)
   DECODE=(--models=gpt2_small --batches=1,64 --new_tokens=256 --repeats=2 --peers=eager,static --prompts=equal)
   SMALL=(--shape=shakespeare_char --dtype=float32,bfloat16 --attention=auto --steps=50)
+  MOE=(--shape=gpt2_small --steps=20 --model.dtype=bfloat16)
   TESTS=(-q -x -n 4)
   FLAG_SETS=(
     "--xla_gpu_enable_latency_hiding_scheduler=true"
@@ -89,6 +93,7 @@ stage train 210 "$PY" benchmarks/train.py "${TRAIN[@]}" --attention=auto,referen
 stage train_loop 150 "$PY" benchmarks/train.py "${TRAIN[@]}" --attention=auto --scan_layers=false \
   --out="$OUT/train_loop.json"
 stage decode 150 "$PY" benchmarks/batched_generation.py "${DECODE[@]}" --out="$OUT/decode.json"
+stage moe 150 "$PY" benchmarks/moe_step.py "${MOE[@]}" --out="$OUT/moe_step.json"
 stage cache 90 "$PY" benchmarks/train.py "${TRAIN[@]}" --attention=auto --scan_layers=false \
   --out="$OUT/train_loop_cached.json"
 for i in "${!FLAG_SETS[@]}"; do

@@ -6,7 +6,8 @@
 - peak: TFLOP/s of bfloat16, float32 and TF32 products (the MFU denominator is the bfloat16 one);
 - train: per file and variant ms/step, tokens/s, MFU and the first step's seconds (compile, or a persistent-cache
   load in train_loop_cached.json), with the XLA_FLAGS of the process;
-- decode: txjax's tokens/s against transformers eager and static-cache, and the ratios.
+- decode: txjax's tokens/s against transformers eager and static-cache, and the ratios;
+- moe: the dense and MoE train steps' ms/step and the MoE / dense ratio (moe_step.json).
 Reads only JSON (no jax), so it runs anywhere. Ends with one JSON line.
 """
 
@@ -47,7 +48,7 @@ def train_rows(folder: Path) -> list[dict]:
 
 
 def summary(folder: Path) -> dict:
-    """{'machine', 'stages', 'peak_tflops', 'train', 'decode'} of the files gpu.sh wrote into `folder`."""
+    """{'machine', 'stages', 'peak_tflops', 'train', 'decode', 'moe'} of the files gpu.sh wrote into `folder`."""
     out: dict = {"stages": stages(folder)}
     peak_path = folder / "peak.json"
     if peak_path.is_file():
@@ -60,6 +61,9 @@ def summary(folder: Path) -> dict:
     out["train"] = train_rows(folder)
     decode_path = folder / "decode.json"
     out["decode"] = json.loads(decode_path.read_text())["rows"] if decode_path.is_file() else []
+    moe_path = folder / "moe_step.json"
+    moe_rows = json.loads(moe_path.read_text())["rows"] if moe_path.is_file() else []
+    out["moe"] = [{k: row[k] for k in ("variant", "ms_per_step", "overhead", "first_step_s")} for row in moe_rows]
     return out
 
 
@@ -84,6 +88,7 @@ def main():
     print(f"peak TFLOP/s: {json.dumps(result.get('peak_tflops'))}")
     print("train:\n" + table(result["train"]))
     print("decode:\n" + table(result["decode"]))
+    print("moe:\n" + table(result["moe"]))
     (folder / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"stages": {s["stage"]: s["rc"] for s in result["stages"]}, "peak": result.get("peak_tflops")}))
 

@@ -127,6 +127,7 @@ LONGEST_FIRST = [
     "test_faults.py",  # ~70: signals and kills of run.py processes
     "test_sweep_ray.py",  # ~70: a local Ray cluster and its trial processes
     "test_gguf.py",  # ~50: SmolLM2-135M against transformers
+    "test_expert_parallel.py",  # ~50 s of CPU: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
     "test_decode.py",  # ~50: 21 tests of cached decoding
     "test_seq2seq_convert.py",  # ~50+: four encoder-decoders against transformers and exported back, 2 fine-tunings
     "test_moe_convert.py",  # ~45 (42 s of CPU): four MoE families against transformers, run.py import / export

@@ -29,7 +29,7 @@ def test_dry_run_runs_every_stage_and_summarizes(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     stages = {line.split("\t")[0]: line.split("\t")[1] for line in (out / "stages.tsv").read_text().splitlines()}
-    assert set(stages) == {"peak", "train", "train_loop", "decode", "cache", "flags_0", "small", "tests"}
+    assert set(stages) == {"peak", "train", "train_loop", "decode", "moe", "cache", "flags_0", "small", "tests"}
     failed = {name: (out / "logs" / f"{name}.log").read_text()[-1500:] for name, rc in stages.items() if rc != "0"}
     assert not failed, failed
     summary = json.loads((out / "summary.json").read_text())
@@ -39,6 +39,8 @@ def test_dry_run_runs_every_stage_and_summarizes(tmp_path):
     flags = {r["file"]: r["xla_flags"] for r in summary["train"]}
     assert flags["train_flags_0"] == "--xla_backend_optimization_level=1"
     assert [r["batch"] for r in summary["decode"]] == [1, 2] and all(r["ratio"] > 0 for r in summary["decode"])
+    moe = {r["variant"]: r["overhead"] for r in summary["moe"]}
+    assert set(moe) == {"dense", "moe_dropless", "moe_capacity_1.25"} and moe["dense"] == 1.0
     assert json.loads(done.stdout.strip().splitlines()[-1])["stages"] == stages
     # and the docs' generated GPU table reads such a folder (benchmarks/results/gpu/ once a GPU ran the script)
     spec = importlib.util.spec_from_file_location("readme_tables", REPO / "benchmarks" / "readme_tables.py")

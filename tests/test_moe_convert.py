@@ -14,7 +14,8 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_llama_convert import randomized, torch_logits, txjax_logits  # noqa: E402
+from test_llama_convert import torch_logits, txjax_logits  # noqa: E402
+from tiny_hf import randomized  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, save_moe  # noqa: E402

@@ -1,8 +1,8 @@
 """Multi-process training on loopback: 2 CPU processes x 2 simulated devices, joined by jax.distributed (gloo
 collectives), train like 1 process x 4 devices on a (2 data, 2 fsdp) mesh (each process holds half of the batch and
-half of every parameter), and on a sequence axis of 4 across both; the checkpoint the 2 processes write together
-resumes in 1 process x 4 devices and in 1 process x 1 device, training continuing identically. The processes run
-`run.py train` exactly as a user would (see docs/scaling.md)."""
+half of every parameter), on a sequence axis of 4 across both, and an MoE LM on an expert axis of 4 across both; the
+checkpoint the 2 processes write together resumes in 1 process x 4 devices and in 1 process x 1 device, training
+continuing identically. The processes run `run.py train` exactly as a user would (see docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 from conftest import xla_flags
+from test_expert_parallel import assert_same_moe_run, moe_lm_flags, train_moe
 from test_sharded_training import (
     EXPERIMENT,
     assert_same_run,
@@ -85,8 +86,13 @@ def outputs(procs, logs) -> str:
 
 def train_on_loopback(text_path, mesh, workdir, sequence: int = 1) -> None:
     """The char LM trained by 2 processes x 2 devices; fails with their output if any fails or hangs."""
-    flags = [f"--config={EXPERIMENT}", *char_lm_flags(text_path, mesh), f"--config.mesh.sequence={sequence}"]
-    procs, logs = start_on_loopback(flags, workdir)
+    run_on_loopback([*char_lm_flags(text_path, mesh), f"--config.mesh.sequence={sequence}"], workdir)
+
+
+def run_on_loopback(flags: list[str], workdir) -> None:
+    """`run.py train --config=EXPERIMENT FLAGS` by 2 processes x 2 devices; fails with their output if any fails or
+    hangs."""
+    procs, logs = start_on_loopback([f"--config={EXPERIMENT}", *flags], workdir)
     try:
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     except subprocess.TimeoutExpired:
@@ -117,6 +123,15 @@ def test_the_sequence_axis_across_two_processes_trains_like_one(root):
     """mesh.sequence = 4 over 2 processes x 2 devices: ring attention's key/value shards pass between processes."""
     train_on_loopback(root / "text.txt", (1, 1, 1), root / "sequence", sequence=4)
     assert_same_run(root / "sequence", root / "one_process")
+
+
+def test_expert_parallelism_across_two_processes_trains_like_one_device(tmp_path):
+    """mesh.expert = 4 over 2 processes x 2 devices: each MoE layer's all-to-all sends tokens between the processes
+    (tests/test_expert_parallel.py: the same on one process's devices)."""
+    write_corpus(tmp_path / "text.txt")
+    train_moe(tmp_path / "text.txt", {}, tmp_path / "one")
+    run_on_loopback(moe_lm_flags(tmp_path / "text.txt", {"expert": 4}), tmp_path / "two_processes")
+    assert_same_moe_run(tmp_path / "two_processes", tmp_path / "one")
 
 
 @pytest.mark.parametrize("mesh", [(4, 1, 1), (1, 1, 1)], ids=["1x4_devices", "1x1_device"])

@@ -97,6 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
                 "fsdp": 1,
                 "sequence": 1,
                 "tensor": 1,
+                "expert": 1,  # expert parallelism: the experts split over it, the batch rows too (model.num_experts)
             },  # txjax.parallel.sharding; sequence: ring attention
             "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
                 "method": "greedy",
@@ -244,6 +245,7 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
     validate_sequence_axis(config)
+    validate_expert_axis(config)
     refused = unread.refusal(config, defaults or base_config())
     if refused:
         raise ConfigError(refused)
@@ -290,6 +292,18 @@ def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.mesh.sequence={n} (ring attention) has no score soft-capping: set model.attention_softcap=0"
         )
+
+
+def validate_expert_axis(config: ml_collections.ConfigDict) -> None:
+    """mesh.expert = n > 1 (expert parallelism, txjax.parallel.expert_parallel): an MoE model whose experts split
+    evenly over the n devices of an expert group."""
+    n, experts = config.mesh.expert, config.model.num_experts
+    if n == 1:
+        return
+    if not experts:
+        raise ConfigError(f"config.mesh.expert={n} splits experts: set model.num_experts > 0 or mesh.expert=1")
+    if experts % n:
+        raise ConfigError(f"config.model.num_experts={experts} must be divisible by mesh.expert={n}")
 
 
 def resolve_data_path(path: str) -> Path:

@@ -62,6 +62,7 @@ RANGES = {
     "mesh.data": _at_least(1),
     "mesh.fsdp": _at_least(1),
     "mesh.tensor": _at_least(1),
+    "mesh.expert": _at_least(1),
 }
 
 

@@ -30,10 +30,16 @@ Per MoE layer, sown into the MOE_STATS collection for the objective and the eval
 The objective adds train.moe_aux_weight * balance_loss + train.moe_z_weight * z_loss of every MoE layer
 (`aux_loss`); train.moe_bias_rate = gamma > 0 balances the sigmoid router's bias without a loss after each step,
 b_i += gamma sign(mean_j n_j - n_i) (DeepSeek-V3 sec. 2.1.2; `balance_biases`).
+
+Expert parallelism (mesh.expert = E > 1; `across_devices`): each device routes its own rows, and the grouped matmul
+above runs on the devices holding each assignment's expert, the rows exchanged by jax.shard_map +
+jax.lax.all_to_all (txjax.parallel.expert_parallel says why not sharding annotations: XLA's partitioner all-gathers
+every row for the global sort instead of exchanging them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -47,6 +53,8 @@ from txjax.model import precision as precision_lib
 from txjax.model.activations import ACTIVATIONS, GATED
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward, dense
+from txjax.parallel import expert_parallel
+from txjax.parallel.sharding import EXPERT_AXIS, context_axis
 
 MOE_STATS = "moe"  # the collection of each MoE layer's routing statistics and auxiliary losses
 _OVERWRITE = dict(init_fn=lambda: jnp.zeros(()), reduce_fn=lambda _, value: value)  # sow one value, not a tuple
@@ -154,6 +162,40 @@ def blocked(group_sizes_X, rows: int, block: int):
     return enter, product, leave
 
 
+def sorted_apply(fn, x_AxI, order_A, sizes_X):
+    """fn(the rows sorted by `order`, group sizes) -> outputs in that order, returned in the rows' own order."""
+    rank_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(order_A.size))  # the inverse permutation
+    return take_rows(fn(take_rows(x_AxI, order_A, rank_A), sizes_X), rank_A, order_A)
+
+
+def across_devices(cfg: ModelConfig, weights, x_BxLxD, experts_MxJ, keep_A):
+    """The expert outputs [J, M, D] of the assignments (token t's j-th choice; dropped ones 0) under expert
+    parallelism: each device sorts its own tokens' kept assignments by expert and exchanges them with the devices
+    holding those experts (txjax.parallel.expert_parallel), `weights` (Experts' parameters) split along the expert
+    axis."""
+    (b, l, d), (m, k), x = x_BxLxD.shape, experts_MxJ.shape, cfg.num_experts
+    group_BxLxJ = jnp.where(keep_A.reshape(k, m).T, experts_MxJ, x).reshape(b, l, k)  # dropped: expert x (none)
+
+    def body(local_weights, x_bxlxD, group_bxlxJ):
+        # this device's experts (top-k set to 1: ModelConfig checks k <= experts, and Experts does not read it)
+        local = dataclasses.replace(cfg, num_experts=x // context_axis(EXPERT_AXIS), experts_per_token=1)
+        ffn = lambda rows_RxD, sizes_L: Experts(local).apply({"params": local_weights}, rows_RxD, sizes_L)
+
+        def local_experts(rows_RxD, expert_R):
+            order_R, sizes_L, _, _ = plan(expert_R[:, None], local.num_experts)
+            return sorted_apply(ffn, rows_RxD, order_R, sizes_L)
+
+        group_mxJ = group_bxlxJ.reshape(-1, k)
+        order_a, sizes_X, _, _ = plan(group_mxJ, x)  # dropped assignments (expert x) sorted past every group
+        x_aD = jnp.tile(x_bxlxD.reshape(-1, d).astype(cfg.compute_dtype), (k, 1))
+        y_aD = sorted_apply(
+            lambda rows, sizes: expert_parallel.exchange(local_experts, rows, sizes), x_aD, order_a, sizes_X
+        )
+        return y_aD.reshape(k, *x_bxlxD.shape)
+
+    return expert_parallel.on_expert_shards(body, weights, x_BxLxD, group_BxLxJ).reshape(k, m, d)
+
+
 class Experts(nn.Module):
     """X expert FFNs as stacked weights, wi (and wi_gate) [X, D, F], wo [X, F, D], applied to rows sorted by expert:
     one grouped matmul per weight (rows past the groups' sum come out 0)."""
@@ -202,11 +244,13 @@ class MoE(nn.Module):
         gates_MxJ, experts_MxJ, probs_MxX = route(z_MxX, cfg.router, k, cfg.moe_norm_topk, bias_X)
         capacity = math.ceil(cfg.moe_capacity_factor * m * k / num_experts) if cfg.moe_capacity_factor else None
         order_A, sizes_X, keep_A, counts_X = plan(experts_MxJ, num_experts, capacity)
-        rank_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(order_A.size))  # the inverse permutation
-        x_AxD = jnp.tile(x_MxD.astype(cfg.compute_dtype), (k, 1))  # a = j M + t: token t's j-th copy
-        y_sorted_AxD = Experts(cfg, name="experts")(take_rows(x_AxD, order_A, rank_A), sizes_X)
-        y_AxD = take_rows(y_sorted_AxD, rank_A, order_A).astype(jnp.float32)
-        y_JxMxD = jnp.where(keep_A[:, None], y_AxD, 0.0).reshape(k, m, -1)
+        experts = Experts(cfg, name="experts")
+        if expert_parallel.applies(x_BxLxD.shape, num_experts) and not self.is_initializing():
+            y_JxMxD = across_devices(cfg, self.variables["params"]["experts"], x_BxLxD, experts_MxJ, keep_A)
+        else:
+            x_AxD = jnp.tile(x_MxD.astype(cfg.compute_dtype), (k, 1))  # a = j M + t: token t's j-th copy
+            y_JxMxD = sorted_apply(experts, x_AxD, order_A, sizes_X).reshape(k, m, -1)
+        y_JxMxD = jnp.where(keep_A.reshape(k, m, 1), y_JxMxD.astype(jnp.float32), 0.0)
         y_MxD = (gates_MxJ.T[..., None] * y_JxMxD).sum(0)
         if cfg.num_shared_experts:
             shared = FeedForward(cfg, width=cfg.num_shared_experts * cfg.expert_d_ff, name="shared_experts")

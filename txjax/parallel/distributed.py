@@ -86,17 +86,17 @@ def agree(flags: list[bool], sync: bool) -> list[bool]:
     return [bool(v) for v in multihost_utils.broadcast_one_to_all(np.array(flags, np.int32))]
 
 
-def mesh_shape(mesh_config) -> tuple[int, int, int, int]:
-    """(data, fsdp, sequence, tensor) of `config.mesh`."""
-    return mesh_config.data, mesh_config.fsdp, mesh_config.sequence, mesh_config.tensor
+def mesh_shape(mesh_config) -> tuple[int, int, int, int, int]:
+    """(data, fsdp, sequence, tensor, expert) of `config.mesh` (sharding.make_mesh's arguments in order)."""
+    return mesh_config.data, mesh_config.fsdp, mesh_config.sequence, mesh_config.tensor, mesh_config.expert
 
 
 def run_mesh(mesh_config) -> Mesh:
-    """The (data, fsdp, sequence, tensor) mesh of `config.mesh` over the run's devices. One process may use fewer
-    devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all."""
+    """The (data, fsdp, sequence, tensor, expert) mesh of `config.mesh` over the run's devices. One process may use
+    fewer devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all."""
     shape = mesh_shape(mesh_config)
     if min(shape) < 1:
-        raise ConfigError(f"config.mesh (data, fsdp, sequence, tensor) = {shape}: every size must be positive")
+        raise ConfigError(f"config.mesh (data, fsdp, sequence, tensor, expert) = {shape}: every size must be positive")
     devices = jax.devices()
     if jax.process_count() == 1:
         devices = devices[: math.prod(shape)]
@@ -114,7 +114,7 @@ def fitting_mesh(mesh_config) -> Mesh:
     if jax.process_count() > 1 or math.prod(shape) <= present:
         return run_mesh(mesh_config)
     print(
-        f"note: the run's mesh (data, fsdp, sequence, tensor) = {shape} needs {math.prod(shape)} devices and "
+        f"note: the run's mesh (data, fsdp, sequence, tensor, expert) = {shape} needs {math.prod(shape)} devices and "
         f"{present} are present: reading it on one device (--config.mesh.* flags choose another mesh)",
         file=sys.stderr,
         flush=True,

@@ -7,6 +7,9 @@ The model names every parameter axis logically ('embed', 'heads', 'mlp', ...; se
   sequence - the length of the batch and of every activation (sequence parallelism): attention runs as ring
             attention over this axis (txjax.model.ring_attention), everything else is position-wise
   tensor  - attention heads, FFN hidden units and vocabulary (Megatron-style tensor parallelism)
+  expert  - a mixture of experts' experts (expert parallelism, txjax.parallel.expert_parallel), and batch rows for
+            everything else (as in GShard, DeepSpeed-MoE and MaxText: each device of an expert group holds different
+            tokens, which all-to-all sends to the devices holding their experts)
 XLA's SPMD partitioner inserts the collectives. An axis whose size does not divide by its mesh axes is replicated.
 A jitted step traces under its mesh (`on_mesh`), so that the model reads the mesh in context (`context_axis`,
 `constrain`) rather than taking it as an argument.
@@ -24,9 +27,10 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "sequence", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "sequence", "tensor")  # the batch axes first: a process's rows are contiguous
+BATCH_AXES = ("data", "fsdp", "expert")
 SEQUENCE_AXIS = "sequence"
+EXPERT_AXIS = "expert"
 
 LOGICAL_RULES = (
     ("batch", BATCH_AXES),
@@ -35,7 +39,7 @@ LOGICAL_RULES = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
-    ("expert", None),  # a mixture of experts' expert axis (txjax.model.moe)
+    ("expert", EXPERT_AXIS),  # a mixture of experts' stacked expert weights (txjax.model.moe)
     ("kv", None),
     ("layers", None),
     ("position", None),
@@ -44,18 +48,18 @@ LOGICAL_RULES = (
 BATCH_LENGTH = ("batch", "length")
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, sequence: int = 1, tensor: int = 1, devices=None) -> Mesh:
-    """A (data, fsdp, sequence, tensor) mesh over `devices` (default: all, across processes), tensor the innermost
-    (the axis with the most traffic on the nearest devices). Axes are Auto, so that with_sharding_constraint and jit
-    shardings both work (jax.make_mesh defaults to Explicit axes)."""
+def make_mesh(data: int = 1, fsdp: int = 1, sequence: int = 1, tensor: int = 1, expert: int = 1, devices=None) -> Mesh:
+    """A (data, fsdp, expert, sequence, tensor) mesh over `devices` (default: all, across processes), tensor the
+    innermost (the axis with the most traffic on the nearest devices). Axes are Auto, so that with_sharding_constraint
+    and jit shardings both work (jax.make_mesh defaults to Explicit axes)."""
     devices = jax.devices() if devices is None else devices
-    shape = (data, fsdp, sequence, tensor)
-    if math.prod(shape) != len(devices):
+    sizes = {"data": data, "fsdp": fsdp, "expert": expert, "sequence": sequence, "tensor": tensor}
+    if math.prod(sizes.values()) != len(devices):
         raise ValueError(
-            f"mesh data*fsdp*sequence*tensor = {'*'.join(map(str, shape))} = {math.prod(shape)} does not match "
-            f"the {len(devices)} devices; set --config.mesh.data/fsdp/sequence/tensor so the product is "
-            f"{len(devices)}"
+            f"mesh {'*'.join(sizes)} = {'*'.join(map(str, sizes.values()))} = {math.prod(sizes.values())} does not "
+            f"match the {len(devices)} devices; set --config.mesh.{'/'.join(sizes)} so the product is {len(devices)}"
         )
+    shape = tuple(sizes[axis] for axis in MESH_AXES)
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
@@ -112,7 +116,8 @@ def shardings_for(abstract_boxed, mesh: Mesh, rules=LOGICAL_RULES):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """A batch array [B, L]: rows split over data x fsdp, the length over sequence: P(('data', 'fsdp'), 'sequence')."""
+    """A batch array [B, L]: rows split over data x fsdp x expert, the length over sequence:
+    P(('data', 'fsdp', 'expert'), 'sequence')."""
     return NamedSharding(mesh, nn.logical_to_mesh_axes(BATCH_LENGTH, LOGICAL_RULES))
 
 

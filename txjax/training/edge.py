@@ -32,12 +32,13 @@ VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
 
 @dataclasses.dataclass(frozen=True)
 class MeshShape:
-    """config.mesh: the sizes of the run's (data, fsdp, sequence, tensor) mesh (distributed.run_mesh)."""
+    """config.mesh: the sizes of the run's (data, fsdp, sequence, tensor, expert) mesh (distributed.run_mesh)."""
 
     data: int
     fsdp: int
     sequence: int
     tensor: int
+    expert: int
 
 
 @dataclasses.dataclass(frozen=True)
