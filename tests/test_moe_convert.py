@@ -66,7 +66,7 @@ TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, CTX))
 
 def random_model(kind: str, **changes):
     config_class, fields = MODELS[kind]
-    return randomized(config_class(**{**COMMON, **fields, **changes}))
+    return randomized(transformers.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **fields, **changes})))
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
