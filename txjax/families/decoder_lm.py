@@ -14,6 +14,13 @@ class DecoderLMFamily(Family):
     source = None
     continues_prompt = True
     data_kinds = {"text": "text", "synthetic": "lm", "shards": "shards"}
+    ring_attention = True
+
+    def longest(self, data, dataset):
+        return dataset.seq_len if data.kind == "synthetic" else data.seq_len  # a task's own; a corpus' windows
+
+    def max_new_tokens(self, cfg, longest_input):
+        return cfg.max_len - longest_input + 1  # the last new token is never fed back
 
     def encode(self, model, params, source):
         if source is not None:

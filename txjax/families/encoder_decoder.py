@@ -17,6 +17,11 @@ class Source(NamedTuple):
     segment_ids_BxS: jnp.ndarray
 
 
+def pair_lengths(data, dataset) -> tuple[int, int]:
+    """(source, target) lengths of a pair's rows: a synthetic task's own, else the data section's limits."""
+    return (dataset.src_len, dataset.tgt_len) if data.kind == "synthetic" else (data.max_src_len, data.max_tgt_len)
+
+
 class EncoderDecoderFamily(Family):
     name = "encoder_decoder"
     module = EncoderDecoder
@@ -25,6 +30,12 @@ class EncoderDecoderFamily(Family):
     source = "src"
     continues_prompt = False
     data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}  # shards: TSV pairs
+
+    def longest(self, data, dataset):
+        return max(pair_lengths(data, dataset))
+
+    def max_new_tokens(self, cfg, longest_input):
+        return cfg.max_len  # the target's own positions, from BOS
 
     def encode(self, model, params, source):
         """Right-padded sources [B, S] with their lengths [B] -> Source, encoded once per generation."""

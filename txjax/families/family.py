@@ -3,6 +3,7 @@ txjax/families/__init__.py."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -20,6 +21,21 @@ class Family:
     # it, its attention is one map); False: the output is a new sequence read from a source (encoder-decoder)
     continues_prompt: ClassVar[bool]
     data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
+    ring_attention: ClassVar[bool] = False  # whether mesh.sequence > 1 may shard its sequence (a causal stack's)
+
+    def dataset(self, built):
+        """The family's dataset over the one its data kind built (txjax.experiment.build_dataset): as it is, or its
+        batches rewritten into the family's example form."""
+        return built
+
+    def longest(self, data, dataset) -> int:
+        """The most positions one of the family's sequences takes (model.max_len when left at 0), from the config's
+        data section and the training dataset."""
+        raise NotImplementedError
+
+    def max_new_tokens(self, cfg, longest_input: int) -> int:
+        """The most tokens a generation from inputs of up to `longest_input` ids can write within cfg.max_len."""
+        raise NotImplementedError
 
     def encode(self, model, params, source: tuple | None) -> Any:
         """The context every decode_step reads, from (source ids [B, S] right-padded, lengths [B]) or None."""
@@ -29,6 +45,11 @@ class Family:
         """One cached call appending L tokens: -> (logits [C, L, V], mutated variables with the new 'cache').
         prefill: the generation's first call (the one that may write what the context contributes to the cache)."""
         raise NotImplementedError
+
+    def around_cached_call(self, prefill: bool):
+        """A context entered around each cached call, outside the decoding layout's methods (txjax.decode.cache.extend):
+        the family's flax.linen.intercept_methods over what those methods return, or none."""
+        return contextlib.nullcontext()
 
     def logits(self, model, params, batch, **apply_kwargs):
         """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs)."""
