@@ -176,3 +176,24 @@ def test_a_tiny_run_learns_and_run_py_eval_gives_bleu(tmp_path, pairs_tsv, capsy
     )
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 <= metrics["bleu"] <= 100 and metrics["decode"]["method"] == "beam" and metrics["tokens"] > 0
+
+
+def test_attention_maps_show_the_source_read_both_ways(tmp_path):
+    """The sown weights of the one map over [source ; target]: a source query weighs later source keys, never a
+    target key; a target query no later key; and run.py attention's PNG is written."""
+    from txjax.data import CharTokenizer
+    from txjax.evaluate.viz import attention_maps, capture_attention
+    from txjax.families.prefix_lm import PrefixLMFamily
+
+    model, params = model_and_params()
+    source, target = SOURCES[0], [BOS, 4, 5]
+    inputs, maps = PrefixLMFamily().attention_example(source, target)
+    weights_NxHxLxL = capture_attention(model.clone(sow_weights=True), params, *inputs)["decoder/self_attention"]
+    n, length = len(source), len(source) + len(target)
+    later = np.triu(np.ones((length, length), bool), 1)
+    assert (weights_NxHxLxL[..., :n, :n][..., later[:n, :n]] > 0).all()  # source rows: every later source key
+    assert (weights_NxHxLxL[..., :n, n:] == 0).all() and (weights_NxHxLxL[..., n:, :][..., later[n:]] == 0).all()
+    tokenizer = CharTokenizer("abcdefghijk", specials=True)
+    assert [
+        p.name for p in attention_maps(model, params, tokenizer, source, tmp_path / "a.png", target_ids=target)
+    ] == ["a.png"]

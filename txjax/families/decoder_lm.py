@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from txjax.families.family import Family
 from txjax.model.models import DecoderLM
 
@@ -36,6 +38,9 @@ class DecoderLMFamily(Family):
     def read_text(self, tokenizer, text, *, bos=False):
         """A pretrained model's BOS (tokenizer.prefix()), then the text; the outputs continue it."""
         return tokenizer.prefix() + [tokenizer.bos_id] * bos + tokenizer.encode(text), text
+
+    def attention_example(self, ids, target_ids):
+        return [np.asarray([ids], np.int32)], {"decoder/self_attention": ("", "source", "source")}
 
     def attention_layers(self, cfg):
         return 0, cfg.num_layers, 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 from txjax.families.family import Family
 from txjax.model.models import EncoderDecoder
@@ -62,6 +63,16 @@ class EncoderDecoderFamily(Family):
     def read_text(self, tokenizer, text, *, bos=False):
         """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
         return tokenizer.encode(text) + [tokenizer.eos_id], ""
+
+    def attention_example(self, ids, target_ids):
+        if not target_ids:
+            raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
+        inputs = [np.asarray([ids], np.int32), np.asarray([target_ids], np.int32)]
+        return inputs, {
+            "encoder/self_attention": ("-encoder", "source", "source"),
+            "decoder/self_attention": ("-decoder", "target", "target"),
+            "decoder/cross_attention": ("-cross", "target", "source"),
+        }
 
     def attention_layers(self, cfg):
         return cfg.encoder_layers, cfg.num_layers, cfg.num_layers

@@ -63,6 +63,12 @@ class Family:
         """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
         raise NotImplementedError
 
+    def attention_example(self, ids: list[int], target_ids: list[int] | None) -> tuple[list, dict]:
+        """One example's attention maps (txjax.evaluate.viz): (the model's positional inputs, each of batch 1; for
+        each sown map '<stack>/<kind>': (the file name's suffix, the queries' labels, the keys'), the labels named
+        'source' (ids), 'target' (target_ids) or 'row' (the two one after the other))."""
+        raise NotImplementedError
+
     def attention_layers(self, cfg) -> tuple[int, int, int]:
         """(encoder self-attention, decoder self-attention, cross-attention) layer counts."""
         raise NotImplementedError

@@ -140,6 +140,14 @@ class PrefixLMFamily(Family):
         """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
         return tokenizer.encode(text) + [tokenizer.eos_id], ""
 
+    def attention_example(self, ids, target_ids):
+        """[source ; decoder inputs] as one row, the source its prefix: one map over the row."""
+        if not target_ids:
+            raise ValueError("a prefix LM needs target_ids (the inputs after the source, starting with BOS)")
+        row, n = [*ids, *target_ids], len(ids)
+        inputs = [row, range(len(row)), [1] * len(row), [1] * n + [0] * len(target_ids)]
+        return [np.asarray([x], np.int32) for x in inputs], {"decoder/self_attention": ("", "row", "row")}
+
     def attention_layers(self, cfg):
         return 0, cfg.num_layers, 0
 
