@@ -31,6 +31,7 @@ class EncoderDecoderFamily(Family):
     source = "src"
     continues_prompt = False
     data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}  # shards: TSV pairs
+    source_modules = ("encoder",)
 
     def longest(self, data, dataset):
         return max(pair_lengths(data, dataset))

@@ -21,6 +21,7 @@ class Family:
     # it, its attention is one map); False: the output is a new sequence read from a source (encoder-decoder)
     continues_prompt: ClassVar[bool]
     data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
+    source_modules: ClassVar[tuple[str, ...]] = ()  # top-level modules that run once per source (FLOPs: N_enc)
     ring_attention: ClassVar[bool] = False  # whether mesh.sequence > 1 may shard its sequence (a causal stack's)
 
     def dataset(self, built):
