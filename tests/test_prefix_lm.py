@@ -52,6 +52,16 @@ def full_forward(tokens, positions, segments, prefix, length=24):
     return np.asarray(_jitted_forward()(*map(pad, (tokens, positions, segments, prefix))))[:n]
 
 
+@pytest.mark.parametrize(
+    "setting, message", [({"attention_window": 4}, "attention_window=0"), ({"attention_impl": "blockwise"}, "dense")]
+)
+def test_settings_a_prefix_lm_cannot_apply_are_refused(setting, message):
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, num_heads=4, d_ff=64, num_layers=1, max_len=24, **setting)
+    ones = jnp.ones((1, 1), jnp.int32)
+    with pytest.raises(ValueError, match=message):
+        jax.eval_shape(PrefixLM(cfg).init, jax.random.key(0), ones, ones, ones, ones)
+
+
 def test_prefix_mask_is_numpy_s_rule():
     """Key j visible to query i iff same nonzero segment and (j <= i, or both in the prefix), on explicit positions."""
     pos = np.array([[0, 1, 2, 3, 0, 1, 2]])

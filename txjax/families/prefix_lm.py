@@ -36,6 +36,8 @@ class PrefixLM(nn.Module):
         cfg = self.cfg
         if cfg.attention_window:  # the stack is not causal, so it would run every layer global: refuse, not ignore
             raise ValueError("family prefix_lm has no local attention: set model.attention_window=0")
+        if cfg.attention_impl == "blockwise":  # its mask is dense (the prefix), which blockwise does not read
+            raise ValueError("family prefix_lm attends with a dense mask: set model.attention_impl=reference (or auto)")
         ones = jnp.ones(tokens_BxL.shape, jnp.int32)
         pos_BxL = jnp.cumsum(ones, axis=1) - 1 if positions is None else positions
         seg_BxL = ones if segment_ids is None else segment_ids
