@@ -272,8 +272,9 @@ def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.mesh.sequence={n!r} must be a positive integer")
     if n == 1:
         return
-    if config.family != "decoder_lm":
-        raise ConfigError(f"config.mesh.sequence={n} (ring attention) serves family decoder_lm, not {config.family!r}")
+    if not families.get(config.family).ring_attention:
+        serves = ", ".join(name for name, f in families.FAMILIES.items() if f.ring_attention)
+        raise ConfigError(f"config.mesh.sequence={n} (ring attention) serves family {serves}, not {config.family!r}")
     if config.data.kind in ("text", "shards") and config.data.seq_len % (2 * n):
         raise ConfigError(
             f"config.data.seq_len={config.data.seq_len} must divide into 2 * mesh.sequence = {2 * n} chunks "

@@ -101,11 +101,17 @@ def check_tokenizer(config: ml_collections.ConfigDict, directory: Path) -> None:
 
 
 def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, split: str):
-    """The dataset of one split; every one has .batch(seed, k, batch_size) and .eval_batches(batch_size)."""
+    """The dataset of one split, in the family's example form (Family.dataset); every one has .batch(seed, k,
+    batch_size) and .eval_batches(batch_size)."""
+    family = families.get(config.family)
+    return family.dataset(_data_kind_dataset(config, tokenizer, split, family.data_kinds[config.data.kind]))
+
+
+def _data_kind_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, split: str, form: str):
+    """The dataset config.data.kind builds for one split, its examples of `form` (Family.data_kinds)."""
     d = config.data
     if split not in SPLITS:
         raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    form = families.get(config.family).data_kinds[d.kind]  # the form of the family's examples
     if d.kind == "synthetic":
         return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split], split)
     if d.kind == "shards":
@@ -130,12 +136,7 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, 
 
 def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, train_data) -> None:
     """Sets model.vocab_size and model.max_len left at 0 from the tokenizer and the longest sequence of the data."""
-    if isinstance(train_data, data.SyntheticTask):
-        longest = train_data.seq_len if train_data.form == "lm" else max(train_data.src_len, train_data.tgt_len)
-    elif isinstance(train_data, (data.TextLMDataset, data.ShardLMDataset)):
-        longest = config.data.seq_len
-    else:
-        longest = max(config.data.max_src_len, config.data.max_tgt_len)
+    longest = families.get(config.family).longest(config.data, train_data)
     m = config.model
     m.vocab_size = m.vocab_size or tokenizer.vocab_size
     m.max_len = m.max_len or longest

@@ -33,6 +33,8 @@ class ParallelDataset:
     mean lengths that leaves some slack). Evaluation visits every pair exactly once, in file order.
     """
 
+    generated_metric = "translation"  # how txjax.evaluate.split scores its decoded outputs (BLEU, chrF)
+
     def __init__(
         self,
         path: PathLike,

@@ -61,6 +61,8 @@ def _digits(rng: np.random.Generator, length: int, leading_nonzero: bool) -> str
 class SyntheticTask:
     """One task in one form; batch(seed, k, B) is a pure function of (seed, k)."""
 
+    generated_metric = "exact_match"  # how txjax.evaluate.split scores its decoded outputs
+
     def __init__(
         self,
         name: str,

@@ -65,9 +65,11 @@ def extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None
     Returns (next-token logits at the last slot [C, V] float32, cache). `context`: the family's `encode` of the
     generation's sources (an LM: None); `prefill`: the generation's first call.
     """
-    variables = {"params": params, "cache": cache}
-    with kernels.installed():  # the decoding layout's parameters and cache read by its kernels
-        logits, mutated = family_of(model).decode_step(
+    variables, family = {"params": params, "cache": cache}, family_of(model)
+    # the decoding layout's parameters and cache read by its kernels; the family's context outside them, so that
+    # what it intercepts sees what the kernels return (flax runs the first interceptor installed outermost)
+    with family.around_cached_call(prefill), kernels.installed():
+        logits, mutated = family.decode_step(
             model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL, prefill
         )
     return logits[:, -1], mutated["cache"]

@@ -154,8 +154,9 @@ class TxjaxLM(TemplateLM):
             from txjax.experiment import load_workdir
 
             run = load_workdir(Path(workdir))
-        if not family_of(run.model).continues_prompt:
-            raise ConfigError(f"{workdir or 'the run'} is an encoder-decoder: lm-eval scores decoder-only LMs")
+        family = family_of(run.model)
+        if not family.continues_prompt:
+            raise ConfigError(f"{workdir or 'the run'} is a {family.name} model: lm-eval scores decoder-only LMs")
         self.run, self.model, self.params, self.tokenizer = run, run.model, run.params, run.tokenizer
         self.workdir = str(workdir or "")
         self.max_length = min(int(max_length or run.model.cfg.max_len), run.model.cfg.max_len)

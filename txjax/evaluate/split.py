@@ -25,7 +25,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from txjax import decode
-from txjax.data import ParallelDataset, SyntheticTask, prefetch
+from txjax.data import prefetch
+from txjax.families import family_of
 from txjax.families.objective import forward, hits, params_shardings, token_sums
 from txjax.model import moe
 from txjax.ops import provenance
@@ -97,55 +98,66 @@ def global_batches(batches, batch_size: int, mesh: Mesh | None = None):
 
 
 def generation_metrics(model, params, tokenizer, dataset, decoding, batch_size: int = 64, **strategy) -> dict:
-    """Metrics of `model`'s decoded outputs at `params`, the whole split in jitted batches (txjax.decode.decode_all):
-    synthetic tasks, greedy exact match (the answer, then EOS; of `strategy` only prefill_chunk applies);
-    translation, sacreBLEU BLEU and chrF of the strategy of `decoding` (a config's decode section, or a mapping of
-    its fields; `strategy` overrides them, e.g. method="greedy") against the raw references, with sacreBLEU's
-    signatures (also printed) and the strategy used."""
-    if isinstance(dataset, SyntheticTask):  # prompts: BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
-        prompts, answers = dataset.eval_examples()
-        # greedy, whatever the decode section's method; its prefill_chunk still holds: a long context is fed in
-        # chunks, so prefill attends with chunk x cache scores, not context x context
-        chunk = strategy.get("prefill_chunk", decoding.get("prefill_chunk", 0)) or None
-        out = decode.decode_all(
-            model,
-            params,
-            prompts,
-            batch_size=batch_size,
-            eos_id=tokenizer.eos_id,
-            pad_id=tokenizer.pad_id,
-            max_new_tokens=max(map(len, answers)) + 1,
-            bos_id=tokenizer.bos_id,
-            prefill_chunk=chunk,
-        )
-        right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
-        return {"generated_exact_match": float(np.mean(right))}
-    if isinstance(dataset, ParallelDataset):
-        strategy = decode.strategy_from_config(decoding, tokenizer.eos_id, **strategy)
-        strategy["max_new_tokens"] = min(strategy["max_new_tokens"], model.cfg.max_len)
-        out = decode.decode_all(
-            model,
-            params,
-            dataset.sources,
-            batch_size=batch_size,
-            pad_id=tokenizer.pad_id,
-            bos_id=tokenizer.bos_id,
-            **strategy,
-        )
-        hypotheses = [tokenizer.decode(ids) for ids in out.ids]
-        references = [[target for _, target in dataset.raw_pairs()]]
-        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-        bleu_score, chrf_score = bleu.corpus_score(hypotheses, references), chrf.corpus_score(hypotheses, references)
-        print(bleu_score.format(signature=str(bleu.get_signature())))
-        print(chrf_score.format(signature=str(chrf.get_signature())))
-        return {
-            "decode": {name: value for name, value in strategy.items() if name != "eos_id"},
-            "bleu": bleu_score.score,
-            "chrf": chrf_score.score,
-            "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()),
-        }
-    return {}
+    """Metrics of `model`'s decoded outputs at `params`, the whole split in jitted batches (txjax.decode.decode_all),
+    as the dataset's `generated_metric` names them (GENERATED; {} for none): a synthetic task's greedy exact match,
+    a translation's BLEU and chrF."""
+    metric = GENERATED.get(getattr(dataset, "generated_metric", None))
+    return {} if metric is None else metric(model, params, tokenizer, dataset, decoding, batch_size, **strategy)
+
+
+def generated_exact_match(model, params, tokenizer, dataset, decoding, batch_size: int, **strategy) -> dict:
+    """Greedy exact match of a synthetic task (the answer, then EOS; of `strategy` only prefill_chunk applies)."""
+    prompts, answers = dataset.eval_examples()  # BOS prompt '=' (LM), prompt EOS (seq2seq: decoder from BOS)
+    # greedy, whatever the decode section's method; its prefill_chunk still holds: a long context is fed in
+    # chunks, so prefill attends with chunk x cache scores, not context x context
+    chunk = strategy.get("prefill_chunk", decoding.get("prefill_chunk", 0)) or None
+    out = decode.decode_all(
+        model,
+        params,
+        prompts,
+        batch_size=batch_size,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        max_new_tokens=max(map(len, answers)) + 1,
+        bos_id=tokenizer.bos_id,
+        prefill_chunk=chunk,
+    )
+    right = [ids == answer and stopped for ids, answer, stopped in zip(out.ids, answers, out.stopped)]
+    return {"generated_exact_match": float(np.mean(right))}
+
+
+def translation_metrics(model, params, tokenizer, dataset, decoding, batch_size: int, **strategy) -> dict:
+    """sacreBLEU BLEU and chrF of the strategy of `decoding` (a config's decode section, or a mapping of its fields;
+    `strategy` overrides them, e.g. method="greedy") against the raw references, with sacreBLEU's signatures (also
+    printed) and the strategy used; at most the new tokens the family fits in the model's context."""
+    strategy = decode.strategy_from_config(decoding, tokenizer.eos_id, **strategy)
+    room = family_of(model).max_new_tokens(model.cfg, max(map(len, dataset.sources)))
+    strategy["max_new_tokens"] = min(strategy["max_new_tokens"], room)
+    out = decode.decode_all(
+        model,
+        params,
+        dataset.sources,
+        batch_size=batch_size,
+        pad_id=tokenizer.pad_id,
+        bos_id=tokenizer.bos_id,
+        **strategy,
+    )
+    hypotheses = [tokenizer.decode(ids) for ids in out.ids]
+    references = [[target for _, target in dataset.raw_pairs()]]
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    bleu_score, chrf_score = bleu.corpus_score(hypotheses, references), chrf.corpus_score(hypotheses, references)
+    print(bleu_score.format(signature=str(bleu.get_signature())))
+    print(chrf_score.format(signature=str(chrf.get_signature())))
+    return {
+        "decode": {name: value for name, value in strategy.items() if name != "eos_id"},
+        "bleu": bleu_score.score,
+        "chrf": chrf_score.score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+GENERATED = {"exact_match": generated_exact_match, "translation": translation_metrics}  # a dataset's generated_metric
 
 
 def metrics_file(workdir: str | Path, split: str) -> Path:

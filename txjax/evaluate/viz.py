@@ -26,7 +26,7 @@ from txjax.model.models import stack_layers  # noqa: E402
 def capture_attention(model, params, *inputs, method=None) -> dict[str, np.ndarray]:
     """Runs `model` (sow_weights=True) on one example; {'<stack>/<kind>': float32 [layers, H, Lq, Lk]}.
 
-    Keys: 'decoder/self_attention' (DecoderLM); 'encoder/self_attention', 'decoder/self_attention' and
+    Keys: 'decoder/self_attention' (DecoderLM, prefix LM); 'encoder/self_attention', 'decoder/self_attention' and
     'decoder/cross_attention' (EncoderDecoder). inputs: the model's positional arguments, each with batch 1.
     """
     if not getattr(model, "sow_weights", False):
@@ -107,29 +107,24 @@ def attention_maps(
     layer: int | None = None,
     head: int | None = None,
 ) -> list[Path]:
-    """PNGs of every attention kind for one example: DecoderLM over `ids` -> `out`; EncoderDecoder over source `ids`
-    and decoder inputs `target_ids` -> out with -encoder, -decoder and -cross before the suffix."""
+    """PNGs of every attention kind for one example, as its family lays them out (Family.attention_example): a
+    DecoderLM over `ids` -> `out`; an EncoderDecoder over source `ids` and decoder inputs `target_ids` -> out with
+    -encoder, -decoder and -cross before the suffix; a prefix LM over [ids ; target_ids] -> `out`."""
     model = model.clone(sow_weights=True)
-    continues = family_of(model).continues_prompt  # one sequence; else source and target
-    if not continues and not target_ids:
-        raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
-    inputs = [np.asarray([ids], np.int32)] + ([] if continues else [np.asarray([target_ids], np.int32)])
+    inputs, maps = family_of(model).attention_example(list(ids), list(target_ids) if target_ids else None)
     weights = capture_attention(model, params, *inputs)
-    src_labels = token_labels(tokenizer, ids)
-    tgt_labels = token_labels(tokenizer, target_ids) if target_ids else src_labels
+    labels = {"source": token_labels(tokenizer, ids), "target": token_labels(tokenizer, target_ids or [])}
+    labels["row"] = labels["source"] + labels["target"]
     out = Path(out)
-    files = {"decoder/self_attention": (out, tgt_labels, tgt_labels)}
-    if not continues:
-        files = {
-            "encoder/self_attention": (out.with_stem(out.stem + "-encoder"), src_labels, src_labels),
-            "decoder/self_attention": (out.with_stem(out.stem + "-decoder"), tgt_labels, tgt_labels),
-            "decoder/cross_attention": (out.with_stem(out.stem + "-cross"), tgt_labels, src_labels),
-        }
     return [
         plot_attention(
-            select_panels(weights[key], layer, head), q, k, path, title=key.replace("/", " ").replace("_", "-")
+            select_panels(weights[key], layer, head),
+            labels[queries],
+            labels[keys],
+            out.with_stem(out.stem + suffix),
+            title=key.replace("/", " ").replace("_", "-"),
         )
-        for key, (path, q, k) in files.items()
+        for key, (suffix, queries, keys) in maps.items()
     ]
 
 

@@ -1,15 +1,19 @@
-"""The one seam between model families: everything that differs between a decoder-only LM and an encoder-decoder.
+"""The one seam between model families: everything that differs between a decoder-only LM, an encoder-decoder and a
+prefix LM (prefix_lm.py: one stack over [source ; target], the source read both ways).
 
 Generation and training see a family through three calls, in the style of the Flax wmt example:
 
-    context = encode(model, params, source)         # LM: None; encoder-decoder: the encoder output + source mask
+    context = encode(model, params, source)         # LM: None; encoder-decoder: the encoder output + source mask;
+                                                    # prefix LM: the sources' lengths
     logits, variables = decode_step(model, variables, context, tokens, positions, segment_ids)   # one cached call
     logits = logits(model, params, batch)           # the full forward pass of a training / eval batch
 
 (the contract: `Family` in family.py) and a few declarative things: the batch keys, the data kinds it trains
 on, what a generation's inputs are (`prompts`, `read_text`) and the sizes its FLOP count needs. Everything outside
-this package asks `family_of(model)` (or `get(config.family)`) for these instead of testing the model's class, so a
-third family is one new file here and one line in FAMILIES. objective.py is the training objective over any family's
+this package asks `family_of(model)` (or `get(config.family)`) for these instead of testing the model's class (the
+dataset in the family's example form, its longest sequence and a generation's room: `dataset`, `longest`,
+`max_new_tokens`), so a family is one new file here and one line in FAMILIES (prefix_lm.py: that file, and its mask
+in txjax/model/masks.py). objective.py is the training objective over any family's
 batch (forward pass, loss as token sums, hits), for the training step and the evaluations alike.
 """
 
@@ -21,8 +25,9 @@ import jax.numpy as jnp
 from txjax.families.decoder_lm import DecoderLMFamily
 from txjax.families.encoder_decoder import EncoderDecoderFamily
 from txjax.families.family import Family
+from txjax.families.prefix_lm import PrefixLMFamily
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderLMFamily(), EncoderDecoderFamily())}
+FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderLMFamily(), EncoderDecoderFamily(), PrefixLMFamily())}
 _BY_MODULE = {f.module: f for f in FAMILIES.values()}
 
 

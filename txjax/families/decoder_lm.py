@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from txjax.families.family import Family
 from txjax.model.models import DecoderLM
 
@@ -14,6 +16,13 @@ class DecoderLMFamily(Family):
     source = None
     continues_prompt = True
     data_kinds = {"text": "text", "synthetic": "lm", "shards": "shards"}
+    ring_attention = True
+
+    def longest(self, data, dataset):
+        return dataset.seq_len if data.kind == "synthetic" else data.seq_len  # a task's own; a corpus' windows
+
+    def max_new_tokens(self, cfg, longest_input):
+        return cfg.max_len - longest_input + 1  # the last new token is never fed back
 
     def encode(self, model, params, source):
         if source is not None:
@@ -29,6 +38,9 @@ class DecoderLMFamily(Family):
     def read_text(self, tokenizer, text, *, bos=False):
         """A pretrained model's BOS (tokenizer.prefix()), then the text; the outputs continue it."""
         return tokenizer.prefix() + [tokenizer.bos_id] * bos + tokenizer.encode(text), text
+
+    def attention_example(self, ids, target_ids):
+        return [np.asarray([ids], np.int32)], {"decoder/self_attention": ("", "source", "source")}
 
     def attention_layers(self, cfg):
         return 0, cfg.num_layers, 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 from txjax.families.family import Family
 from txjax.model.models import EncoderDecoder
@@ -17,6 +18,11 @@ class Source(NamedTuple):
     segment_ids_BxS: jnp.ndarray
 
 
+def pair_lengths(data, dataset) -> tuple[int, int]:
+    """(source, target) lengths of a pair's rows: a synthetic task's own, else the data section's limits."""
+    return (dataset.src_len, dataset.tgt_len) if data.kind == "synthetic" else (data.max_src_len, data.max_tgt_len)
+
+
 class EncoderDecoderFamily(Family):
     name = "encoder_decoder"
     module = EncoderDecoder
@@ -25,6 +31,13 @@ class EncoderDecoderFamily(Family):
     source = "src"
     continues_prompt = False
     data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}  # shards: TSV pairs
+    source_modules = ("encoder",)
+
+    def longest(self, data, dataset):
+        return max(pair_lengths(data, dataset))
+
+    def max_new_tokens(self, cfg, longest_input):
+        return cfg.max_len  # the target's own positions, from BOS
 
     def encode(self, model, params, source):
         """Right-padded sources [B, S] with their lengths [B] -> Source, encoded once per generation."""
@@ -51,6 +64,16 @@ class EncoderDecoderFamily(Family):
     def read_text(self, tokenizer, text, *, bos=False):
         """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
         return tokenizer.encode(text) + [tokenizer.eos_id], ""
+
+    def attention_example(self, ids, target_ids):
+        if not target_ids:
+            raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")
+        inputs = [np.asarray([ids], np.int32), np.asarray([target_ids], np.int32)]
+        return inputs, {
+            "encoder/self_attention": ("-encoder", "source", "source"),
+            "decoder/self_attention": ("-decoder", "target", "target"),
+            "decoder/cross_attention": ("-cross", "target", "source"),
+        }
 
     def attention_layers(self, cfg):
         return cfg.encoder_layers, cfg.num_layers, cfg.num_layers

@@ -3,6 +3,7 @@ txjax/families/__init__.py."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -20,6 +21,22 @@ class Family:
     # it, its attention is one map); False: the output is a new sequence read from a source (encoder-decoder)
     continues_prompt: ClassVar[bool]
     data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
+    source_modules: ClassVar[tuple[str, ...]] = ()  # top-level modules that run once per source (FLOPs: N_enc)
+    ring_attention: ClassVar[bool] = False  # whether mesh.sequence > 1 may shard its sequence (a causal stack's)
+
+    def dataset(self, built):
+        """The family's dataset over the one its data kind built (txjax.experiment.build_dataset): as it is, or its
+        batches rewritten into the family's example form."""
+        return built
+
+    def longest(self, data, dataset) -> int:
+        """The most positions one of the family's sequences takes (model.max_len when left at 0), from the config's
+        data section and the training dataset."""
+        raise NotImplementedError
+
+    def max_new_tokens(self, cfg, longest_input: int) -> int:
+        """The most tokens a generation from inputs of up to `longest_input` ids can write within cfg.max_len."""
+        raise NotImplementedError
 
     def encode(self, model, params, source: tuple | None) -> Any:
         """The context every decode_step reads, from (source ids [B, S] right-padded, lengths [B]) or None."""
@@ -29,6 +46,11 @@ class Family:
         """One cached call appending L tokens: -> (logits [C, L, V], mutated variables with the new 'cache').
         prefill: the generation's first call (the one that may write what the context contributes to the cache)."""
         raise NotImplementedError
+
+    def around_cached_call(self, prefill: bool):
+        """A context entered around each cached call, outside the decoding layout's methods (txjax.decode.cache.extend):
+        the family's flax.linen.intercept_methods over what those methods return, or none."""
+        return contextlib.nullcontext()
 
     def logits(self, model, params, batch, **apply_kwargs):
         """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs)."""
@@ -40,6 +62,12 @@ class Family:
 
     def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
         """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
+        raise NotImplementedError
+
+    def attention_example(self, ids: list[int], target_ids: list[int] | None) -> tuple[list, dict]:
+        """One example's attention maps (txjax.evaluate.viz): (the model's positional inputs, each of batch 1; for
+        each sown map '<stack>/<kind>': (the file name's suffix, the queries' labels, the keys'), the labels named
+        'source' (ids), 'target' (target_ids) or 'row' (the two one after the other))."""
         raise NotImplementedError
 
     def attention_layers(self, cfg) -> tuple[int, int, int]:

@@ -38,3 +38,13 @@ def segment_mask(q_seg, k_seg):
     """
     same = q_seg[:, None, :, None] == k_seg[:, None, None, :]
     return same & padding_mask(q_seg > 0, k_seg > 0)
+
+
+def prefix_mask(q_pos, k_pos, q_prefix, k_prefix):
+    """A prefix LM's order (Raffel et al. 2020, T5, fig. 3 "prefix LM"; Tay et al. 2022, UL2): bidirectional inside
+    the prefix, causal after it. A key j is visible to a query i iff j <= i (causal_mask on explicit positions) or
+    both are prefix tokens, so a prefix token reads the whole prefix and nothing after it, and a later token reads
+    the prefix and the tokens before it. q_prefix [B, Lq], k_prefix [B, Lk] bool -> [B, 1, Lq, Lk]; documents are
+    kept apart by segment_mask, with which a caller combines it."""
+    both = q_prefix[:, None, :, None] & k_prefix[:, None, None, :]
+    return causal_mask(q_pos, k_pos) | both

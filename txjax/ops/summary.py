@@ -124,7 +124,8 @@ def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1,
     total = sum(r[2] for r in rows)
     active = [(p, c * _active_fraction(p, cfg)) for p, _, c in rows if not _lookup_only(p, cfg, family)]
     n = round(sum(c for _, c in active))
-    n_decode = n - round(sum(c for p, c in active if p.startswith("encoder/")))  # the encoder runs once per source
+    once = families.get(family).source_modules  # run once per source: not per decoded token
+    n_decode = n - round(sum(c for p, c in active if p.split("/")[0] in once))
     encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
     attn_layers, decode_attn_layers = encoder_layers + self_layers + cross_layers, self_layers + cross_layers
     src_len = context if encoder_layers else None
@@ -151,7 +152,8 @@ def train_flops_per_batch(cfg: ModelConfig, family: str, batch: dict) -> int:
     unless model.d_head sets it apart)."""
     b, s, t = families.batch_lengths(families.get(family), batch)
     summary = summarize(cfg, family, context=t)
-    n_enc = round(sum(c * _active_fraction(p, cfg) for p, _, c in summary.rows if p.startswith("encoder/")))
+    once = families.get(family).source_modules
+    n_enc = round(sum(c * _active_fraction(p, cfg) for p, _, c in summary.rows if p.split("/")[0] in once))
     n_dec = summary.flop_params - n_enc
     encoder_layers, self_layers, cross_layers = families.get(family).attention_layers(cfg)
     attention = (
