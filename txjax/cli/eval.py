@@ -45,8 +45,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")
     parser.add_argument("--by_position", type=int, default=0, help="--split: the loss per bucket of N positions too")
     add_distributed_flags(parser)
-    prefixes = ("--config.mesh.", "--config.decode.", "--config.model.", "--config.data.seq_len=")
-    args, overrides = parse_with_overrides(parser, argv, prefix=prefixes)
+    model_flags = ("--config.model.", "--config.data.seq_len=")  # the model changed for this eval (changed_model)
+    args, overrides = parse_with_overrides(parser, argv, prefix=("--config.mesh.", *model_flags, "--config.decode."))
     if args.by_position < 0 or (args.by_position and args.text):
         raise ConfigError(f"--by_position={args.by_position}: a bucket width > 0, with --split (not --text)")
     initialize_distributed(args)
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
     strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh, average=args.average)
-        changed = [flag for flag in overrides if flag.startswith(prefixes[2:])]
+        changed = [flag for flag in overrides if flag.startswith(model_flags)]
         if changed:
             run = changed_model(run, config, changed)
         if args.text:  # a missing, short or unencodable text is a one-line error
