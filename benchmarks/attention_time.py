@@ -55,17 +55,27 @@ def layer_step(cfg, batch: int, context: int):
     return jax.jit(jax.grad(loss, argnums=(0, 1))), params, x
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc: str, name: str, *, contexts: str, blocks: str, repeats: int, **more: dict):
+    """(args, the shape's model fields) of an attention benchmark `name`: --shape, --contexts, --blocks, --repeats,
+    --out, and the benchmark's own flags `more` ({flag: add_argument keywords}); a loaded machine is warned of."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="shakespeare_char", choices=[s for s in SHAPES if s != "marian_small"])
-    parser.add_argument("--contexts", default="1024,4096")
-    parser.add_argument("--batch_size", type=int, default=1)
-    parser.add_argument("--blocks", default="512x512", help="comma-separated QxKV block sizes of the blockwise rows")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", help="JSON path (default benchmarks/results/attention_time_SHAPE_PLATFORM.json)")
+    parser.add_argument("--contexts", default=contexts)
+    parser.add_argument("--blocks", default=blocks, help="QxKV block sizes (attention_time: comma-separated)")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--out", help=f"JSON path (default benchmarks/results/{name}_SHAPE_PLATFORM.json)")
+    for flag, keywords in more.items():
+        parser.add_argument(f"--{flag}", **keywords)
     args = parser.parse_args()
     common.warn_if_loaded()
-    base = build_config(args.shape, []).model.to_dict()
+    return args, build_config(args.shape, []).model.to_dict()
+
+
+def main():
+    batch_size = {"type": int, "default": 1}
+    args, base = parse_args(
+        __doc__, "attention_time", contexts="1024,4096", blocks="512x512", repeats=5, batch_size=batch_size
+    )
     rows = []
     for context in map(int, args.contexts.split(",")):
         cfg = lambda context=context, **kw: model_config({**base, "max_len": context, **kw})

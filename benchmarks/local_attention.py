@@ -14,13 +14,10 @@ global ones as L^2 (memory is O(L) in both: blockwise never holds the L x L scor
 
 from __future__ import annotations
 
-import argparse
-
 import common
 import jax
 import jax.numpy as jnp
-from attention_time import layer_seconds, layer_step
-from train import SHAPES, build_config
+from attention_time import layer_seconds, layer_step, parse_args
 
 from txjax.config import model_config
 from txjax.model import blockwise
@@ -34,16 +31,10 @@ def block_pairs(context: int, window: int, bq: int, bk: int) -> int:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="shakespeare_char", choices=[s for s in SHAPES if s != "marian_small"])
-    parser.add_argument("--contexts", default="2048,4096,8192")
-    parser.add_argument("--window", type=int, default=256)
-    parser.add_argument("--blocks", default="256x256", help="QxKV block sizes")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", help="JSON path (default benchmarks/results/local_attention_SHAPE_PLATFORM.json)")
-    args = parser.parse_args()
-    common.warn_if_loaded()
-    base = build_config(args.shape, []).model.to_dict()
+    window = {"type": int, "default": 256}
+    args, base = parse_args(
+        __doc__, "local_attention", contexts="2048,4096,8192", blocks="256x256", repeats=3, window=window
+    )
     bq, bk = map(int, args.blocks.split("x"))
     rows = []
     for context in map(int, args.contexts.split(",")):

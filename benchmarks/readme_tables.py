@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when a test loads this file
 import gpu_summary  # noqa: E402
+from ablation_tables import local_global, local_global_step, rope_extension  # noqa: E402
 from attention_tables import attention_time, local_attention  # noqa: E402
 from convert_tables import families  # noqa: E402
 from data_tables import data, prepare_memory  # noqa: E402
@@ -38,6 +39,7 @@ SWEEPS = REPO / "experiments" / "ablations" / "results"
 MARKER = re.compile(r"<!-- generated: python benchmarks/readme_tables.py \((\w+)\) -->")
 ABLATIONS = ["attention_scaling", "positional", "norm_placement", "tied_head", "activation", "num_heads"]
 ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers", "schedules", "model_options"]
+ABLATIONS += ["local_global"]
 SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, status, ...
 
 
@@ -305,7 +307,7 @@ TABLES = {
     for f in (
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
         *(prepare_memory, score_text_memory, attention_time, local_attention, families),
-        passkey,
+        *(passkey, local_global, local_global_step, rope_extension),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
     )
 }

@@ -28,11 +28,13 @@ def parse_with_overrides(
     parser: argparse.ArgumentParser, argv: list[str], prefix: str | tuple[str, ...] = "--config."
 ) -> tuple[argparse.Namespace, list[str]]:
     """(args, overrides): the parser's flags, and every other flag, each of which must start with `prefix` (or one
-    of several) (`--config.SECTION.FIELD=VALUE`, applied later by txjax.config)."""
+    of several) (`--config.SECTION.FIELD=VALUE`, applied later by txjax.config); a prefix ending in "=" names one
+    field (`--config.data.seq_len=`)."""
     args, overrides = parser.parse_known_args(argv)
     for flag in overrides:
         if not flag.startswith(prefix):
-            takes = " or ".join(f"{p}*=VALUE" for p in ((prefix,) if isinstance(prefix, str) else prefix))
+            prefixes = (prefix,) if isinstance(prefix, str) else prefix
+            takes = " or ".join(f"{p}VALUE" if p.endswith("=") else f"{p}*=VALUE" for p in prefixes)
             parser.error(f"unrecognized argument {flag} (this command takes {takes} overrides)")
     return args, overrides
 

@@ -1,6 +1,8 @@
 """Evaluation over a whole split: one jitted eval_step per batch, sums added up in float64, one division at the end.
 
     loss = sum_t w_t CE_t / sum_t w_t,   perplexity = exp(loss),   token_accuracy = sum_t w_t [argmax = y_t] / sum_t w_t
+By position (`by_position` = W > 0): the same loss over the tokens whose place in their row (the window's position,
+0-based) lies in [iW, (i+1)W), per bucket i: how the loss moves along the context (e.g. past the training length).
 A mixture-of-experts model adds its routing metrics (txjax.model.moe.eval_metrics: expert load, tokens dropped, aux
 losses).
 The datasets pad the last batch with weight-0 rows, so every token counts exactly once, whatever the batch size.
@@ -19,7 +21,9 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import sacrebleu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -28,16 +32,17 @@ from txjax import decode
 from txjax.data import prefetch
 from txjax.families import family_of
 from txjax.families.objective import forward, hits, params_shardings, token_sums
-from txjax.model import moe
+from txjax.model import moe, ring_attention
 from txjax.ops import provenance
 from txjax.parallel import distributed
 from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh, process_rows
 
 
-def make_eval_step(model, mesh: Mesh | None = None):
-    """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples; on `mesh`
-    (default: the first device) the params laid out by their logical axes, the batch's rows split over the data and
-    fsdp axes and its length over sequence, the sums replicated; traced under the mesh (sharding.on_mesh)."""
+def make_eval_step(model, mesh: Mesh | None = None, by_position: bool = False):
+    """jit(params, batch) -> per-batch sums: loss, correct, weight, exact (examples all right), examples, and with
+    `by_position` position_loss and position_weight [L] (per column of the rows); on `mesh` (default: the first
+    device) the params laid out by their logical axes, the batch's rows split over the data and fsdp axes and its
+    length over sequence, the sums replicated; traced under the mesh (sharding.on_mesh)."""
     mesh = mesh or distributed.first_device_mesh()
 
     def eval_step(params, batch):
@@ -45,6 +50,8 @@ def make_eval_step(model, mesh: Mesh | None = None):
         sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL) | moe.eval_sums(stats)
         right_BxL = hits(logits_BxLxV, targets_BxL) | (weights_BxL == 0)
         real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
+        if by_position:
+            sums |= position_sums(logits_BxLxV, targets_BxL, weights_BxL)
         return sums | {"exact": (right_BxL.all(-1) & real_B).sum(), "examples": real_B.sum()}
 
     return jax.jit(
@@ -54,9 +61,20 @@ def make_eval_step(model, mesh: Mesh | None = None):
     )
 
 
-def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
+def position_sums(logits_BxLxV, targets_BxL, weights_BxL) -> dict:
+    """The weighted cross-entropy and weight summed over the rows, per column [L] in the batch's own order (forward's
+    zig-zag order under ring attention undone: the layout of the column indices says where each column went)."""
+    ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV.astype(jnp.float32), targets_BxL)
+    b, length = targets_BxL.shape
+    columns_BxL = ring_attention.layout({"c": jnp.broadcast_to(jnp.arange(length), (b, length))})["c"]
+    per_column = jnp.zeros(length, jnp.float32).at[columns_BxL]
+    return {"position_loss": per_column.add(weights_BxL * ce_BxL), "position_weight": per_column.add(weights_BxL)}
+
+
+def evaluate(eval_step, params, batches, exact_match: bool = False, by_position: int = 0) -> dict:
     """Metrics over `batches` (an iterable of eval batches; the steps are dispatched a few ahead and their sums added
-    up in float64 as they finish, so memory does not grow with the number of batches)."""
+    up in float64 as they finish, so memory does not grow with the number of batches). by_position = W > 0 (an eval
+    step made with by_position): also "by_position", the loss per bucket of W positions (module docstring)."""
     total = {}  # float64 sums, arrays (an MoE's loads per expert) included
 
     def add(sums):
@@ -80,7 +98,21 @@ def evaluate(eval_step, params, batches, exact_match: bool = False) -> dict:
             "exact_match": float(total["exact"] / max(total["examples"], 1.0)),
             "examples": int(total["examples"]),
         }
+    if by_position:
+        metrics["by_position"] = bucketed(total["position_loss"], total["position_weight"], by_position)
     return metrics | moe.eval_metrics(total, num_batches)
+
+
+def bucketed(loss_L, weight_L, width: int) -> dict:
+    """Per-position sums [L] added up in buckets of `width` positions: each bucket's first position, loss (per
+    weighted token) and tokens."""
+    starts = list(range(0, len(loss_L), width))
+    loss, weight = np.add.reduceat(loss_L, starts), np.add.reduceat(weight_L, starts)
+    return {
+        "from": starts,
+        "loss": [float(s / w) if w else None for s, w in zip(loss, weight)],
+        "tokens": [int(w) for w in weight],
+    }
 
 
 def eval_batches(dataset, batch_size: int, max_batches: int = 0, mesh: Mesh | None = None):
