@@ -7,8 +7,6 @@ import contextlib
 import math
 import sys
 
-import jax
-
 from txjax.config import ConfigError, user_errors
 from txjax.decode import generate_from_workdir, strategy_from_config
 from txjax.decode.strategy import METHODS
@@ -75,16 +73,11 @@ def main(argv: list[str]) -> None:
             return
         if strategy["max_new_tokens"] >= run.model.cfg.max_len:
             print(past_context(run.model.cfg.max_len, strategy["max_new_tokens"]), file=sys.stderr, flush=True)
-        # closed as the command ends (a signal included), and the compiled loop waited for, so that neither the
-        # generating thread nor the host callback the loop calls from XLA's own threads runs into the interpreter's
-        # teardown, which kills a thread inside that callback ("FATAL: exception not rethrown", an abort)
-        try:
-            with contextlib.closing(stream_from_workdir(run, prompt, seed=seed, chat=chat, **args)) as pieces:
-                for piece in pieces:
-                    print(piece, end="", flush=True)
-        finally:
-            with contextlib.suppress(Exception):  # the loop's own end: its closed stream's error, raised again here
-                jax.effects_barrier()
+        # closed as the command ends (a signal included), so that the generating thread has stopped before the
+        # interpreter's teardown, which would kill it inside a host callback of the compiled loop
+        with contextlib.closing(stream_from_workdir(run, prompt, seed=seed, chat=chat, **args)) as pieces:
+            for piece in pieces:
+                print(piece, end="", flush=True)
     print()
 
 
