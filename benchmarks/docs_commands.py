@@ -45,6 +45,8 @@ SKIP = [
     (r"lm-eval .*--tasks=hellaswag", "the tasks' data sets come from the Hugging Face hub (the network); "
      "tests/test_lm_eval.py runs run.py lm-eval on a local task"),
     (r"--launcher=ray .*(/shared/|\[--address)", "a Ray cluster and shared folder of the reader's own"),
+    (r"^srun |^gcloud ", "a Slurm cluster or a Cloud TPU slice of the reader's own"),
+    (r"^for .*--process_id=", "jax.distributed processes training for minutes; tests/test_multiprocess.py runs them"),
     (r"(corpus|fineweb|pile|my_dataset)/|corpus/\*|runs/data/corpus", "a corpus of the reader's own"),
 ]  # fmt: skip
 # (pattern, what is appended, reason): every match applies
@@ -76,7 +78,10 @@ def commands(page: Path) -> list[tuple[int, str, str]]:
         elif inside and line.strip() and not line.lstrip().startswith("#"):
             start, command = i, line.strip()
             while i + 1 < len(lines) and (
-                command.endswith("\\") or lines[i + 1].lstrip().startswith("[") or open_quote(command)
+                command.endswith("\\")
+                or lines[i + 1].lstrip().startswith("[")
+                or open_quote(command)
+                or (command.startswith("for ") and not re.search(r"\bdone\b", command))  # a loop, to its `done`
             ):
                 i += 1  # a continued line, a template's [--optional flags] line, a quoted string's next line
                 command = (

@@ -1,7 +1,7 @@
 """benchmarks/docs_commands.py, which runs the shell commands of README.md and docs/*.md as written: every command
-is found (continued lines, a quoted string over two lines, a template's [--flags] line), each one runs or is skipped
-with its reason, a documented `# error:` line is what its command must print, and the commands a new user copies
-first all run."""
+is found (continued lines, a quoted string over two lines, a template's [--flags] line, a for loop), each one runs
+or is skipped with its reason, a documented `# error:` line is what its command must print, and the commands a new
+user copies first all run."""
 
 import importlib.util
 import sys
@@ -58,4 +58,6 @@ def test_a_quoted_string_over_two_lines_is_one_command_and_documented_errors_are
     assert errors["python run.py train --config.model.num_layer=6"].startswith(
         "error: --config.model.num_layer: unknown key 'num_layer'"
     )
+    (loop,) = [c for c, _, _, _ in plans.values() if c.startswith("for i in 0 1; do")]  # docs/scaling.md's
+    assert "--process_id=$i &" in loop and loop.endswith("done; wait")
     assert not docs_commands.open_quote('python -c "print(1)"') and docs_commands.open_quote('python -c "print(')
