@@ -297,9 +297,18 @@ def long_context() -> list[str]:
 
 def score_text_memory() -> list[str]:
     d = bench("score_text_memory")
-    rows = [[f"{n(r['text_mb'])} MB", n(r["tokens"]), n(r["peak_rss_gb"]), n(r["seconds"]), machine_label(d["machine"])]
+    rows = [[f"{n(r['text_mb'])} MB" + (f" (stopped after {n(r['seconds'])} s)" if r.get("stopped") else ""),
+             f"{n(r.get('read_mb', r['text_mb']))} MB", n(r["tokens"]) if r["tokens"] else "", n(r["peak_rss_gb"]),
+             _resident(r.get("trace", [])), n(r["seconds"]), machine_label(d["machine"])]
             for r in d["rows"]]  # fmt: skip
-    return table(["text", "tokens scored", "peak RSS (GB)", "seconds", "measured"], rows)
+    head = ["text", "read", "tokens scored", "peak RSS (GB)", "resident after 5 MB (GB)", "seconds", "measured"]
+    return table(head, rows)
+
+
+def _resident(trace: list) -> str:
+    """The least and most resident memory sampled once 5 MB of the text were read (a row's trace)."""
+    along = [gb for mb, gb in trace if mb >= 5]
+    return f"{min(along):.2f}-{max(along):.2f}" if along else ""
 
 
 TABLES = {

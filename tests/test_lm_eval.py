@@ -169,6 +169,12 @@ def test_cli_prints_the_table_and_one_json_line(monkeypatch, workdir, results, t
     assert math.isfinite(summary["results"]["txjax_paragraphs"]["word_perplexity,none"])
     assert summary["txjax"]["tokens_per_second"] > 0 and "--model txjax" in summary["harness"]
     assert json.loads(output.read_text())["results"].keys() == summary["results"].keys()
+    # an --output that cannot be written (its folder is a file): the results printed, then one error line naming it
+    unwritable = tmp_path / "results.json" / "again.json"
+    assert run.main(["lm-eval", f"--workdir={workdir}", *flags[:2], f"--output={unwritable}", "--limit=2"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["results"].keys() == summary["results"].keys()
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot write --output={unwritable} ({unwritable}: Not a")
 
 
 def test_cli_errors_are_one_line(monkeypatch, workdir, tmp_path, capsys):

@@ -1,12 +1,13 @@
 """Settings changed on resume are applied or refused, never silently ignored (txjax.training.resume): a changed
 learning rate and schedule length apply from the resume step and are recorded; a tokenizer built for other data is
-refused; a rerun of a finished run keeps its recorded results."""
+refused; a rerun of a finished run keeps its recorded results (also after `run.py eval`)."""
 
 import json
 
 import pytest
 from test_train import tiny_config
 
+import run
 from txjax import config as config_lib
 from txjax.experiment import build_tokenizer
 from txjax.ops.metrics_log import read_metrics
@@ -55,6 +56,13 @@ def test_a_changed_learning_rate_applies_from_the_resume_step_and_is_recorded(tm
     valid_steps = [r["step"] for r in read_metrics(tmp_path) if r["split"] == "valid"]
     assert valid_steps == [4, 8]  # one final eval per finished run, none added by the rerun
     assert config_lib.history(tmp_path)[-1] == {"step": 8, "changes": {"train.eval_every": [0, 3]}}
+    # after `run.py eval` rewrote eval_valid.json (its own metrics, no train_minutes), a rerun still returns the
+    # training's minutes (docs/experiments.md's "run the same command again" after README's eval)
+    assert run.main(["eval", f"--workdir={tmp_path}"]) == 0
+    assert (
+        train(tiny_config(*FLAGS, *changed, "--config.train.eval_every=3"), tmp_path)["train_minutes"]
+        == (result["train_minutes"])
+    )
 
 
 def test_a_tokenizer_built_for_other_data_is_refused_until_rebuilt(tmp_path):

@@ -4,15 +4,20 @@ anything compiles; `run.py eval` prints its result when it cannot write it. A fu
 tmpfs where this process may mount one (root on a plain machine), else a patched writer raising the same OSError."""
 
 import contextlib
+import csv
 import errno
+import json
 import subprocess
 
 import pytest
+from test_sweep import sweep_file
 from test_train import TINY_FLAGS
 
 import run
 import txjax.cli.eval
 import txjax.data.prepare
+import txjax.ops.storage
+import txjax.sweep.local
 from txjax.ops.metrics_log import read_metrics
 from txjax.state.checkpoint import Checkpointer
 
@@ -169,3 +174,64 @@ def test_export_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp
             line = one_error(capsys)
             assert line.startswith(f"error: cannot write {target} (") and reason in line
             assert list((tmp_path / name).iterdir()) == []
+
+
+@pytest.mark.parametrize("disk", ["full", "read_only", "patched"])
+def test_a_sweep_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing_half_written(
+    disk, tmp_path, monkeypatch, capsys
+):
+    """Two runs (training patched out: no compile). After the first, the disk fills or the second run's folder is
+    read-only (its result.json cannot be written), or the report's PNG cannot be written (patched): one line naming
+    the file; every file left is whole (the report of the first run, result.json files that parse), no part of one,
+    and a run whose result is not written is not counted as done: with the disk back, the same command trains it
+    and the report is whole."""
+    with mounted(tmp_path / "disk", "size=8m") as is_tmpfs:
+        if disk != "patched" and not is_tmpfs:
+            pytest.skip("mounting a tmpfs is not allowed here")
+        sweep_file(tmp_path, grid={"model.num_heads": [2, 4]})
+        workdir, trained = tmp_path / "disk" / "sweep", []
+        write_file = txjax.ops.storage.write_file
+
+        def png_fails(path, data):
+            if path.endswith(".results.png.part"):
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+            write_file(path, data)
+
+        def train_runs(configs, workdirs):
+            trained.extend(w.name for w in workdirs)
+            if len(trained) == 2 and disk == "full":
+                fill(tmp_path / "disk")
+            elif len(trained) == 2 and disk == "read_only":  # the run's folder (the sweep's lock file stays open)
+                (workdir / second).mkdir()
+                subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(workdir / second)], check=True)
+            elif len(trained) == 2:
+                monkeypatch.setattr(txjax.ops.storage, "write_file", png_fails)
+            return [None] * len(configs)  # done
+
+        monkeypatch.setattr(txjax.sweep.local, "train_runs", train_runs)
+        command = ["sweep", f"--sweep={tmp_path / 'sweep.py'}", f"--workdir={workdir}"]
+        first, second = "num_heads-2_seed-0", "num_heads-4_seed-0"
+        assert run.main(command) == 2
+        line = one_error(capsys)
+        reason = "Read-only file system" if disk == "read_only" else "No space left on device"
+        if disk == "patched":
+            assert line.startswith(f"error: cannot write the sweep's report ({workdir / 'results.png'}: {reason})")
+        else:
+            assert line.startswith(f"error: cannot write the result of run {second} ({workdir / second}")
+            assert reason in line and not (workdir / second / "result.json").exists()
+        assert not list(workdir.rglob("*.part"))
+        assert json.loads((workdir / first / "result.json").read_text())["status"] == "done"
+        status = {row["run"]: row["status"] for row in csv.DictReader((workdir / "results.csv").open())}
+        assert status == {first: "done", second: "done" if disk == "patched" else "pending"}
+        assert json.loads((workdir / "results.json").read_text())["per_setting"]
+        assert (workdir / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+        if disk == "full":
+            (tmp_path / "disk" / "ballast").unlink()
+        elif disk == "read_only":
+            subprocess.run(["umount", "-l", str(workdir / second)], check=True)
+        monkeypatch.setattr(txjax.ops.storage, "write_file", write_file)
+        assert run.main(command) == 0
+        assert trained == [first, second] + ([] if disk == "patched" else [second])
+        status = {row["run"]: row["status"] for row in csv.DictReader((workdir / "results.csv").open())}
+        assert status == {first: "done", second: "done"} and not list(workdir.rglob("*.part"))

@@ -11,6 +11,7 @@ from pathlib import Path
 from txjax.config import ConfigError, user_errors
 from txjax.evaluate.lm_eval_tasks import load_tasks, task_manager
 from txjax.extras import require
+from txjax.ops import storage
 
 
 def harness_command(args) -> str:
@@ -73,8 +74,9 @@ def main(argv: list[str]) -> None:
     if results.get("groups"):
         print(make_table(results, "groups"))
     speed = lm.speed()
-    if args.output:
-        out = {**results, "txjax": speed}
-        Path(args.output).write_text(json.dumps(out, indent=1, default=handle_non_serializable) + "\n")
     line = {"results": results["results"], "txjax": speed, "harness": harness_command(args)}
-    print(json.dumps(line, default=handle_non_serializable))
+    print(json.dumps(line, default=handle_non_serializable), flush=True)  # first: shown if --output cannot be written
+    if args.output:
+        out = json.dumps({**results, "txjax": speed}, indent=1, default=handle_non_serializable) + "\n"
+        with storage.writing(f"--output={args.output}", "the results are printed above; give a writable --output"):
+            storage.replace_file(args.output, out)  # whole or not at all

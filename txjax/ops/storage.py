@@ -2,6 +2,7 @@
 
     writing(what, advice)   turns an OSError of those kinds raised inside into a StorageError naming the path
     write_file(path, data)  writes bytes whose OSError names the path (numpy's tofile loses the errno)
+    replace_file(path, data) the same, whole or not at all: a file beside it renamed over it (reports, results)
     Appending(path)         the same for a file written piece by piece (prepare's shards)
     quiet_orbax()           holds back orbax's logged tracebacks of a failed save (the StorageError says it once)
 A StorageError is a ConfigError: run.py prints it as `error: ...` and exits with status 2.
@@ -55,6 +56,21 @@ def write_file(path: str | os.PathLike, data) -> None:
     """Writes `data` (bytes, or an array's buffer) to `path`; an OSError names `path`."""
     with _naming(path), open(path, "wb") as f:
         f.write(data)
+
+
+def replace_file(path: str | os.PathLike, data: bytes | str) -> None:
+    """Writes `data` (bytes, or text as UTF-8) to `path` whole or not at all: into `.NAME.part` beside it, then
+    renamed over it (a rename within a folder is atomic on POSIX), so a full or read-only disk leaves the old file or
+    none, never a part of one that a rerun would read. An OSError names `path`; the part is removed."""
+    path = os.fspath(path)
+    part = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part")
+    try:
+        write_file(part, data.encode() if isinstance(data, str) else data)
+        os.replace(part, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 class Appending:

@@ -27,6 +27,7 @@ from pathlib import Path
 from txjax.evaluate.probes import run_probes
 from txjax.extras import require
 from txjax.ops import preemption, trackers, workdir_lock
+from txjax.ops.storage import StorageError
 from txjax.ops.workdir_lock import Busy
 from txjax.sweep import search as search_lib
 from txjax.sweep.report import REPORT_FILES, final_metric, write_report
@@ -87,7 +88,11 @@ def train_all(sweep: dict, workdir: Path, runs: list[SweepRun], vmap: bool, comm
             preemption.raise_if_signalled()
             train_group(group, sweep["probes"])
             write_report(workdir, shown, sweep["metrics"], command, sweep["lines"])
-    finally:
+    except BaseException:
+        with contextlib.suppress(StorageError):  # the report of the runs so far; the error on its way says why not
+            write_report(workdir, shown, sweep["metrics"], command, sweep["lines"])
+        raise
+    if not groups:
         write_report(workdir, shown, sweep["metrics"], command, sweep["lines"])
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import collections
 import csv
+import io
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from txjax.ops import provenance
+from txjax.ops import provenance, storage
 from txjax.ops.metrics_log import read_metrics
 
 RESULTS_CSV, RESULTS_MD, RESULTS_PNG, RESULTS_JSON = "results.csv", "results.md", "results.png", "results.json"
@@ -87,18 +88,26 @@ def per_setting(runs, rows: list[dict], metrics: list[str]) -> list[dict]:
 
 def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spec: dict | None = None) -> None:
     """Writes results.csv, results.md, results.png and results.json into the sweep folder (and results_lines.png for
-    a sweep's `lines` spec)."""
+    a sweep's `lines` spec), each whole or not at all (txjax.ops.storage.replace_file); a full or read-only disk is
+    a StorageError naming the file (the runs' own folders are untouched: the same command writes the report again)."""
+    advice = "free space or make it writable, then run the same command again (finished runs are kept)"
+    with storage.writing("the sweep's report", advice):
+        _write_report(workdir, runs, metrics, command, spec)
+
+
+def _write_report(workdir: Path, runs, metrics: list[str], command: str, spec: dict | None) -> None:
     rows = [run_row(r) for r in runs]
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with (workdir / RESULTS_CSV).open("w", newline="") as f:
-        writer = csv.DictWriter(f, columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    storage.replace_file(workdir / RESULTS_CSV, table.getvalue())
     shown = list(dict.fromkeys(["valid_loss", *metrics]))
     summary = per_setting(runs, rows, shown)
     machine = provenance.machine(command)
     report = {"machine": machine, "metrics": shown, "per_setting": [_no_nan(entry) for entry in summary]}
-    (workdir / RESULTS_JSON).write_text(json.dumps(report, indent=1) + "\n")
+    storage.replace_file(workdir / RESULTS_JSON, json.dumps(report, indent=1) + "\n")
     found = lines_of(runs, rows, spec, metrics[0]) if spec else {}  # the lines spec's points, once for table and plot
     lines = [
         f"# Sweep {workdir.name}",
@@ -123,7 +132,7 @@ def write_report(workdir: Path, runs, metrics: list[str], command: str = "", spe
         _md_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in rows]),
         "",
     ]
-    (workdir / RESULTS_MD).write_text("\n".join(lines))
+    storage.replace_file(workdir / RESULTS_MD, "\n".join(lines))
     plot(workdir, runs, rows, summary, metrics)
     if spec:
         plot_lines(workdir, found, spec, metrics[0])
@@ -221,9 +230,18 @@ def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: li
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path = workdir / RESULTS_PNG
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
+
+
+def save_figure(fig, path: Path) -> None:
+    """The figure as PNG at `path`, whole or not at all; closed."""
+    import matplotlib.pyplot as plt
+
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
+    plt.close(fig)
+    storage.replace_file(path, image.getvalue())
 
 
 def lines_of(runs, rows: list[dict], spec: dict, metric: str) -> dict:
@@ -278,8 +296,7 @@ def plot_lines(workdir: Path, found: dict, spec: dict, metric: str) -> Path:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = workdir / RESULTS_LINES_PNG
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import ml_collections
 
 from txjax import config as config_lib
+from txjax.ops import storage
 from txjax.sweep import search as search_lib
 from txjax.sweep.report import fmt, short
 
@@ -211,13 +212,16 @@ def claim(workdir: Path, sweep: dict, overrides: list[str]) -> None:
     if path.is_file() and json.loads(path.read_text()) != json.loads(json.dumps(identity)):
         raise config_lib.ConfigError(f"{workdir} holds a different sweep (see {path}); choose another --workdir")
     workdir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity, indent=1) + "\n")
+    with storage.writing("the sweep's spec", "free space or make it writable, or choose another --workdir"):
+        storage.replace_file(path, json.dumps(identity, indent=1) + "\n")
 
 
 def finish(run: SweepRun, result: dict) -> None:
     """Writes the run's result.json (it counts as finished from now on) and prints its one line."""
-    run.workdir.mkdir(parents=True, exist_ok=True)
-    (run.workdir / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
+    advice = "free space or make it writable, then run the same command again (the run counts as unfinished)"
+    with storage.writing(f"the result of run {run.name}", advice):  # whole or none: a rerun never reads a part
+        run.workdir.mkdir(parents=True, exist_ok=True)
+        storage.replace_file(run.workdir / RESULT_FILE, json.dumps(result, indent=1) + "\n")
     run.result = result
     where = f" at step {result['step']}" if result["status"] == "stopped" else ""
     error = f" ({result['error']})" if result.get("error") else ""

@@ -20,7 +20,7 @@ from txjax import families
 from txjax.evaluate.split import read_recorded, write_metrics
 from txjax.experiment import CHECKPOINT_DIR
 from txjax.ops import memory, preemption
-from txjax.ops.metrics_log import MetricsLog
+from txjax.ops.metrics_log import MetricsLog, read_metrics
 from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
 from txjax.ops.trackers import Trackers
@@ -215,6 +215,9 @@ def recorded_eval(workdir: Path, step: int) -> dict | None:
     recorded = read_recorded(workdir, "valid")
     if recorded.get("step") != step:
         return None
+    if "train_minutes" not in recorded:  # `run.py eval` rewrote eval_valid.json: the training's own final record
+        finals = [r for r in read_metrics(workdir) if r["split"] == "valid" and r["step"] == step]
+        recorded["train_minutes"] = finals[-1].get("train_minutes") if finals else None
     return {k: v for k, v in recorded.items() if k not in ("split", "step", "machine")}
 
 
