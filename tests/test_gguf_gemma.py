@@ -26,6 +26,7 @@ import run  # noqa: E402
 from txjax.convert.gemma import load_gemma  # noqa: E402
 from txjax.convert.gguf import GGUFFile, config_from_gguf, load_gguf  # noqa: E402
 from txjax.decode import generate  # noqa: E402
+from txjax.experiment import load_workdir  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 
 TEXT = "ROMEO: what light through yonder window breaks? the quick brown fox, 42!"  # ',', '4', '2', '!': bytes
@@ -153,6 +154,7 @@ def test_what_the_metadata_leaves_out_is_read_as_llama_cpp_reads_it(tmp_path):
         ("gemma3", {"rope.dimension_count": 8}, "gemma3.rope.dimension_count=8"),
         ("gemma3", {"attention.sliding_window_pattern": [True]}, "1 flags, 2 layers"),
         ("gemma2", {"tokenizer": "bert"}, "tokenizer.ggml.model='bert'"),
+        ("gemma3", {}, "the vocabulary of 3 tokens lacks <unk>, <mask> (the gemma3 tokenizer's)"),
     ],
 )
 def test_what_txjax_cannot_represent_is_one_line(tmp_path, capsys, arch, changes, message):
@@ -161,3 +163,26 @@ def test_what_txjax_cannot_represent_is_one_line(tmp_path, capsys, arch, changes
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err, err
     assert not workdir.exists()
+
+
+def test_run_py_imports_a_quantized_gemma_file_and_exports_it(spm, tmp_path):
+    """`run.py import` of a Q8_0 Gemma 2 file writes a workdir (tokenizer included) whose `run.py export` folder
+    transformers loads as gemma2 with the workdir's logits."""
+    model = randomized(MODELS["gemma2"](len(spm["tokens"])))
+    scale = model.config.query_pre_attn_scalar**-0.5
+    path = write_gemma_gguf(tmp_path / "m.gguf", model, spm, gguf.GGMLQuantizationType.Q8_0, attention_scale=scale)
+    (tmp_path / "text.txt").write_text(TEXT * 20)
+    flags = [f"--config.data.path={tmp_path / 'text.txt'}", "--config.data.seq_len=16"]
+    assert run.main(["import", f"--from={path}", f"--workdir={tmp_path / 'wd'}", *flags]) == 0
+    assert run.main(["export", f"--workdir={tmp_path / 'wd'}", f"--to={tmp_path / 'out'}"]) == 0
+    trained = load_workdir(tmp_path / "wd")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert reloaded.config.model_type == "gemma2" and reloaded.config.query_pre_attn_scalar == 24
+    ids = np.random.default_rng(1).integers(0, len(spm["tokens"]), (1, 24))
+    with torch.no_grad():
+        want = reloaded(torch.as_tensor(ids)).logits.numpy()
+    got = np.asarray(trained.model.apply({"params": trained.params}, ids))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    with torch.no_grad():  # Q8_0's rounding: near the original model, not equal
+        original = model(torch.as_tensor(ids)).logits.numpy()
+    assert 0 < np.abs(got - original).max() < 0.5

@@ -114,7 +114,7 @@ def byte_level_bpe():
     }
 
 
-SPM_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's first ids
+SPM_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # Gemma's first ids
 
 
 def sentencepiece_bpe():
@@ -135,7 +135,15 @@ def sentencepiece_bpe():
 
 def spm_token_type(token: str) -> int:
     """llama.cpp's token types: 3 control, 2 unknown, 6 byte, 1 normal."""
-    return 3 if token in ("<pad>", "<eos>", "<bos>") else 2 if token == "<unk>" else 6 if token[:3] == "<0x" else 1
+    return (
+        3
+        if token in ("<pad>", "<eos>", "<bos>", "<mask>")
+        else 2
+        if token == "<unk>"
+        else 6
+        if token[:3] == "<0x"
+        else 1
+    )
 
 
 def write_gemma_gguf(path, model, spm, qtype, attention_scale=None):

@@ -265,7 +265,12 @@ def _sentencepiece(f: GGUFFile):
     (GemmaTokenizer for Gemma: byte fallback, no prefix space), control tokens special, user-defined ones added."""
     mapping = require("transformers.integrations.gguf", "a .gguf file's SentencePiece tokenizer")
     arch, tokenizer_dict, _ = mapping.get_gguf_tokenizer(str(f.path))
-    return mapping.convert_gguf_tokenizer(arch, tokenizer_dict)[0]
+    pipeline = mapping.convert_gguf_tokenizer(arch, tokenizer_dict)[0]
+    size = len(tokenizer_dict["tokens"])
+    extra = [t.content for i, t in sorted(pipeline.get_added_tokens_decoder().items()) if i >= size]
+    if extra:  # GemmaTokenizer adds its <unk>, <mask>, ... when the vocabulary lacks them: ids the model has not
+        raise ValueError(f"{f.path}: the vocabulary of {size} tokens lacks {', '.join(extra)} (the {arch} tokenizer's)")
+    return pipeline
 
 
 def _byte_level_bpe(f: GGUFFile):
