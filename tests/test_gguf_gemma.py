@@ -136,6 +136,7 @@ def test_what_the_metadata_leaves_out_is_read_as_llama_cpp_reads_it(tmp_path):
     assert (g3.attention_softcap, g3.logit_softcap, g3.qk_norm) == (0.0, 30.0, True)  # Gemma 3: no attention cap
     assert cfg("gemma3", **{"rope.freq_base_swa": 5e4}).rope_local_base == 5e4
     assert cfg("gemma3", **{"attention.sliding_window_pattern": 2}).window_pattern == "LG"
+    assert cfg("gemma3", **{"attention.sliding_window_pattern": 0}).layer_windows == (8, 8)  # 0: every layer local
     flags = cfg("gemma3", block_count=3, **{"attention.sliding_window_pattern": [True, False, True]})
     assert flags.layer_windows == (8, 0, 8)
     assert cfg("gemma3", **{"attention.sliding_window": None}).layer_windows == (0, 0)

@@ -38,7 +38,7 @@ NAMES = {  # the norm tensors whose names differ from the Llama family's (txjax.
     "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
     "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm",
 }
-_GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6}  # llama.cpp's set_swa_pattern: layer i is local unless (i + 1) % n == 0
+_GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6}  # llama.cpp's set_swa_pattern(n): layer i is local when i % n < n - 1
 _27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales these by 1/sqrt(d_model / heads)
 _LOCAL_BASE = 10_000.0  # llama.cpp's rope_freq_base_train_swa for Gemma 3
 
@@ -56,7 +56,8 @@ def _layer_types(f, arch: str, layers: int) -> list[str]:
             )
         local = [bool(p) for p in pattern]
     else:
-        local = [(i + 1) % int(pattern) != 0 for i in range(layers)]
+        period = int(pattern)  # llama.cpp's set_swa_pattern: 0 = every layer local
+        local = [period == 0 or i % period < period - 1 for i in range(layers)]
     return ["sliding_attention" if is_local else "full_attention" for is_local in local]
 
 
