@@ -59,17 +59,18 @@ FAMILIES = {
         "as T5 with `activation=geglu` (gated GELU), a head without the rescaling (tied or untied)",
     ),
     "gemma2": (
-        "Gemma 2 (`gemma2`)",
-        "import, export",
+        "Gemma 2 (`gemma2`; GGUF `gemma2`)",
+        "import, export, GGUF in",
         "`norm_placement=sandwich` (pre- and post-norms), `norm_offset` ((1 + w) RMSNorm), `embed_scale`, GeGLU "
         "(tanh), `attention_softcap`, `logit_softcap`, `attention_scale_dim` (query_pre_attn_scalar), "
-        "`window_pattern` alternating local and global",
+        "`window_pattern` alternating local and global (from a .gguf: llama.cpp's rules for which layers are local "
+        "and the score scale, the norm gains stored as 1 + w)",
     ),
     "gemma3_text": (
-        "Gemma 3 text (`gemma3_text`)",
-        "import, export",
+        "Gemma 3 text (`gemma3_text`; GGUF `gemma3`)",
+        "import, export, GGUF in",
         "as Gemma 2 without the soft caps, per-head q/k RMSNorm, its 5:1 `window_pattern`, `rope_local_base` for "
-        "local layers and the global layers' rope scaling",
+        "local layers (a .gguf: llama.cpp's 10,000 unless `rope.freq_base_swa`) and the global layers' rope scaling",
     ),
     "mixtral": (
         "Mixtral (`mixtral`)",

@@ -7,8 +7,8 @@ llama:     Hugging Face Llama (2, 3.x) / Mistral / Qwen2 / Qwen3 folders <-> Dec
            load_llama(folder) -> (ModelConfig, params);  save_llama(folder, cfg, params, bos_id=None, eos_id=None)
 gemma:     Hugging Face Gemma 2 / Gemma 3 (text) folders <-> DecoderLM
            load_gemma(folder) -> (ModelConfig, params);  save_gemma(folder, cfg, params, bos_id=None, eos_id=None)
-gguf:      llama.cpp's .gguf files (llama, qwen2, qwen3) -> DecoderLM: load_gguf(path) -> (ModelConfig, params,
-           HFTokenizer)
+gguf:      llama.cpp's .gguf files (llama, qwen2, qwen3; gemma2, gemma3 through gguf_gemma) -> DecoderLM:
+           load_gguf(path) -> (ModelConfig, params, HFTokenizer)
 marian, bart, t5: Hugging Face MarianMT / BART / T5 folders <-> EncoderDecoder (load_*, write_*)
 hf_folder: what the folder formats share (safetensors reading, tokenizer.json files, atomic writes)
 workdir:   a checkpoint <-> a txjax workdir (`run.py import`, `run.py export`)

@@ -12,11 +12,15 @@ folder. What llama.cpp stores beyond the Llama 2 shape: Qwen3's per-head q/k nor
 a sliding window (`{arch}.attention.sliding_window`: Mistral's, every layer local), linear rope scaling
 (`{arch}.rope.scaling.type` and `.factor`), and Llama 3's rope scaling, which llama.cpp keeps only as the factor
 dividing each frequency (the `rope_freqs` tensor): its factor, low/high frequency factors and original context are
-recovered from those factors (`llama3_from_factors`) and must give them back.
+recovered from those factors (`llama3_from_factors`) and must give them back. Gemma 2 and Gemma 3 files (`gemma2`,
+`gemma3`) are read by txjax.convert.gguf_gemma (their norms, soft caps, local layers, score scale) into
+txjax.convert.gemma.
 
-The tokenizer comes from the metadata: `tokenizer.ggml.tokens` (already in the byte-level alphabet) and `merges`
-make a `tokenizers` BPE; `tokenizer.ggml.pre` names the pre-tokenizer (llama.cpp's regexes, `_PRE_TOKENIZERS`);
-control tokens become special tokens, user-defined ones added tokens; BOS/EOS/pad ids, add_bos_token and
+The tokenizer comes from the metadata: for byte-level BPE (`tokenizer.ggml.model=gpt2`) `tokenizer.ggml.tokens`
+(already in the byte-level alphabet) and `merges` make a `tokenizers` BPE; `tokenizer.ggml.pre` names the
+pre-tokenizer (llama.cpp's regexes, `_PRE_TOKENIZERS`); control tokens become special tokens, user-defined ones
+added tokens. A SentencePiece vocabulary (`llama`: tokens, scores, token types, as Gemma's) is rebuilt by
+transformers' GGUF tokenizer builders (transformers.integrations.gguf). BOS/EOS/pad ids, add_bos_token and
 `tokenizer.chat_template` are kept. Anything else is a one-line ValueError naming the key.
 """
 
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from txjax.convert import gguf_gemma
 from txjax.convert.hf_folder import Stored, check_fits, check_headers
 from txjax.convert.llama import config_from_hf, params_from_hf
 from txjax.data.hf_tokenizer import HFTokenizer
@@ -74,13 +79,15 @@ _PRE_TOKENIZERS = {
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 
-def _hf_name(name: str) -> str | None:
-    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight (None: not a Llama-family tensor)."""
+def _hf_name(name: str, arch: str | None = None) -> str | None:
+    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight (None: not a tensor of `arch`'s model; Gemma's
+    norms have their own names, gguf_gemma.NAMES)."""
     m = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)", name)
     if m is None:
         return None
     block, base, kind = m.groups()
-    hf = _NAMES.get(base if block is None else f"blk.{{i}}.{base}")
+    names = _NAMES | gguf_gemma.NAMES if arch in gguf_gemma.ARCHITECTURES else _NAMES
+    hf = names.get(base if block is None else f"blk.{{i}}.{base}")
     return None if hf is None else f"{hf.format(i=block)}.{kind}"
 
 
@@ -116,11 +123,11 @@ class GGUFFile:
         end of the file, is a ValueError naming the tensor, before any is read."""
         gguf = require("gguf", "reading a .gguf file")
 
-        out, size = {}, self.path.stat().st_size
+        out, size, arch = {}, self.path.stat().st_size, self.get("general.architecture")
         for t in self.reader.tensors:
-            hf_name = t.name if t.name == ROPE_FREQS else _hf_name(t.name)
+            hf_name = t.name if t.name == ROPE_FREQS else _hf_name(t.name, arch)
             if hf_name is None:
-                raise ValueError(f"{self.path}: tensor {t.name!r} has no place in a Llama-family model")
+                raise ValueError(f"{self.path}: tensor {t.name!r} has no place in a {arch} model")
             block, block_bytes = gguf.GGML_QUANT_SIZES.get(t.tensor_type, (1, None))  # None: dequantize says
             n_elements = int(np.prod([int(n) for n in t.shape], dtype=object))
             claimed = int(t.n_bytes) if block_bytes is None else n_elements // block * block_bytes
@@ -145,10 +152,12 @@ def config_from_gguf(f: GGUFFile, has_head: bool, rope_factors: np.ndarray | Non
     """The {arch}.* metadata -> ModelConfig (through the Hugging Face config.json fields it names); rope_factors:
     the rope_freqs tensor (Llama 3's scaling), None without one."""
     arch = f.require("general.architecture")
+    if arch in gguf_gemma.ARCHITECTURES:
+        return gguf_gemma.config_from_gguf(f, has_head)
     if arch not in ARCHITECTURES:
         raise ValueError(
-            f"{f.path}: general.architecture={arch!r} is not a Llama-family model "
-            f"(txjax reads {', '.join(ARCHITECTURES)})"
+            f"{f.path}: general.architecture={arch!r} is not a model txjax reads "
+            f"({', '.join([*ARCHITECTURES, *gguf_gemma.ARCHITECTURES])})"
         )
     heads = int(f.require(f"{arch}.attention.head_count"))
     d = int(f.require(f"{arch}.embedding_length"))
@@ -226,15 +235,51 @@ def llama3_from_factors(factors: np.ndarray, base: float, head_dim: int, path) -
 
 
 def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
-    """tokenizer.ggml.* -> a byte-level BPE `tokenizers` pipeline with the model's special tokens and template."""
+    """tokenizer.ggml.* -> a `tokenizers` pipeline (byte-level BPE here, SentencePiece through transformers) with
+    the model's special tokens and template."""
+    kind = f.require("tokenizer.ggml.model")
+    if kind == "llama":
+        pipeline = _sentencepiece(f)
+    elif kind == "gpt2":
+        pipeline = _byte_level_bpe(f)
+    else:
+        raise ValueError(
+            f"{f.path}: tokenizer.ggml.model={kind!r} is not supported (txjax reads 'gpt2', byte-level BPE, and "
+            "'llama', SentencePiece)"
+        )
+    ids = {name: f.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding")}
+    return HFTokenizer(
+        pipeline,
+        bos_id=None if ids["bos"] is None else int(ids["bos"]),
+        eos_id=None if ids["eos"] is None else int(ids["eos"]),
+        pad_id=None if ids["padding"] is None else int(ids["padding"]),
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
+        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama")),
+        chat_template=f.get("tokenizer.chat_template"),
+    )
+
+
+def _sentencepiece(f: GGUFFile):
+    """A SentencePiece vocabulary (tokens, scores, token types; merges rebuilt from them when the file has none)
+    as transformers rebuilds it for `from_pretrained(gguf_file=...)`: its tokenizer class for the architecture
+    (GemmaTokenizer for Gemma: byte fallback, no prefix space), control tokens special, user-defined ones added."""
+    mapping = require("transformers.integrations.gguf", "a .gguf file's SentencePiece tokenizer")
+    arch, tokenizer_dict, _ = mapping.get_gguf_tokenizer(str(f.path))
+    pipeline = mapping.convert_gguf_tokenizer(arch, tokenizer_dict)[0]
+    size = len(tokenizer_dict["tokens"])
+    extra = [t.content for i, t in sorted(pipeline.get_added_tokens_decoder().items()) if i >= size]
+    if extra:  # GemmaTokenizer adds its <unk>, <mask>, ... when the vocabulary lacks them: ids the model has not
+        raise ValueError(f"{f.path}: the vocabulary of {size} tokens lacks {', '.join(extra)} (the {arch} tokenizer's)")
+    return pipeline
+
+
+def _byte_level_bpe(f: GGUFFile):
+    """tokenizer.ggml.tokens (already in the byte-level alphabet) and merges -> a `tokenizers` BPE split by
+    llama.cpp's regexes for tokenizer.ggml.pre."""
     tokenizers = require("tokenizers", "a .gguf file's tokenizer")
     from tokenizers import AddedToken, Regex, decoders, pre_tokenizers  # installed: require checked
 
-    kind, pre = f.require("tokenizer.ggml.model"), f.get("tokenizer.ggml.pre", "default")
-    if kind != "gpt2":
-        raise ValueError(
-            f"{f.path}: tokenizer.ggml.model={kind!r} is not supported (txjax reads byte-level BPE, 'gpt2')"
-        )
+    pre = f.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
         raise ValueError(f"{f.path}: tokenizer.ggml.pre={pre!r} is not supported ({', '.join(_PRE_TOKENIZERS)})")
     tokens = list(f.require("tokenizer.ggml.tokens"))
@@ -252,15 +297,7 @@ def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
     pipeline.add_tokens(
         [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED]
     )
-    ids = {name: f.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding")}
-    return HFTokenizer(
-        pipeline,
-        bos_id=None if ids["bos"] is None else int(ids["bos"]),
-        eos_id=None if ids["eos"] is None else int(ids["eos"]),
-        pad_id=None if ids["padding"] is None else int(ids["padding"]),
-        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", False)),
-        chat_template=f.get("tokenizer.chat_template"),
-    )
+    return pipeline
 
 
 def load_gguf(path) -> tuple[ModelConfig, dict, HFTokenizer]:
@@ -271,7 +308,11 @@ def load_gguf(path) -> tuple[ModelConfig, dict, HFTokenizer]:
     tensors = f.tensors()
     rope_factors = tensors.pop(ROPE_FREQS).read() if ROPE_FREQS in tensors else None  # head_dim / 2 numbers
     cfg = config_from_gguf(f, has_head="lm_head.weight" in tensors, rope_factors=rope_factors)
-    convert = functools.partial(params_from_hf, pairs_layout=_PAIRS_LAYOUT[f.get("general.architecture")])
+    arch = f.get("general.architecture")
+    if arch in gguf_gemma.ARCHITECTURES:
+        convert = gguf_gemma.params_from_gguf
+    else:
+        convert = functools.partial(params_from_hf, pairs_layout=_PAIRS_LAYOUT[arch])
     try:
         check_headers(convert, tensors, cfg)  # every tensor's shape against the metadata's, before any is read
         params = convert(tensors, cfg)
