@@ -37,7 +37,7 @@ from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, targ
 SWEEPS = REPO / "experiments" / "ablations" / "results"
 MARKER = re.compile(r"<!-- generated: python benchmarks/readme_tables.py \((\w+)\) -->")
 ABLATIONS = ["attention_scaling", "positional", "norm_placement", "tied_head", "activation", "num_heads"]
-ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers", "schedules", "model_options"]
+ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers", "schedules", "model_options", "moe"]
 SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, status, ...
 
 
