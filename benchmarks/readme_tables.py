@@ -39,7 +39,7 @@ SWEEPS = REPO / "experiments" / "ablations" / "results"
 MARKER = re.compile(r"<!-- generated: python benchmarks/readme_tables.py \((\w+)\) -->")
 ABLATIONS = ["attention_scaling", "positional", "norm_placement", "tied_head", "activation", "num_heads"]
 ABLATIONS += ["lr_schedule", "shakespeare_defaults", "bible_budget", "optimizers", "schedules", "model_options"]
-ABLATIONS += ["local_global"]
+ABLATIONS += ["local_global", "moe"]
 SETTING_END = ("seed", "status")  # results.csv: run, the swept fields, seed, status, ...
 
 

@@ -182,8 +182,10 @@ def _zero(sd: float) -> float:
 
 
 def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: list[str]) -> Path:
-    """Left: the valid loss of every run against step (one colour per setting); then one bar chart per metric:
-    mean per setting, error bar = sd over seeds, dots = the seeds."""
+    """Left: the valid loss of every run against step, then against the minutes it had trained (each eval's
+    train_minutes: the wall time of the program that trained it, shared by the runs vmapped together, evals and saves
+    not counted), one colour per setting; then one bar chart per metric: mean per setting, error bar = sd over
+    seeds, dots = the seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,20 +193,21 @@ def plot(workdir: Path, runs, rows: list[dict], summary: list[dict], metrics: li
 
     labels = [s["setting"] for s in summary]
     colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
-    fig, axes = plt.subplots(1, 1 + len(metrics), figsize=(6 + 4 * len(metrics), 4.5), dpi=110, squeeze=False)
-    curves, labelled = axes[0, 0], set()
-    for run in runs:
-        points = [(r["step"], r["loss"]) for r in read_metrics(run.workdir) if r["split"] == "valid"]
-        if points:  # a setting's first curve carries its label
-            label = None if run.label in labelled else run.label
-            labelled.add(run.label)
-            curves.plot(*zip(*points), color=colours[run.label], alpha=0.8, marker="o", markersize=2, label=label)
-    curves.set(xlabel="step", ylabel="valid loss (nats/token)", title="eval curves")
-    curves.grid(alpha=0.3)
-    if labelled:  # runs without evals draw no curves
-        curves.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2 + len(metrics), figsize=(10 + 4 * len(metrics), 4.5), dpi=110, squeeze=False)
+    for curves, key, xlabel in ((axes[0, 0], "step", "step"), (axes[0, 1], "train_minutes", "minutes trained")):
+        labelled = set()
+        for run in runs:
+            points = [(r[key], r["loss"]) for r in read_metrics(run.workdir) if r["split"] == "valid" and key in r]
+            if points:  # a setting's first curve carries its label
+                label = None if run.label in labelled else run.label
+                labelled.add(run.label)
+                curves.plot(*zip(*points), color=colours[run.label], alpha=0.8, marker="o", markersize=2, label=label)
+        curves.set(xlabel=xlabel, ylabel="valid loss (nats/token)", title=f"eval curves against {xlabel}")
+        curves.grid(alpha=0.3)
+        if labelled:  # runs without evals draw no curves
+            curves.legend(fontsize=7)
     x = np.arange(len(labels))
-    for ax, metric in zip(axes[0, 1:], metrics):
+    for ax, metric in zip(axes[0, 2:], metrics):
         ax.bar(
             x,
             [s[metric] for s in summary],
