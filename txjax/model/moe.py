@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from txjax.model import precision as precision_lib
 from txjax.model.activations import ACTIVATIONS, GATED
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward, dense
@@ -136,7 +137,8 @@ def grouping(group_sizes_X, rows: int):
 def blocked(group_sizes_X, rows: int, block: int):
     """`grouping` by blocks: each group padded to whole blocks of `block` rows (the padded layout holds at most
     A + X (block - 1) rows, its static size), each block multiplied by its group's weight in one batched product over
-    the blocks (`block_product`). FLOPs: (A + X block) I O."""
+    the blocks (the weights picked per block by a one-hot product, whose gradient is a product too, not a scatter).
+    FLOPs: (A + X block) I O, plus blocks x X x I x O to pick the weights."""
     a, x = rows, group_sizes_X.shape[0]
     blocks = -(-(a + x * (block - 1)) // block)
     ends_X = jnp.cumsum(group_sizes_X)
@@ -147,8 +149,14 @@ def blocked(group_sizes_X, rows: int, block: int):
     slot_A = padded_ends_X[g_A] - padded_X[g_A] + jnp.arange(a) - (ends_X - group_sizes_X)[g_A]
     slot_A = jnp.where(group_A < x, slot_A, blocks * block)  # out of range: no slot
     row_P = jnp.full(blocks * block, a).at[slot_A].set(jnp.arange(a), mode="drop")  # a: padding
-    group_N = jnp.minimum(jnp.searchsorted(padded_ends_X, jnp.arange(blocks) * block, side="right"), x - 1)
-    product = lambda h_NxBxI, w_XxIxO: block_product(h_NxBxI, w_XxIxO, group_N)
+    pick_NxX = jax.nn.one_hot(
+        jnp.minimum(jnp.searchsorted(padded_ends_X, jnp.arange(blocks) * block, side="right"), x - 1), x
+    )
+
+    def product(h_NxBxI, w_XxIxO):
+        w_NxIxO = jnp.einsum("nx,xio->nio", pick_NxX.astype(w_XxIxO.dtype), w_XxIxO).astype(h_NxBxI.dtype)
+        return precision_lib.einsum("nbi,nio->nbo", h_NxBxI, w_NxIxO)
+
     enter = lambda rows_AxI: take_rows(rows_AxI, row_P, slot_A).reshape(blocks, block, -1)
     leave = lambda out_NxBxO: take_rows(out_NxBxO.reshape(blocks * block, -1), slot_A, row_P)
     return enter, product, leave
@@ -186,38 +194,6 @@ def across_devices(cfg: ModelConfig, weights, x_BxLxD, experts_MxJ, keep_A):
         return y_aD.reshape(k, *x_bxlxD.shape)
 
     return expert_parallel.on_expert_shards(body, weights, x_BxLxD, group_BxLxJ).reshape(k, m, d)
-
-
-@jax.custom_vjp
-def block_product(h_NxBxI, w_XxIxO, group_N):
-    """out[n] = h[n] w[group[n]]: each block of rows times its group's weight, in h's dtype with float32 sums (the
-    weights cast to h's dtype once, then gathered per block). The gradient (`_block_product_bwd`) sums each group's
-    blocks' h[n]^T g[n] by a one-hot product, not by the scatter-add jax derives for a gather (a serial loop on
-    XLA:CPU)."""
-    w_NxIxO = w_XxIxO.astype(h_NxBxI.dtype)[group_N]
-    return jnp.einsum("nbi,nio->nbo", h_NxBxI, w_NxIxO, preferred_element_type=jnp.float32).astype(h_NxBxI.dtype)
-
-
-def _block_product_fwd(h_NxBxI, w_XxIxO, group_N):
-    w_cast_XxIxO = w_XxIxO.astype(h_NxBxI.dtype)
-    return block_product(h_NxBxI, w_XxIxO, group_N), (h_NxBxI, w_cast_XxIxO, group_N, jnp.zeros((0,), w_XxIxO.dtype))
-
-
-def _block_product_bwd(saved, g_NxBxO):
-    """dh[n] = g[n] w[group[n]]^T;  dw[x] = sum_{n: group[n] = x} h[n]^T g[n], float32 sums, g rounded to h's dtype
-    (as txjax.model.precision). h^T is laid out [N, I, B] behind an optimization barrier: folded into the product as a
-    transposed operand instead, XLA:CPU runs that batched product on a slower kernel."""
-    h_NxBxI, w_cast_XxIxO, group_N, w_dtype = saved
-    g_NxBxO = g_NxBxO.astype(h_NxBxI.dtype)
-    f32 = jnp.float32
-    dh_NxBxI = jnp.einsum("nbo,nio->nbi", g_NxBxO, w_cast_XxIxO[group_N], preferred_element_type=f32)
-    h_NxIxB = jax.lax.optimization_barrier(jnp.swapaxes(h_NxBxI, 1, 2))
-    dw_NxIxO = jnp.einsum("nib,nbo->nio", h_NxIxB, g_NxBxO, preferred_element_type=f32)
-    dw_XxIxO = jnp.einsum("nx,nio->xio", jax.nn.one_hot(group_N, w_cast_XxIxO.shape[0], dtype=f32), dw_NxIxO)
-    return dh_NxBxI.astype(h_NxBxI.dtype), dw_XxIxO.astype(w_dtype.dtype), None
-
-
-block_product.defvjp(_block_product_fwd, _block_product_bwd)
 
 
 class Experts(nn.Module):
