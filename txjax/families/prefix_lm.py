@@ -18,10 +18,10 @@ import numpy as np
 
 from txjax.families.encoder_decoder import pair_lengths
 from txjax.families.family import Family
-from txjax.model.attention import MultiHeadAttention
 from txjax.model.config import ModelConfig
 from txjax.model.masks import prefix_mask, segment_mask
 from txjax.model.models import Embedder, Stack
+from txjax.model.multi_head import MultiHeadAttention
 
 
 class PrefixLM(nn.Module):
