@@ -17,6 +17,7 @@ from __future__ import annotations
 import ml_collections
 
 from txjax import families
+from txjax.data.kinds import KINDS
 
 SYNTHETIC_READS = ("task", "min_digits", "max_digits", "eval_size")
 DATA_READS = {  # by the form of a family's examples (Family.data_kinds)
@@ -37,7 +38,8 @@ def unread_fields(config: ml_collections.ConfigDict) -> dict[str, tuple[str, str
     key = families.get(config.family).data_kinds[d.kind]
     sentencepiece = d.tokenizer == "sentencepiece"
     reads = [name for name in DATA_READS[key] if name != "vocab_size" or sentencepiece]
-    kind = f"data.kind={d.kind!r}" + (f" with family={config.family!r}" if d.kind == "shards" else "")
+    by_family = len({DATA_READS[form] for form in KINDS[d.kind].builds}) > 1  # its forms read different fields
+    kind = f"data.kind={d.kind!r}" + f" with family={config.family!r}" * by_family
     skip = ("kind", *reads, *NOT_REFUSED.get(key, ()))
     out = {f"data.{name}": (kind, f"it reads data.{', '.join(reads)}") for name in d if name not in skip}
     if "vocab_size" in DATA_READS[key] and not sentencepiece:

@@ -20,7 +20,7 @@ class Family:
     inputs: ClassVar[tuple[str, ...]]  # batch keys of the full forward pass, in the order of the module's __call__
     labels: ClassVar[tuple[str, str]]  # batch keys of the targets and of their weights
     source: ClassVar[str | None]  # batch key of the encoder's input (None: no encoder)
-    data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
+    data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form it reads (built by txjax.data.KINDS)
     source_modules: ClassVar[tuple[str, ...]] = ()  # top-level modules that run once per source (FLOPs: N_enc)
     ring_attention: ClassVar[bool] = False  # whether mesh.sequence > 1 may shard its sequence (a causal stack's)
 
