@@ -28,7 +28,6 @@ from txjax.state import optim
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
 HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
@@ -206,7 +205,10 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it)."""
     choices = {
         "family": (config.family, tuple(families.FAMILIES)),
-        "data.kind": (config.data.kind, DATA_KINDS),
+        "data.kind": (
+            config.data.kind,
+            tuple(dict.fromkeys(k for f in families.FAMILIES.values() for k in f.data_kinds)),
+        ),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
         "decode.method": (config.decode.method, METHODS),
         "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
