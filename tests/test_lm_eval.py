@@ -6,6 +6,7 @@ interop extras."""
 
 import json
 import math
+import types
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,14 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from tiny_hf import save_tiny_decoder  # noqa: E402
 
 import run  # noqa: E402
+from txjax import families  # noqa: E402
 from txjax.config import ConfigError  # noqa: E402
 from txjax.evaluate import lm_eval_model  # noqa: E402
 from txjax.evaluate.lm_eval_model import TxjaxLM, bucket_length, pack, token_windows  # noqa: E402
 from txjax.evaluate.lm_eval_tasks import load_tasks  # noqa: E402
 from txjax.evaluate.score_text import score_tokens  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
+from txjax.model.config import ModelConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "experiments" / "lm_eval"
@@ -197,3 +200,12 @@ def test_cli_errors_are_one_line(monkeypatch, workdir, tmp_path, capsys):
     assert lm_eval_model.main([*harness, "--tasks", "gone"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: task 'gone': its dataset could not be read"), err
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "prefix_lm"])
+def test_refuses_a_model_whose_output_is_a_new_text(family):
+    """lm-eval scores a text continuing another: a family that writes a new text from a source is refused in one
+    line, before anything is read or compiled (Family.check_lm_eval)."""
+    run = types.SimpleNamespace(model=families.build(family, ModelConfig(vocab_size=8, max_len=8)))
+    with pytest.raises(ConfigError, match=f"^the run is a {family} model: lm-eval scores decoder-only LMs$"):
+        TxjaxLM(run=run)

@@ -156,3 +156,25 @@ def test_run_py_eval_validates_a_config_saved_before_the_rule(tmp_path, monkeypa
     monkeypatch.setattr(txjax.cli.eval, "load_workdir", load_workdir)
     with pytest.raises(RuntimeError, match="validated"):
         txjax.cli.eval.main([f"--workdir={workdir}"])
+
+
+def test_a_new_data_kind_is_one_entry_in_data_kinds(monkeypatch):
+    """A kind added by its entry in txjax.data.KINDS (and the form a family reads it in) is validated, built and its
+    unread fields refused by name, as the shipped kinds are."""
+    from txjax import experiment, families
+    from txjax.data import kinds
+
+    built = []
+
+    def build(d, split, form, tokenizer, path):
+        built.append((d.seq_len, split, form))
+        return "the dataset"
+
+    monkeypatch.setitem(kinds.KINDS, "copies", kinds.DataKind({"copy": kinds.Form(build, ("seq_len",))}, files=None))
+    monkeypatch.setitem(families.get("decoder_lm").data_kinds, "copies", "copy")
+    config = config_lib.from_command_line(None, ["--config.data.kind=copies", "--config.data.seq_len=64"])
+    assert experiment.build_dataset(config, None, "valid") == "the dataset"
+    assert built == [(64, "valid", "copy")]
+    line = r"^config.data.task='sort' is not read by data.kind='copies' \(it reads data.seq_len\): remove it$"
+    with pytest.raises(config_lib.ConfigError, match=line):
+        config_lib.from_command_line(None, ["--config.data.kind=copies", "--config.data.task=sort"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import ml_collections
 
 from txjax import families, ranges, unread
+from txjax.data.kinds import KINDS
 from txjax.decode.strategy import METHODS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
@@ -27,7 +28,6 @@ from txjax.state import optim
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-DATA_KINDS = tuple(dict.fromkeys(kind for f in families.FAMILIES.values() for kind in f.data_kinds))
 TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
 CONFIG_FILE = "config.json"
 HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
@@ -39,7 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
     model |= {"vocab_size": 0, "max_len": 0}  # 0: filled in from the tokenizer and the data's longest sequence
     config = ml_collections.ConfigDict(
         {
-            "family": "decoder_lm",
+            "family": families.DECODER_LM.name,
             "model": model,
             "data": {
                 "kind": "synthetic",
@@ -205,7 +205,10 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it)."""
     choices = {
         "family": (config.family, tuple(families.FAMILIES)),
-        "data.kind": (config.data.kind, DATA_KINDS),
+        "data.kind": (
+            config.data.kind,
+            tuple(dict.fromkeys(k for f in families.FAMILIES.values() for k in f.data_kinds)),
+        ),
         "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
         "decode.method": (config.decode.method, METHODS),
         "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
@@ -239,10 +242,10 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     for name in ("moe_aux_weight", "moe_z_weight", "moe_bias_rate"):
         if t[name] < 0:
             raise ConfigError(f"config.train.{name}={t[name]} must be >= 0 (0 = off)")
-    if config.data.kind in ("text", "parallel", "shards") and not config.data.path:
-        raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
-    if config.data.kind not in families.get(config.family).data_kinds:
+    if config.data.kind not in families.get(config.family).data_kinds:  # its kinds are KINDS'
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
+    if KINDS[config.data.kind].files and not config.data.path:
+        raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
     validate_sequence_axis(config)
     validate_expert_axis(config)
@@ -275,7 +278,7 @@ def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
     if not families.get(config.family).ring_attention:
         serves = ", ".join(name for name, f in families.FAMILIES.items() if f.ring_attention)
         raise ConfigError(f"config.mesh.sequence={n} (ring attention) serves family {serves}, not {config.family!r}")
-    if config.data.kind in ("text", "shards") and config.data.seq_len % (2 * n):
+    if KINDS[config.data.kind].windows and config.data.seq_len % (2 * n):
         raise ConfigError(
             f"config.data.seq_len={config.data.seq_len} must divide into 2 * mesh.sequence = {2 * n} chunks "
             "(ring attention's zig-zag layout)"

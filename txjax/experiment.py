@@ -27,13 +27,14 @@ TOKENIZER_DIR = "tokenizer"
 BUILT_WITH = "built_with.json"  # in TOKENIZER_DIR: the data fields the tokenizer was built from
 CHECKPOINT_DIR = "checkpoints"
 SPLITS = ("train", "valid", "test")
-_EVAL_SEEDS = {"train": 2**31 - 3, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
 
 
 def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
-    """The file a text/parallel split reads (text corpora split one file; parallel data has one per split)."""
+    """The file a split reads: data.path, or valid_path / test_path where the kind has a file per split
+    (data.KINDS: a text corpus has one file, split by val_fraction)."""
     d = config.data
-    path = d.path if d.kind == "text" or split == "train" else {"valid": d.valid_path, "test": d.test_path}[split]
+    one_file = data.KINDS[d.kind].files == "file"
+    path = d.path if one_file or split == "train" else {"valid": d.valid_path, "test": d.test_path}[split]
     if not path:
         raise config_lib.ConfigError(f"no {split} split: set --config.data.{split}_path=FILE")
     return data.resolve_path(
@@ -43,8 +44,8 @@ def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
     )
 
 
-def shards_dir(config: ml_collections.ConfigDict) -> Path:
-    """The folder of prepared shards (`run.py prepare --output=DIR`) that data.kind='shards' reads."""
+def data_folder(config: ml_collections.ConfigDict) -> Path:
+    """The folder a kind of data.KINDS reads (files='folder': the prepared shards of `run.py prepare --output=DIR`)."""
     return config_lib.resolve_data_path(config.data.path)
 
 
@@ -54,16 +55,16 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.To
     if (directory / data.TOKENIZER_FILE).is_file():
         check_tokenizer(config, directory)
         return data.load_tokenizer(directory)
-    kind = config.data.tokenizer
-    if config.data.kind == "shards":  # the tokenizer the shards were prepared with
-        tokenizer = data.load_shards_tokenizer(shards_dir(config))
+    kind, own = config.data.tokenizer, data.KINDS[config.data.kind].tokenizer
+    if own is not None:  # the tokenizer the data were prepared with (shards)
+        tokenizer = own(data_folder(config))
     elif kind == "task":
         tokenizer = data.task_tokenizer()
     elif kind == "byte":
         tokenizer = data.ByteTokenizer()
-    elif kind == "char":  # seq2seq needs pad/bos/eos; a char LM keeps exactly the corpus' characters (nanoGPT)
+    elif kind == "char":  # pairs need pad/bos/eos; a char LM keeps exactly the corpus' characters (nanoGPT)
         tokenizer = data.CharTokenizer.from_text(
-            data.read_text(data_file(config, "train")), specials=config.data.kind == "parallel"
+            data.read_text(data_file(config, "train")), specials=data.KINDS[config.data.kind].pairs
         )
     elif kind in ("byte_bpe", "hf"):
         raise config_lib.ConfigError(
@@ -81,8 +82,9 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.To
 def tokenizer_inputs(config: ml_collections.ConfigDict) -> dict:
     """The data fields a workdir's tokenizer is built from (recorded beside it in BUILT_WITH)."""
     d = config.data
-    read = {"shards": ("path",), "char": ("path",), "sentencepiece": ("path", "vocab_size")}
-    names = ("kind", "tokenizer", *read.get("shards" if d.kind == "shards" else d.tokenizer, ()))
+    read = {"char": ("path",), "sentencepiece": ("path", "vocab_size")}
+    own = data.KINDS[d.kind].tokenizer is not None  # read from the data's folder
+    names = ("kind", "tokenizer", *(("path",) if own else read.get(d.tokenizer, ())))
     return {f"data.{name}": d[name] for name in names}
 
 
@@ -108,30 +110,12 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, 
 
 
 def _data_kind_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, split: str, form: str):
-    """The dataset config.data.kind builds for one split, its examples of `form` (Family.data_kinds)."""
-    d = config.data
+    """The dataset config.data.kind builds for one split (data.KINDS), its examples of `form` (Family.data_kinds)."""
     if split not in SPLITS:
         raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    if d.kind == "synthetic":
-        return data.SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split], split)
-    if d.kind == "shards":
-        if split == "test":
-            raise config_lib.ConfigError("prepared shards have train and valid splits only (prepare --valid_fraction)")
-        if form == "shards of pairs":
-            pack = d.pack and split == "train"  # as ParallelDataset: packing changes no eval sum
-            return data.ShardPairsDataset(shards_dir(config), tokenizer, d.max_src_len, d.max_tgt_len, split, pack)
-        return data.ShardLMDataset(shards_dir(config), tokenizer, d.seq_len, split, pack=d.pack)
-    if d.kind == "text":
-        if split == "test":
-            raise config_lib.ConfigError("a text corpus has train and valid splits only (config.data.val_fraction)")
-        return data.TextLMDataset(data_file(config, split), tokenizer, d.seq_len, split, d.val_fraction)
-    return data.ParallelDataset(
-        data_file(config, split),
-        tokenizer,
-        max_src_len=d.max_src_len,
-        max_tgt_len=d.max_tgt_len,
-        pack=d.pack and split == "train",
-    )
+    kind = data.KINDS[config.data.kind]
+    path = lambda: data_folder(config) if kind.files == "folder" else data_file(config, split)
+    return kind.forms[form].build(config.data, split, form, tokenizer, path)
 
 
 def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, train_data) -> None:

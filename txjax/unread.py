@@ -1,7 +1,7 @@
 """The fields a run's settings leave unread, top-level as config and families both ask (every setting is either applied
 or refused, never ignored: issue 48).
 
-A data kind reads some of config.data's fields (txjax.experiment's build_tokenizer and build_dataset), and the
+A data kind reads some of config.data's fields (txjax.data.KINDS: each form's `reads`), and the
 optimizer and schedule read some of config.train's (txjax.state.optim). txjax.config.validate refuses a field none of
 them reads when it is set: when its value differs from what the user did not set (base_config() under an
 experiment file; a workdir's saved config when a run resumes from it, so a config saved before this rule loads as
@@ -17,30 +17,23 @@ from __future__ import annotations
 import ml_collections
 
 from txjax import families
+from txjax.data.kinds import KINDS
 
-SYNTHETIC_READS = ("task", "min_digits", "max_digits", "eval_size")
-DATA_READS = {  # by the form of a family's examples (Family.data_kinds)
-    "lm": SYNTHETIC_READS,  # a synthetic task's
-    "seq2seq": SYNTHETIC_READS,
-    "text": ("path", "tokenizer", "vocab_size", "seq_len", "val_fraction"),
-    "parallel": ("path", "valid_path", "test_path", "tokenizer", "vocab_size", "max_src_len", "max_tgt_len", "pack"),
-    "shards": ("path", "seq_len", "pack"),  # a decoder_lm's documents
-    "shards of pairs": ("path", "max_src_len", "max_tgt_len", "pack"),  # an encoder_decoder's TSV pairs
-}
-NOT_REFUSED = {"shards": ("tokenizer",), "shards of pairs": ("tokenizer",)}  # see the module docstring
 SCHEDULE_FREE = "schedule_free_adamw"
 
 
 def unread_fields(config: ml_collections.ConfigDict) -> dict[str, tuple[str, str]]:
     """{"section.field": (the setting that leaves it unread, why)} for a validated config."""
     d, t = config.data, config.train
-    key = families.get(config.family).data_kinds[d.kind]
+    kind = KINDS[d.kind]
+    form_reads = kind.forms[families.get(config.family).data_kinds[d.kind]].reads
     sentencepiece = d.tokenizer == "sentencepiece"
-    reads = [name for name in DATA_READS[key] if name != "vocab_size" or sentencepiece]
-    kind = f"data.kind={d.kind!r}" + (f" with family={config.family!r}" if d.kind == "shards" else "")
-    skip = ("kind", *reads, *NOT_REFUSED.get(key, ()))
-    out = {f"data.{name}": (kind, f"it reads data.{', '.join(reads)}") for name in d if name not in skip}
-    if "vocab_size" in DATA_READS[key] and not sentencepiece:
+    reads = [name for name in form_reads if name != "vocab_size" or sentencepiece]
+    by_family = len({form.reads for form in kind.forms.values()}) > 1  # its forms read different fields
+    setting = f"data.kind={d.kind!r}" + f" with family={config.family!r}" * by_family
+    skip = ("kind", *reads, *("tokenizer",) * (kind.tokenizer is not None))  # see the module docstring
+    out = {f"data.{name}": (setting, f"it reads data.{', '.join(reads)}") for name in d if name not in skip}
+    if "vocab_size" in form_reads and not sentencepiece:
         out["data.vocab_size"] = (
             f"data.tokenizer={d.tokenizer!r}",
             "only sentencepiece is trained to a vocabulary size",

@@ -12,7 +12,7 @@ import jax
 from txjax import config as config_lib
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import ConfigError, user_errors
-from txjax.data import resolve_path
+from txjax.data import KINDS, resolve_path
 from txjax.evaluate.score_text import score_text
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
 from txjax.experiment import build_dataset, build_model, load_workdir
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
     mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
     decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]
     choices = [name for name in decode_given if args.text or name != "prefill_chunk"]  # how a prompt is fed: any split
-    if choices and (args.text or config.data.kind != "parallel"):  # nothing would read them: say so
+    if choices and (args.text or not KINDS[config.data.kind].translates):  # nothing would read them: say so
         task = "--text is scored, not decoded" if args.text else f"a {config.data.kind} task decodes greedily"
         raise ConfigError(f"--config.decode.{choices[0]}: only a translation split is decoded ({task}): drop it")
     strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
             make_eval_step(run.model, mesh, by_position=args.by_position > 0),
             run.params,
             eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
-            exact_match=run.config.data.kind == "synthetic",
+            exact_match=KINDS[run.config.data.kind].exact_match,
             by_position=args.by_position,
         )
         generated = generation_metrics(run.model, run.params, run.tokenizer, dataset, run.config.decode, **strategy)

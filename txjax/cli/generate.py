@@ -54,14 +54,14 @@ def main(argv: list[str]) -> None:
         run = load_workdir(args.pop("workdir"), average=args.pop("average"))
         prompt, seed, chat = args.pop("prompt"), args.pop("seed"), args.pop("chat")
         strategy = strategy_from_config(run.config.decode, run.tokenizer.eos_id, **args)
-        max_len = run.model.cfg.max_len
-        if not family_of(run.model).continues_prompt and strategy["max_new_tokens"] > max_len:  # as eval decodes
+        limit = family_of(run.model).output_limit(run.model.cfg)
+        if strategy["max_new_tokens"] > limit:  # as eval decodes
             print(
                 f"note: max_new_tokens={strategy['max_new_tokens']} is more than the output's context (max_len="
-                f"{max_len}): at most {max_len} tokens",
+                f"{run.model.cfg.max_len}): at most {limit} tokens",
                 file=sys.stderr,
             )
-            args["max_new_tokens"] = strategy["max_new_tokens"] = max_len
+            args["max_new_tokens"] = strategy["max_new_tokens"] = limit
         if strategy.get("top_k", 0) > run.model.cfg.vocab_size:
             print(
                 f"note: top_k={strategy['top_k']} is more than the vocabulary ({run.model.cfg.vocab_size} tokens): "

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.extras import require
-from txjax.families import build, init_params
+from txjax.families import DECODER_LM, Family, init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import stack_layers, unstack_layers
 from txjax.ops import storage
@@ -70,7 +70,7 @@ class Stored:
     read: Callable[[], np.ndarray]
 
 
-def check_fits(cfg: ModelConfig, source, family="decoder_lm") -> None:
+def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
     """A ValueError when the `family` model `cfg` describes (read from a header) cannot be imported in this machine's
     memory: its parameters and Adam's two moments in float32 (the train state run.py import writes), before any
     tensor is read."""
@@ -160,7 +160,9 @@ class Tensors:
             self.bar.update(self.named[name].nbytes)
         return value if isinstance(value, jax.core.Tracer) else np.asarray(value, np.float32)  # tracer: check_headers
 
-    def finish(self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = (), family="decoder_lm") -> dict:
+    def finish(
+        self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = (), family: Family = DECODER_LM
+    ) -> dict:
         """The params (looped layers_i, stacked when cfg.scan_layers), once every tensor but `buffers` (name
         suffixes of non-parameters) was used and the tree is the `family` model's (DecoderLM(cfg)'s)."""
         self.bar.close()
@@ -181,14 +183,15 @@ def looped_numpy(params: Mapping, cfg: ModelConfig) -> tuple[dict, dict]:
 
 
 @functools.lru_cache(maxsize=8)
-def expected_shapes(cfg: ModelConfig, family="decoder_lm"):
+def expected_shapes(cfg: ModelConfig, family: Family = DECODER_LM):
     """The param tree of the `family` model (DecoderLM, EncoderDecoder) of cfg, as ShapeDtypeStructs (nothing is
-    computed). Remembered per (cfg, family): an import asks for it in check_fits, in check_headers' abstract run of
+    computed). Remembered per (cfg, family) (a Family is hashed by identity: one instance each, in
+    txjax.families.FAMILIES): an import asks for it in check_fits, in check_headers' abstract run of
     the converter and in the converter's own check_params, and tracing the model's init is most of that cost."""
-    return jax.eval_shape(lambda: init_params(build(family, cfg), jax.random.key(0)))
+    return jax.eval_shape(lambda: init_params(family.module(cfg), jax.random.key(0)))
 
 
-def check_params(params: Mapping, cfg: ModelConfig, family="decoder_lm") -> None:
+def check_params(params: Mapping, cfg: ModelConfig, family: Family = DECODER_LM) -> None:
     """The params have exactly the `family` model's tree and shapes (DecoderLM(cfg)'s by default), else a
     ValueError naming the first difference."""
     shapes = expected_shapes(cfg, family)
@@ -196,7 +199,7 @@ def check_params(params: Mapping, cfg: ModelConfig, family="decoder_lm") -> None
     got = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))}
     for path in sorted(want.keys() | got.keys()):
         if want.get(path) != got.get(path):
-            raise ValueError(f"params{path}: shape {got.get(path)}, the {family} model expects {want.get(path)}")
+            raise ValueError(f"params{path}: shape {got.get(path)}, the {family.name} model expects {want.get(path)}")
 
 
 def write_atomically(target, write: Callable[[Path], None]) -> Path:

@@ -43,10 +43,11 @@ from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
 from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.families import ENCODER_DECODER
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 
-FAMILY = "encoder_decoder"
+FAMILY = ENCODER_DECODER
 MODEL_TYPES = ("marian",)
 # HF activation_function -> model.activation
 ACTIVATIONS = {

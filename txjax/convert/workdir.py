@@ -32,6 +32,7 @@ from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, w
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
+from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 from txjax.state.checkpoint import Checkpointer
@@ -39,16 +40,16 @@ from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import TrainState, init_state
 
 
-def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
+def read_checkpoint(source) -> tuple[ModelConfig, dict, object, Family]:
     """(ModelConfig, params, tokenizer, family) of a GPT-2, Llama-family, Marian, BART or T5 folder or a .gguf file."""
     path = Path(source).expanduser()
     if path.suffix == ".gguf" or path.is_file():
-        return (*gguf.load_gguf(path), "decoder_lm")
+        return (*gguf.load_gguf(path), DECODER_LM)
     if not path.is_dir():
         raise ValueError(f"{path}: no such folder or .gguf file")
     hf = read_config(path)
     if hf.get("model_type") == "gpt2":
-        return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path), "decoder_lm")
+        return (*gpt2.load_gpt2(path), gpt2.load_gpt2_tokenizer(path), DECODER_LM)
     if hf.get("model_type") in marian.MODEL_TYPES:
         return (*marian.load_marian(path), marian.FAMILY)
     if hf.get("model_type") in bart.MODEL_TYPES:
@@ -56,27 +57,36 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, str]:
     if hf.get("model_type") in t5.MODEL_TYPES:
         return (*t5.load_t5(path), t5.FAMILY)
     if hf.get("model_type") in moe.MODEL_TYPES:
-        return (*moe.load_moe(path), read_tokenizer(path, hf), "decoder_lm")
+        return (*moe.load_moe(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in (*gemma.MODEL_TYPES, "gemma3"):  # gemma3, the multimodal model, refused in one line
-        return (*gemma.load_gemma(path), read_tokenizer(path, hf), "decoder_lm")
-    return (*llama.load_llama(path), read_tokenizer(path, hf), "decoder_lm")
+        return (*gemma.load_gemma(path), read_tokenizer(path, hf), DECODER_LM)
+    return (*llama.load_llama(path), read_tokenizer(path, hf), DECODER_LM)
+
+
+def _lm_data(cfg: ModelConfig) -> dict:
+    return {"kind": "text", "path": "../shared/data/tinyshakespeare/input.txt", "seq_len": min(256, cfg.max_len)}
+
+
+def _pairs_data(cfg: ModelConfig) -> dict:
+    bible, longest = "../shared/data/bible/{}.en-es.tsv", min(128, cfg.max_len)
+    paths = {"path": bible.format("train"), "valid_path": bible.format("valid"), "test_path": bible.format("test")}
+    return {"kind": "parallel", **paths, "max_src_len": longest, "max_tgt_len": longest}
+
+
+# the data section of an imported model's fine-tuning run without an experiment file, by the checkpoint's family
+_FINETUNE_DATA = {DECODER_LM: _lm_data, ENCODER_DECODER: _pairs_data}
 
 
 def run_config(
-    cfg: ModelConfig, tokenizer, experiment: str | None = None, overrides=(), family: str = "decoder_lm"
+    cfg: ModelConfig, tokenizer, experiment: str | None = None, overrides=(), family: Family = DECODER_LM
 ) -> ml_collections.ConfigDict:
     """The run config of an imported model: model = cfg, then the experiment's data/train sections and overrides."""
     config = config_lib.load_config(experiment) if experiment else config_lib.base_config()
-    if not experiment and family == "decoder_lm":
-        config.data.update(kind="text", path="../shared/data/tinyshakespeare/input.txt", seq_len=min(256, cfg.max_len))
-    elif not experiment:
-        bible, longest = "../shared/data/bible/{}.en-es.tsv", min(128, cfg.max_len)
-        config.data.update(kind="parallel", path=bible.format("train"), valid_path=bible.format("valid"))
-        config.data.update(test_path=bible.format("test"), max_src_len=longest, max_tgt_len=longest)
     if not experiment:
+        config.data.update(_FINETUNE_DATA[family](cfg))
         config.train.update(steps=20, batch_size=4, learning_rate=3e-5, warmup_steps=2, weight_decay=0.0)
         config.train.update(eval_every=0, eval_batches=8, checkpoint_every=20, log_every=5)
-    config.family = family
+    config.family = family.name
     config.data.tokenizer = tokenizer.kind  # restored from the workdir's tokenizer/, never rebuilt
     config.model.update(dataclasses.asdict(cfg))
     for flag in overrides:
@@ -135,11 +145,15 @@ def export_workdir(workdir, target) -> dict:
     table, an MoE architecture when it has experts, Gemma 2/3 with sandwich norms, else Llama / Qwen2); its
     tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
     run = load_workdir(workdir)
+    family = family_of(run.model)
+    if family not in _EXPORTERS:
+        raise ValueError(f"{workdir}: family {family.name!r} cannot be exported (a decoder-only LM can)")
+    return _EXPORTERS[family](run, target)
+
+
+def _export_decoder_lm(run, target) -> dict:
+    """A DecoderLM -> a GPT-2, MoE, Gemma or Llama folder, by its fields."""
     cfg, tokenizer = run.model.cfg, run.tokenizer
-    if run.config.family == marian.FAMILY:
-        return _export_encoder_decoder(run, target)
-    if run.config.family != "decoder_lm":
-        raise ValueError(f"{workdir}: family {run.config.family!r} cannot be exported (a decoder-only LM can)")
     write_model = (
         gpt2.write_gpt2 if cfg.positional == "learned"
         else moe.write_moe if cfg.num_experts
@@ -180,3 +194,6 @@ def _export_encoder_decoder(run, target) -> dict:
     params = jax.device_get(run.params)
     path = write_atomically(target, lambda tmp: write(tmp, run.model.cfg, params, run.tokenizer))
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
+
+
+_EXPORTERS = {DECODER_LM: _export_decoder_lm, ENCODER_DECODER: _export_encoder_decoder}  # by the workdir's family

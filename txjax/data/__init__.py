@@ -18,12 +18,14 @@ exactly once (padding carries weight 0):
                                                     seq2seq batches; .raw_pairs() for BLEU
   SyntheticTask(name in TASKS, form='lm'|'seq2seq', min_digits=1, max_digits=8, eval_size=512, eval_seed=...)
                                                     .eval_examples(n, seed) for exact match; .tokenizer
+Data kinds (config.data.kind -> how a split's dataset is built, what it reads): KINDS (kinds.py).
 Helpers: prefetch(iterator, size=2), first_fit (packing), resolve_path (one-line FileNotFoundError).
 Batch layouts: the keys each model family reads are in txjax/families (inputs, targets, weights).
 """
 
 from txjax.data.batching import Batch, prefetch
 from txjax.data.files import read_text, read_tsv, resolve_path
+from txjax.data.kinds import KINDS, DataKind
 from txjax.data.packing import first_fit
 from txjax.data.parallel import ParallelDataset
 from txjax.data.shard_pairs import ShardPairsDataset
@@ -39,6 +41,8 @@ __all__ = [
     "read_text",
     "read_tsv",
     "resolve_path",
+    "KINDS",
+    "DataKind",
     "first_fit",
     "ParallelDataset",
     "TASKS",

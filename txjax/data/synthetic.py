@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,8 +77,8 @@ class SyntheticTask:
         """split: whose prompts eval_batches / eval_examples hold; training batches hold train prompts only."""
         if name not in TASKS:
             raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
-        if form not in ("lm", "seq2seq"):
-            raise ValueError(f"form must be 'lm' or 'seq2seq', got {form!r}")
+        if form not in _FORMS:
+            raise ValueError(f"form must be {' or '.join(map(repr, _FORMS))}, got {form!r}")
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if not 1 <= min_digits <= max_digits:
@@ -147,13 +148,16 @@ class SyntheticTask:
         return np.concatenate([[self.bos_id], prompt, [self.sep_id], answer, [self.eos_id]]).astype(np.int32)
 
     def _make_batch(self, examples: list[tuple[np.ndarray, np.ndarray]], batch_size: int) -> Batch:
-        """Examples (fewer than batch_size: the rest are padding rows with weight 0) -> one batch."""
-        if self.form == "lm":
-            seqs = [self._lm_sequence(p, a) for p, a in examples]
-            seqs += [np.zeros(0, np.int32)] * (batch_size - len(examples))
-            return lm_batch(
-                seqs, [len(p) + 1 for p, _ in examples] + [0] * (batch_size - len(examples)), self.seq_len, self.pad_id
-            )
+        """Examples (fewer than batch_size: the rest are padding rows with weight 0) -> one batch of the form."""
+        return _FORMS[self.form].batch(self, examples, batch_size)
+
+    def _lm_batch(self, examples, batch_size: int) -> Batch:
+        seqs = [self._lm_sequence(p, a) for p, a in examples]
+        seqs += [np.zeros(0, np.int32)] * (batch_size - len(examples))
+        prompt_lengths = [len(p) + 1 for p, _ in examples] + [0] * (batch_size - len(examples))
+        return lm_batch(seqs, prompt_lengths, self.seq_len, self.pad_id)
+
+    def _pairs_batch(self, examples, batch_size: int) -> Batch:
         sources = [np.append(p, self.eos_id) for p, _ in examples]
         targets = [np.append(a, self.eos_id) for _, a in examples]
         rows = next(chunk_rows([[i] for i in range(len(examples))], batch_size))
@@ -179,8 +183,22 @@ class SyntheticTask:
         examples of eval_batches; n and seed draw n other distinct ones of the same split.
         """
         examples = self.eval_set if n is None and seed is None else self._held_out(n or self.eval_size, seed or 0)
-        if self.form == "lm":
-            prompts = [[self.bos_id, *p.tolist(), self.sep_id] for p, _ in examples]
-        else:
-            prompts = [[*p.tolist(), self.eos_id] for p, _ in examples]
-        return prompts, [a.tolist() for _, a in examples]
+        prompt = _FORMS[self.form].prompt
+        return [prompt(self, p.tolist()) for p, _ in examples], [a.tolist() for _, a in examples]
+
+    def _lm_prompt(self, prompt: list[int]) -> list[int]:
+        return [self.bos_id, *prompt, self.sep_id]
+
+    def _pairs_prompt(self, prompt: list[int]) -> list[int]:
+        return [*prompt, self.eos_id]
+
+
+class _Form(NamedTuple):
+    batch: Callable  # (task, examples, batch_size) -> Batch
+    prompt: Callable  # (task, prompt ids) -> what the model is given
+
+
+_FORMS = {  # see the module docstring
+    "lm": _Form(SyntheticTask._lm_batch, SyntheticTask._lm_prompt),
+    "seq2seq": _Form(SyntheticTask._pairs_batch, SyntheticTask._pairs_prompt),
+}

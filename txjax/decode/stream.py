@@ -86,10 +86,9 @@ def generate_stream(
 
 
 def streams(run, strategy: dict) -> bool:
-    """Whether `run.py generate` streams with these Strategy fields: one row (greedy or one sample) of an output
-    that continues its input (no source; it slides past the context as generate_windowed does)."""
-    one_row = strategy["method"] != "beam" and strategy.get("num_samples", 1) == 1
-    return family_of(run.model).continues_prompt and one_row
+    """Whether `run.py generate` streams with these Strategy fields: one row (greedy or one sample) of a generation
+    that slides past the context as generate_windowed does (Family.slides: an LM's continuation)."""
+    return family_of(run.model).slides(strategy) and strategy.get("num_samples", 1) == 1
 
 
 def stream_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> Iterator[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from txjax.data.kinds import KINDS
 from txjax.decode.generate import generate, generate_windowed
 from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.families import family_of
@@ -41,17 +42,18 @@ def strategy_from_config(decode_config, eos_id: int | None, **overrides) -> dict
 def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[list[int], str, dict]:
     """(the family's input ids, the text its outputs continue, Strategy fields) of generate_from_workdir.
 
-    An LM's prompt longer than the context is cut to its last max_len tokens with a note on stderr saying how many
-    were kept (beam search and an encoder-decoder's source refuse it: txjax.decode.check_inputs); a prompt of more
+    The prompt of a generation that slides past the context (Family.slides: an LM's, greedy or sampled) is cut to
+    its last max_len tokens with a note on stderr saying how many were kept (beam search and an encoder-decoder's
+    source refuse a longer one: txjax.decode.check_inputs); such a prompt of more
     than 2 * PREFILL_CHUNK tokens is fed PREFILL_CHUNK tokens a call when decode.prefill_chunk is 0, so its prefill
     holds chunk x cache attention scores, not prompt x prompt (docs/long_context.md)."""
     tokenizer = run.tokenizer
     if chat:
         text = tokenizer.render_chat([{"role": "user", "content": text}])
     family = family_of(run.model)
-    ids, shown = family.read_text(tokenizer, text, bos=run.config.data.kind == "synthetic")
+    ids, shown = family.read_text(tokenizer, text, bos=KINDS[run.config.data.kind].bos_first)
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
-    if family.continues_prompt and strategy["method"] != "beam":
+    if family.slides(strategy):
         max_len = run.model.cfg.max_len
         if len(ids) > max_len:
             print(
@@ -73,8 +75,7 @@ def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, 
     at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
     tokenizer = run.tokenizer
     ids, shown, strategy = workdir_prompt(run, text, chat=chat, **overrides)
-    # greedy and sampled outputs that continue their input may run past the context
-    if family_of(run.model).continues_prompt and strategy["method"] != "beam":
+    if family_of(run.model).slides(strategy):
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
     else:
         out = generate(

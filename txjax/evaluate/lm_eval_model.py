@@ -154,9 +154,7 @@ class TxjaxLM(TemplateLM):
             from txjax.experiment import load_workdir
 
             run = load_workdir(Path(workdir))
-        family = family_of(run.model)
-        if not family.continues_prompt:
-            raise ConfigError(f"{workdir or 'the run'} is a {family.name} model: lm-eval scores decoder-only LMs")
+        family_of(run.model).check_lm_eval(workdir or "the run")
         self.run, self.model, self.params, self.tokenizer = run, run.model, run.params, run.tokenizer
         self.workdir = str(workdir or "")
         self.max_length = min(int(max_length or run.model.cfg.max_len), run.model.cfg.max_len)

@@ -129,28 +129,24 @@ def attention_maps(
 
 
 def attention_inputs(run, text: str, target: str | None) -> tuple[list[int], list[int] | None]:
-    """(ids, target ids) of `attention_maps` for a loaded run: an LM reads `text` alone (None); an encoder-decoder
-    reads (source ids + EOS as in training, decoder inputs BOS + target): the given target, else the greedy
-    translation (at most max_len - 1 tokens, so that BOS + translation fits the decoder's context)."""
-    tok = run.tokenizer
-    if family_of(run.model).continues_prompt:
-        ids = tok.encode(text)
-        check_inputs([ids], run.model.cfg.vocab_size, run.model.cfg.max_len, "text")
-        return ids, None
-    src = tok.encode(text) + [tok.eos_id]
-    check_inputs([src], run.model.cfg.vocab_size, run.model.cfg.max_len, "source")
-    if target is None:
-        out = generate(
-            run.model,
-            run.params,
-            [src],
-            bos_id=tok.bos_id,
-            pad_id=tok.pad_id,
-            eos_id=tok.eos_id,
-            max_new_tokens=min(run.config.decode.max_new_tokens, run.model.cfg.max_len - 1),
-        )
-        tgt = [tok.bos_id] + out.ids[0]
-    else:
-        tgt = [tok.bos_id] + tok.encode(target)
-    check_inputs([tgt], run.model.cfg.vocab_size, run.model.cfg.max_len, "target")
-    return src, tgt
+    """(ids, target ids) of `attention_maps` for a loaded run: `text` as the family reads it (Family.read_text: an
+    LM's text alone, an encoder-decoder's source + EOS as in training) and the decoder inputs beside it
+    (Family.attention_target: none for an LM; BOS + the given target, else BOS + the greedy translation of at most
+    max_len - 1 tokens, so that it fits the decoder's context)."""
+    tok, cfg = run.tokenizer, run.model.cfg
+    family = family_of(run.model)
+    ids, _ = family.read_text(tok, text)
+    check_inputs([ids], cfg.vocab_size, cfg.max_len, "text")
+
+    def target_ids() -> list[int]:
+        if target is not None:
+            return tok.encode(target)
+        new = min(run.config.decode.max_new_tokens, cfg.max_len - 1)
+        return generate(
+            run.model, run.params, [ids], bos_id=tok.bos_id, pad_id=tok.pad_id, eos_id=tok.eos_id, max_new_tokens=new
+        ).ids[0]
+
+    tgt = family.attention_target(tok.bos_id, target_ids)
+    if tgt is not None:
+        check_inputs([tgt], cfg.vocab_size, cfg.max_len, "target")
+    return ids, tgt

@@ -29,6 +29,7 @@ from txjax.families.prefix_lm import PrefixLMFamily
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderLMFamily(), EncoderDecoderFamily(), PrefixLMFamily())}
 _BY_MODULE = {f.module: f for f in FAMILIES.values()}
+DECODER_LM, ENCODER_DECODER = FAMILIES["decoder_lm"], FAMILIES["encoder_decoder"]  # the two checkpoints come in
 
 
 def get(name: str) -> Family:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from txjax.families.family import Family
@@ -14,7 +16,6 @@ class DecoderLMFamily(Family):
     inputs = ("inputs", "positions", "segment_ids")
     labels = ("targets", "weights")
     source = None
-    continues_prompt = True
     data_kinds = {"text": "text", "synthetic": "lm", "shards": "shards"}
     ring_attention = True
 
@@ -38,6 +39,20 @@ class DecoderLMFamily(Family):
     def read_text(self, tokenizer, text, *, bos=False):
         """A pretrained model's BOS (tokenizer.prefix()), then the text; the outputs continue it."""
         return tokenizer.prefix() + [tokenizer.bos_id] * bos + tokenizer.encode(text), text
+
+    def slides(self, strategy):
+        """Greedy and sampled continuations slide past the context; beam search compares whole hypotheses, so its
+        stay within it."""
+        return strategy["method"] != "beam"
+
+    def output_limit(self, cfg):
+        return math.inf
+
+    def attention_target(self, bos_id, target_ids):
+        return None
+
+    def check_lm_eval(self, where):
+        pass
 
     def attention_example(self, ids, target_ids):
         return [np.asarray([ids], np.int32)], {"decoder/self_attention": ("", "source", "source")}

@@ -29,7 +29,6 @@ class EncoderDecoderFamily(Family):
     inputs = ("src", "tgt_inputs", "src_positions", "src_segment_ids", "tgt_positions", "tgt_segment_ids")
     labels = ("tgt_targets", "tgt_weights")
     source = "src"
-    continues_prompt = False
     data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}  # shards: TSV pairs
     source_modules = ("encoder",)
 

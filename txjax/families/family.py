@@ -4,9 +4,12 @@ txjax/families/__init__.py."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import flax.linen as nn
+
+from txjax.errors import ConfigError
 
 
 class Family:
@@ -16,11 +19,8 @@ class Family:
     module: ClassVar[type[nn.Module]]
     inputs: ClassVar[tuple[str, ...]]  # batch keys of the full forward pass, in the order of the module's __call__
     labels: ClassVar[tuple[str, str]]  # batch keys of the targets and of their weights
-    source: ClassVar[str | None]  # batch key of the encoder's input (None: no encoder, the output continues its input)
-    # True: the output continues its one input sequence (an LM: it may slide past the context, lm-eval can score
-    # it, its attention is one map); False: the output is a new sequence read from a source (encoder-decoder)
-    continues_prompt: ClassVar[bool]
-    data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form of the examples it builds (txjax.unread)
+    source: ClassVar[str | None]  # batch key of the encoder's input (None: no encoder)
+    data_kinds: ClassVar[dict[str, str]]  # config.data.kind -> the form it reads (built by txjax.data.KINDS)
     source_modules: ClassVar[tuple[str, ...]] = ()  # top-level modules that run once per source (FLOPs: N_enc)
     ring_attention: ClassVar[bool] = False  # whether mesh.sequence > 1 may shard its sequence (a causal stack's)
 
@@ -63,6 +63,28 @@ class Family:
     def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
         """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
         raise NotImplementedError
+
+    # A generation's output is a new text read from a source here; an LM's continues its prompt (decoder_lm.py
+    # overrides these four): it may slide past the context, has no limit of its own, one sequence to look at, and
+    # lm-eval scores it.
+    def slides(self, strategy: dict) -> bool:
+        """Whether a generation with these Strategy fields runs past the context (txjax.decode.generate_windowed,
+        its prompt cut to the last max_len tokens) rather than within it (txjax.decode.generate)."""
+        return False
+
+    def output_limit(self, cfg) -> float:
+        """The most tokens any generation's output takes: a new text's own positions (max_len); inf where only its
+        prompt's room bounds it (txjax.decode.check_inputs) or it slides past the context."""
+        return cfg.max_len
+
+    def attention_target(self, bos_id: int, target_ids: Callable[[], list[int]]) -> list[int] | None:
+        """The decoder inputs an attention map reads beside its text (attention_example's target_ids): BOS then the
+        target (target_ids(): the given one, or the model's own output), or None: the text is the one sequence."""
+        return [bos_id, *target_ids()]
+
+    def check_lm_eval(self, where: str) -> None:
+        """A ConfigError unless lm-eval can score the model (the log-likelihood of a text continuing another)."""
+        raise ConfigError(f"{where} is a {self.name} model: lm-eval scores decoder-only LMs")
 
     def attention_example(self, ids: list[int], target_ids: list[int] | None) -> tuple[list, dict]:
         """One example's attention maps (txjax.evaluate.viz): (the model's positional inputs, each of batch 1; for

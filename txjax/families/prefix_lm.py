@@ -104,7 +104,6 @@ class PrefixLMFamily(Family):
     inputs = ("inputs", "positions", "segment_ids", "prefix")
     labels = ("targets", "weights")
     source = None  # no encoder: one stack over the whole row
-    continues_prompt = False  # the output is the target, a new text
     data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}
 
     def dataset(self, built):

@@ -115,7 +115,9 @@ def _active_fraction(path: str, cfg: ModelConfig) -> float:
     return cfg.experts_per_token / cfg.num_experts if "/experts/" in path else 1.0
 
 
-def summarize(cfg: ModelConfig, family: str = "decoder_lm", batch_size: int = 1, context: int | None = None) -> Summary:
+def summarize(
+    cfg: ModelConfig, family: str = families.DECODER_LM.name, batch_size: int = 1, context: int | None = None
+) -> Summary:
     """Parameters, FLOPs per token and memory of a config; `context` (default max_len) is T and the cache length."""
     model = families.build(family, cfg)
     context = context or cfg.max_len

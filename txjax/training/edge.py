@@ -19,6 +19,7 @@ import jax
 import ml_collections
 
 from txjax import config as config_lib
+from txjax.data import KINDS
 from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
 from txjax.model.config import ModelConfig
 from txjax.ops import trackers
@@ -78,7 +79,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> tuple[RunSpec, 
         train=TrainConfig.of(config.train),
         mesh=MeshShape(**config.mesh.to_dict()),
         decode=types.MappingProxyType(config.decode.to_dict()),
-        exact_match=config.data.kind == "synthetic",
+        exact_match=KINDS[config.data.kind].exact_match,
         group=group_key(config),
         config=config.to_json(),
     )

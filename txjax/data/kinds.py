@@ -1,0 +1,100 @@
+"""The data kinds (config.data.kind): what each reads (txjax.unread refuses the rest) and how it builds one split's
+dataset. A new kind is its
+dataset's module and one entry in KINDS (and the form its families read it in: Family.data_kinds).
+
+A kind builds each form its families read it in (Family.data_kinds: a synthetic task's 'lm' or 'seq2seq', shards'
+documents or 'shards of pairs'); a builder `(data, split, form, tokenizer, path)` gets the config's data section, the
+split, the form, the run's tokenizer and `path()`, the split's file or the kind's folder (resolved by
+txjax.experiment, where the config's paths are known).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from txjax.data.parallel import ParallelDataset
+from txjax.data.shard_pairs import ShardPairsDataset
+from txjax.data.shards import ShardLMDataset, load_shards_tokenizer
+from txjax.data.synthetic import SyntheticTask
+from txjax.data.text import TextLMDataset
+from txjax.data.tokenizer_base import Tokenizer
+from txjax.errors import ConfigError
+
+_EVAL_SEEDS = {"train": 2**31 - 3, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
+
+
+class Form(NamedTuple):
+    """One form of a kind's examples: how a split's dataset is built, and the config.data fields that reads."""
+
+    build: Callable[..., Any]  # (data section, split, form, tokenizer, path) -> the dataset
+    reads: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DataKind:
+    """What one config.data.kind needs and builds."""
+
+    forms: dict[str, Form]  # by the form a family reads it in (Family.data_kinds)
+    # what data.path names: None (nothing: the kind makes its examples), "file" (one file, the valid split cut from
+    # it by data.val_fraction), "files" (the train split's; valid_path and test_path the others'), "folder"
+    files: str | None
+    tokenizer: Callable[[Any], Tokenizer] | None = None  # its own tokenizer, from the path (else data.tokenizer's)
+    pairs: bool = False  # its examples are (source, target) pairs: a char tokenizer built on it has pad/bos/eos
+    bos_first: bool = False  # its LM sequences start with BOS: so does a generation's prompt
+    exact_match: bool = False  # its evaluation is exact match of generated answers (a synthetic task)
+    translates: bool = False  # its test and valid splits are decoded with config.decode (BLEU, chrF)
+    windows: bool = False  # its LM rows are data.seq_len windows (ring attention splits them into 2n chunks)
+
+
+def _synthetic(d, split, form, tokenizer, path):
+    return SyntheticTask(d.task, form, d.min_digits, d.max_digits, d.eval_size, _EVAL_SEEDS[split], split)
+
+
+def _two_splits(split: str, advice: str) -> None:
+    if split == "test":
+        raise ConfigError(advice)
+
+
+def _text(d, split, form, tokenizer, path):
+    _two_splits(split, "a text corpus has train and valid splits only (config.data.val_fraction)")
+    return TextLMDataset(path(), tokenizer, d.seq_len, split, d.val_fraction)
+
+
+def _parallel(d, split, form, tokenizer, path):
+    pack = d.pack and split == "train"  # packing changes no eval sum, so the evaluations read one pair a row
+    return ParallelDataset(path(), tokenizer, max_src_len=d.max_src_len, max_tgt_len=d.max_tgt_len, pack=pack)
+
+
+def _shard_documents(d, split, form, tokenizer, path):
+    _two_splits(split, "prepared shards have train and valid splits only (prepare --valid_fraction)")
+    return ShardLMDataset(path(), tokenizer, d.seq_len, split, pack=d.pack)
+
+
+def _shard_pairs(d, split, form, tokenizer, path):
+    """An encoder-decoder's TSV pairs; as ParallelDataset, packed in training only."""
+    _two_splits(split, "prepared shards have train and valid splits only (prepare --valid_fraction)")
+    return ShardPairsDataset(path(), tokenizer, d.max_src_len, d.max_tgt_len, split, d.pack and split == "train")
+
+
+_TASK = Form(_synthetic, ("task", "min_digits", "max_digits", "eval_size"))  # a task's vocabulary is its own
+_PAIRS = ("path", "valid_path", "test_path", "tokenizer", "vocab_size", "max_src_len", "max_tgt_len", "pack")
+KINDS = {
+    "synthetic": DataKind({"lm": _TASK, "seq2seq": _TASK}, files=None, bos_first=True, exact_match=True),
+    "text": DataKind(
+        {"text": Form(_text, ("path", "tokenizer", "vocab_size", "seq_len", "val_fraction"))},
+        files="file",
+        windows=True,
+    ),
+    "parallel": DataKind({"parallel": Form(_parallel, _PAIRS)}, files="files", pairs=True, translates=True),
+    "shards": DataKind(
+        {
+            "shards": Form(_shard_documents, ("path", "seq_len", "pack")),  # a decoder LM's documents
+            "shards of pairs": Form(_shard_pairs, ("path", "max_src_len", "max_tgt_len", "pack")),  # TSV pairs
+        },
+        files="folder",
+        tokenizer=load_shards_tokenizer,
+        windows=True,
+    ),
+}
