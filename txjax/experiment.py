@@ -146,6 +146,11 @@ class TrainedRun(NamedTuple):
     step: int
     averaged_steps: tuple[int, ...] = ()  # the checkpoints whose mean `params` is, when more than one
 
+    @property
+    def prompt_bos(self) -> bool:
+        """Whether a generation's prompt starts with BOS, as the run's training sequences did (data.KINDS)."""
+        return data.KINDS[self.config.data.kind].bos_first
+
 
 def load_workdir(
     workdir: str | Path, step: int | None = None, mesh: Mesh | None = None, average: int = 1

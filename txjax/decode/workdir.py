@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from txjax.data.kinds import KINDS
 from txjax.decode.generate import generate, generate_windowed
 from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.families import family_of
@@ -51,7 +50,7 @@ def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[
     if chat:
         text = tokenizer.render_chat([{"role": "user", "content": text}])
     family = family_of(run.model)
-    ids, shown = family.read_text(tokenizer, text, bos=KINDS[run.config.data.kind].bos_first)
+    ids, shown = family.read_text(tokenizer, text, bos=run.prompt_bos)
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
     if family.slides(strategy):
         max_len = run.model.cfg.max_len
