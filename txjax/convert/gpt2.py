@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -253,8 +252,7 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
 def write_gpt2(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (GPT2LMHeadModel.from_pretrained loads them)."""
     hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_folder.write_folder(folder, hf_config, tensors)
 
 
 def save_gpt2(

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
 from txjax.data.hf_tokenizer import HFTokenizer
@@ -51,6 +52,25 @@ def read_config(folder: Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_decoder_folder(folder, config_from_hf: Callable, params_from_hf: Callable) -> tuple[ModelConfig, dict]:
+    """A save_pretrained decoder-LM folder -> (ModelConfig, params as float32 numpy), by the family's
+    config_from_hf(hf, has_head) and params_from_hf(tensors, cfg): the model config.json describes checked to fit
+    before any tensor is read (check_fits), every tensor's header against it before any is converted (check_headers)."""
+    folder = Path(folder).expanduser()
+    hf = read_config(folder)
+    check_fits(config_from_hf(hf, has_head=True), folder)  # before gigabytes of weights are read
+    tensors = read_tensors(folder)
+    cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
+    check_headers(params_from_hf, tensors, cfg)
+    return cfg, params_from_hf(tensors, cfg)
+
+
+def write_folder(folder: Path, hf_config: Mapping, tensors: Mapping[str, np.ndarray]) -> None:
+    """config.json + model.safetensors into `folder`, as save_pretrained writes them (from_pretrained loads them)."""
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(dict(tensors), folder / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 def integers(hf: Mapping, *names: str) -> None:

@@ -29,12 +29,10 @@ puts where txjax has none, another activation) is a one-line ValueError naming t
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
 from txjax.model.config import ModelConfig
@@ -342,20 +340,13 @@ def params_to_hf(params: Mapping, cfg: ModelConfig, layers: Callable | None = No
 
 def load_llama(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained Llama/Mistral/Qwen2 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
-    folder = Path(folder).expanduser()
-    hf = hf_folder.read_config(folder)
-    hf_folder.check_fits(config_from_hf(hf, has_head=True), folder)  # before gigabytes of weights are read
-    tensors = hf_folder.read_tensors(folder)
-    cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
-    hf_folder.check_headers(params_from_hf, tensors, cfg)
-    return cfg, params_from_hf(tensors, cfg)
+    return hf_folder.load_decoder_folder(folder, config_from_hf, params_from_hf)
 
 
 def write_llama(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
     hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_folder.write_folder(folder, hf_config, tensors)
 
 
 def save_llama(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:

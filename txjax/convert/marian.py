@@ -32,14 +32,12 @@ line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import flax.linen as nn
 import jax
 import numpy as np
-from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder
 from txjax.data.hf_tokenizer import HFTokenizer
@@ -360,8 +358,7 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 def write_folder(folder: Path, hf_config: Mapping, tensors: Mapping, tokenizer: HFTokenizer, max_len: int) -> None:
     """config.json + model.safetensors + the tokenizer's files into `folder` (from_pretrained and AutoTokenizer load
     them)."""
-    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(dict(tensors), folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_folder.write_folder(folder, hf_config, tensors)
     hf_folder.write_tokenizer(folder, tokenizer, max_len)
 
 

@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
 from txjax.convert import hf_folder, llama
 from txjax.model.config import ModelConfig
@@ -259,21 +257,14 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def load_moe(folder) -> tuple[ModelConfig, dict]:
     """A save_pretrained Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE folder -> (ModelConfig, params as float32 numpy)."""
-    folder = Path(folder).expanduser()
-    hf = hf_folder.read_config(folder)
-    hf_folder.check_fits(config_from_hf(hf, has_head=True), folder)  # before gigabytes of weights are read
-    tensors = hf_folder.read_tensors(folder)
-    cfg = config_from_hf(hf, has_head="lm_head.weight" in tensors)
-    convert = functools.partial(params_from_hf, kind=hf["model_type"])
-    hf_folder.check_headers(convert, tensors, cfg)
-    return cfg, convert(tensors, cfg)
+    kind = hf_folder.read_config(Path(folder).expanduser())["model_type"]
+    return hf_folder.load_decoder_folder(folder, config_from_hf, functools.partial(params_from_hf, kind=kind))
 
 
 def write_moe(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
     hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    (folder / hf_folder.CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(tensors, folder / hf_folder.WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_folder.write_folder(folder, hf_config, tensors)
 
 
 def save_moe(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
