@@ -237,6 +237,9 @@ def llama3_from_factors(factors: np.ndarray, base: float, head_dim: int, path) -
 def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
     """tokenizer.ggml.* -> a `tokenizers` pipeline (byte-level BPE here, SentencePiece through transformers) with
     the model's special tokens and template."""
+    require(
+        "tokenizers", "a .gguf file's tokenizer"
+    )  # both pipelines are `tokenizers` ones: said before the file is read
     kind = f.require("tokenizer.ggml.model")
     if kind == "llama":
         pipeline = _sentencepiece(f)
