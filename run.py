@@ -93,11 +93,11 @@ def _run(argv: list[str], received: list[int]) -> int:
 
 if __name__ == "__main__":
     status = main(sys.argv[1:])
-    if status > 128:  # stopped by a signal (128 + its number): its one line printed, every file it wrote whole
-        # (storage.write_file / replace_file). End without the interpreter's teardown: a compiled loop stopped
-        # mid-run can leave XLA's callback threads calling back into Python, and finalization then aborted the
-        # process after the line now and then ("FATAL: exception not rethrown" on jax 0.10, SIGSEGV on 0.12),
-        # in about 1 of 3 Ctrl-C'd streamed generations (tests/test_processes.py) even with the stream joined.
+    if status > 128 and sys.argv[1:2] == ["generate"]:  # a generation stopped by a signal, its line printed: end
+        # without the interpreter's teardown, which XLA's callback threads of the stopped compiled loop, still calling
+        # back into Python, aborted after the line now and then ("FATAL: exception not rethrown" on jax 0.10,
+        # SIGSEGV on 0.12; 3 of 10 runs of tests/test_processes.py) although the stream is closed and its thread
+        # joined. Only generate: the other commands' teardown is what cleans up after them (prepare's worker pool).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
