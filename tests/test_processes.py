@@ -138,7 +138,7 @@ def test_a_signal_inside_a_gc_callback_or_finalizer_still_stops_the_command(monk
                 gc.collect()
             finally:
                 gc.callbacks.pop()
-        time.sleep(10)  # the signal comes again and is raised out of this
+        time.sleep(60)  # the signal comes again and is raised out of this
         raise AssertionError("the signal did not stop the command")
 
     monkeypatch.setattr(run.importlib, "import_module", lambda name: types.SimpleNamespace(main=main))
@@ -146,7 +146,7 @@ def test_a_signal_inside_a_gc_callback_or_finalizer_still_stops_the_command(monk
     assert run.main(["lm-eval"]) == 128 + signum and sent == [signum]
     name = signal.Signals(signum).name
     assert capsys.readouterr().err.splitlines() == [f"stopped by {name}; nothing written"]
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 30  # stopped inside the sleep, not after it (a loaded machine's gc: seconds)
 
 
 @pytest.fixture(scope="module")
