@@ -16,6 +16,11 @@ ALiBi's bias -m_h |i - j| from the positions too. Under a window a query block's
 holding its first query's oldest visible key, so time and memory are O(L window), not O(L^2). Skipping by block
 index assumes positions grow along the sequence within a segment (as txjax's inputs do, and as the fused kernels'
 is_causal assumes). A query with no key to attend to returns zeros, as the reference does.
+
+Public API, for callers that compose blocks themselves (ring attention, txjax.model.ring_attention, merges the
+results of key shards): `Plan` (the static block sizes and mask kind), `forward` (o and logsumexp of queries
+already in blocks against keys in blocks) and `backward` (dq, dk, dv of the same from the final o and logsumexp).
+`attention` is the whole op for [B, L, H, K] inputs.
 """
 
 from __future__ import annotations
@@ -27,20 +32,22 @@ import einops
 import jax
 import jax.numpy as jnp
 
-from txjax.model import masks, precision
+from txjax.model import masks, positional, precision
 from txjax.model.activations import soft_cap
 from txjax.model.masks import NEG_INF
 
 
 class Segments(NamedTuple):
     """A mask in O(L) values: query and key segment ids [B, L], [B, S] (0 = padding); dense it is
-    attention.segment_mask(q, k)."""
+    masks.segment_mask(q, k)."""
 
     q: jax.Array
     k: jax.Array
 
 
-class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
+class Plan(NamedTuple):
+    """Static (the custom VJP's non-differentiable argument): the mask kind, the scale and the block sizes."""
+
     causal: bool
     scale: float
     block_q: int
@@ -75,11 +82,11 @@ def attention(
     k_seg, k_p = (blocks(t, nk, bk, "b (n s) -> n b s") for t in (segments.k, k_pos))
     slopes = None if slopes_H is None else slopes_H.reshape(g, h // g)
     window = None if masks.is_global(window) else jnp.asarray(window, jnp.int32)
-    out = _flash(_Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, slopes, window)
+    out = _flash(Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, slopes, window)
     return einops.rearrange(out, "n b q g r k -> b (n q) (g r) k")[:, :l]
 
 
-def _kv_blocks(plan: _Plan, i, nk: int, window):
+def _kv_blocks(plan: Plan, i, nk: int, window):
     """The key blocks [first, last) query block i reads: all, or over one sequence under a causal mask those up to
     its last query's, and under a window (> 0) those from its first query's oldest visible key on."""
     last = jnp.asarray(nk)  # a traced count: a while loop (XLA:CPU builds every block's mask ahead of a fixed loop)
@@ -91,14 +98,13 @@ def _kv_blocks(plan: _Plan, i, nk: int, window):
     return jnp.where(window > 0, oldest // plan.block_kv, 0), last
 
 
-def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
+def _scores(plan: Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
     """One block's scores and mask: q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk] float32,
     allowed [B, 1, 1, bq, bk], and the soft cap's derivative ds/d(q k^T * scale) (1 without a cap)."""
     s = soft_cap(precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32) * plan.scale, plan.softcap)
     capped = 1.0 - jnp.square(s / plan.softcap) if plan.softcap > 0 else 1.0
-    if slopes is not None:  # ALiBi: -m_h |i - j|
-        dist = jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]).astype(jnp.float32)
-        s = s - slopes[None, :, :, None, None] * dist[:, None, None]
+    if slopes is not None:  # ALiBi's bias over heads [G, R]: -m_h |i - j|
+        s = s + positional.alibi_bias(q_pos, k_pos, slopes.reshape(-1)).reshape(s.shape)
     ok = masks.segment_mask(q_seg, k_seg)
     if plan.causal:
         ok = ok & masks.causal_mask(q_pos, k_pos)
@@ -107,9 +113,11 @@ def _scores(plan: _Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
     return s, ok[:, :, None], capped
 
 
-def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window=None):
-    """o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query has no
-    key to attend to: ring attention merges the results of key shards by their logsumexp)."""
+def forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, window=None):
+    """Queries in blocks q [nq, B, bq, G, R, K] against keys and values in blocks k/v [nk, B, bk, G, K] (segment ids
+    and positions [nq, B, bq] / [nk, B, bk]; slopes: ALiBi's [G, R] or None; window: None = global, or a traced
+    int32) -> o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query has
+    no key to attend to: ring attention merges the results of key shards by their logsumexp)."""
     nk = k.shape[0]
 
     def query_block(xs):
@@ -137,17 +145,23 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window=No
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    return _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)[0]
+    return forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)[0]
 
 
 def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    o, lse = _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)
+    o, lse = forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)
     return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse)
 
 
 def _flash_bwd(plan, saved, do):
-    """dq, dk, dv, each block's probabilities recomputed from the saved logsumexp (the equations above)."""
     q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse = saved
+    dq, dk, dv = backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes, window)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+def backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes=None, window=None):
+    """dq, dk, dv (in q's, k's, v's dtypes) of forward's arguments from its o and logsumexp and the output's
+    cotangent do (o's layout), each block's probabilities recomputed from the logsumexp (the equations above)."""
     nk, f32 = k.shape[0], jnp.float32
     delta = einops.rearrange((do.astype(f32) * o.astype(f32)).sum(-1), "n b q g r -> n b g r q")  # rowsum(do * o)
     mm = partial(precision.einsum, out_dtype=f32)
@@ -172,7 +186,7 @@ def _flash_bwd(plan, saved, do):
     zeros = jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32)
     xs = (jnp.arange(q.shape[0]), q, do, lse, delta, q_seg, q_pos)
     (dk, dv), dq = jax.lax.scan(query_block, zeros, xs)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None, None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

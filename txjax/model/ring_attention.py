@@ -99,39 +99,39 @@ def ring_attention(
     Each (query chunk, key chunk) pair runs as blockwise attention in blocks of block_q queries and keys."""
     rows = batch_axes or None
     x4, x2 = P(rows, axis, heads_axis, None), P(rows, axis)
-    local = partial(_ring, _Plan(axis, mesh.shape[axis], causal, scale, block_q))
+    local = partial(_ring, _Ring(axis, mesh.shape[axis], causal, scale, block_q))
     return jax.shard_map(local, mesh=mesh, in_specs=(x4, x4, x4, x2, x2, x2, x2), out_specs=x4, check_vma=False)(
         q, k, v, q_seg, k_seg, q_pos, k_pos
     )
 
 
-class _Plan(NamedTuple):  # static: the custom VJP's non-differentiable argument
+class _Ring(NamedTuple):  # static: the custom VJP's non-differentiable argument
     axis: str
     n: int
     causal: bool
     scale: float
     block: int
 
-    def pair(self, chunk: int) -> blockwise._Plan:
+    def pair(self, chunk: int) -> blockwise.Plan:
         """blockwise's plan of one (query chunk, key chunk) pair: the causal order from positions only (the
         chunks are different stretches of the sequence), blocks of `block` where it divides the chunk."""
         size = self.block if chunk % self.block == 0 else chunk
-        return blockwise._Plan(self.causal, self.scale, size, size, aligned=False)
+        return blockwise.Plan(self.causal, self.scale, size, size, aligned=False)
 
 
-def _chunks(plan: _Plan, t, pattern: str, **axes):
+def _chunks(plan: _Ring, t, pattern: str, **axes):
     """A shard's two zig-zag chunks (each skipped on its own), each in blockwise's layout [n, B, block, ...]."""
     size = plan.pair(t.shape[1] // 2).block_q
     return [einops.rearrange(c, pattern, q=size, **axes) for c in jnp.split(t, 2, axis=1)]
 
 
-def _queries(plan: _Plan, q, q_seg, q_pos, g: int):
+def _queries(plan: _Ring, q, q_seg, q_pos, g: int):
     """(q [n, B, bq, G, R, K], segment ids, positions [n, B, bq]) of each query chunk."""
     q_chunks = _chunks(plan, q, "b (n q) (g r) k -> n b q g r k", g=g)
     return list(zip(q_chunks, *(_chunks(plan, t, "b (n q) -> n b q") for t in (q_seg, q_pos))))
 
 
-def _keys(plan: _Plan, k, v, k_seg, k_pos):
+def _keys(plan: _Ring, k, v, k_seg, k_pos):
     """(k, v [n, B, bk, G, K], segment ids, positions [n, B, bk]) of each key chunk."""
     kv = (_chunks(plan, t, "b (n q) g k -> n b q g k") for t in (k, v))
     return list(zip(*kv, *(_chunks(plan, t, "b (n q) -> n b q") for t in (k_seg, k_pos))))
@@ -142,7 +142,7 @@ def _whole(chunks, pattern: str):
     return jnp.concatenate([einops.rearrange(c, pattern) for c in chunks], axis=1)
 
 
-def _meets(plan: _Plan, q_seg, q_pos, k_seg, k_pos):
+def _meets(plan: _Ring, q_seg, q_pos, k_seg, k_pos):
     """False when no query of a chunk may attend to a key of the other (then the pair is skipped): no real token on
     a side, or under a causal mask every real key after every real query."""
     if not plan.causal:
@@ -151,12 +151,12 @@ def _meets(plan: _Plan, q_seg, q_pos, k_seg, k_pos):
     return jnp.where(k_seg > 0, k_pos, jnp.iinfo(jnp.int32).max).min() <= last_query
 
 
-def _pass(plan: _Plan, arrays):
+def _pass(plan: _Ring, arrays):
     """Each array one device along the ring (device i's to device i + 1)."""
     return tuple(jax.lax.ppermute(t, plan.axis, [(i, (i + 1) % plan.n) for i in range(plan.n)]) for t in arrays)
 
 
-def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos):
+def _forward(plan: _Ring, q, k, v, q_seg, k_seg, q_pos, k_pos):
     """One device: its queries against each key/value shard in turn, the shards moving along the ring; per query
     chunk (o [n, B, bq, G, R, K] float32, logsumexp [n, B, G, R, bq]), merged pair by pair (the equation above)."""
     g = k.shape[2]
@@ -166,9 +166,7 @@ def _forward(plan: _Plan, q, k, v, q_seg, k_seg, q_pos, k_pos):
 
     def merge(state, qc, q_seg, q_pos, kc, vc, k_seg, k_pos):
         o, lse = state
-        o_j, lse_j = blockwise._forward(
-            plan.pair(qc.shape[0] * qc.shape[2]), qc, kc, vc, q_seg, k_seg, q_pos, k_pos, None
-        )
+        o_j, lse_j = blockwise.forward(plan.pair(qc.shape[0] * qc.shape[2]), qc, kc, vc, q_seg, k_seg, q_pos, k_pos)
         new = jnp.logaddexp(lse, lse_j)
         weight = lambda t: einops.rearrange(jnp.exp(t - new), "n b g r q -> n b q g r 1")
         return o * weight(lse) + o_j.astype(jnp.float32) * weight(lse_j), new
@@ -207,8 +205,9 @@ def _ring_bwd(plan, saved, do):
     outs, grads = (_chunks(plan, t, "b (n q) (g r) k -> n b q g r k", g=g) for t in (o, do))
 
     def pair(acc, qc, q_seg, q_pos, o_c, lse, do_c, kc, vc, k_seg, k_pos):
-        saved = (qc, kc, vc, q_seg, k_seg, q_pos, k_pos, None, None, o_c, lse)
-        d = blockwise._flash_bwd(plan.pair(qc.shape[0] * qc.shape[2]), saved, do_c)[:3]
+        d = blockwise.backward(
+            plan.pair(qc.shape[0] * qc.shape[2]), qc, kc, vc, q_seg, k_seg, q_pos, k_pos, o_c, lse, do_c
+        )
         return tuple(a + b.astype(f32) for a, b in zip(acc, d))
 
     def step(carry, _):
