@@ -8,6 +8,7 @@ import pytest
 from test_decode import EOS, LM_PROMPTS, lm, lm_greedy
 
 import run
+from txjax import config as config_lib
 from txjax import decode
 from txjax.convert.gguf import GGUFFile, tokenizer_from_gguf
 from txjax.convert.hf_folder import read_tokenizer
@@ -46,13 +47,37 @@ def test_temperature_zero_errors():
 
 
 def test_a_decode_section_with_temperature_zero_is_greedy():
-    from txjax import config as config_lib
 
     section = config_lib.base_config().decode
     section.update(method="sample", temperature=0.0, top_k=40)  # what --config.decode.temperature=0 writes
     assert decode.strategy_from_config(section, 7) == {"method": "greedy", "max_new_tokens": 64, "eos_id": 7}
     # --temperature=0 alone picks a method the way --temperature=0.8 alone picks sampling: here, greedy
     assert decode.strategy_from_config(config_lib.base_config().decode, 7, temperature=0)["method"] == "greedy"
+
+
+def test_every_decoding_option_has_a_config_default_and_a_generate_flag_of_its_type():
+    # one list (decode.strategy.METHOD_OPTIONS): a new option without a default or a flag fails here
+    from txjax.cli.generate import OPTIONS
+
+    defaults = config_lib.base_config().decode
+    for method, options in decode.strategy.METHOD_OPTIONS.items():
+        for name in options:
+            assert name in OPTIONS and name in defaults, (method, name)
+            assert (
+                decode.Strategy(max_new_tokens=1, method=method, **{name: defaults[name]}).option(name)
+                == defaults[name]
+            )
+
+
+def test_a_saved_tokenizer_of_every_kind_is_loadable_and_an_unknown_kind_is_one_line(tmp_path):
+    from txjax.data import tokenizers
+
+    assert set(tokenizers.KINDS) <= set(config_lib.TOKENIZERS)
+    classes = [c for c in vars(tokenizers).values() if isinstance(c, type) and issubclass(c, tokenizers.Tokenizer)]
+    assert {c.kind for c in classes if c is not tokenizers.Tokenizer} == set(tokenizers.KINDS)
+    (tmp_path / "tokenizer.json").write_text('{"kind": "wordpiece"}')
+    with pytest.raises(ValueError, match="unknown tokenizer kind 'wordpiece' .expected one of byte, char"):
+        tokenizers.load_tokenizer(tmp_path)
 
 
 def test_run_py_generate_temperature_zero_prints_the_greedy_text(monkeypatch, capsys):

@@ -18,7 +18,7 @@ from pathlib import Path
 import ml_collections
 
 from txjax import families, ranges, unread
-from txjax.data.kinds import KINDS
+from txjax.data import kinds, tokenizers
 from txjax.decode.strategy import METHODS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
@@ -28,7 +28,7 @@ from txjax.state import optim
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-TOKENIZERS = ("char", "byte", "sentencepiece", "task", "byte_bpe", "hf")  # byte_bpe, hf: from the workdir (import)
+TOKENIZERS = (*tokenizers.KINDS, "task")  # byte_bpe, hf: from the workdir (import); task: the synthetic tasks'
 CONFIG_FILE = "config.json"
 HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
 
@@ -242,9 +242,9 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     for name in ("moe_aux_weight", "moe_z_weight", "moe_bias_rate"):
         if t[name] < 0:
             raise ConfigError(f"config.train.{name}={t[name]} must be >= 0 (0 = off)")
-    if config.data.kind not in families.get(config.family).data_kinds:  # its kinds are KINDS'
+    if config.data.kind not in families.get(config.family).data_kinds:  # its kinds are kinds.KINDS'
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
-    if KINDS[config.data.kind].files and not config.data.path:
+    if kinds.KINDS[config.data.kind].files and not config.data.path:
         raise ConfigError(f"config.data.kind={config.data.kind!r} needs --config.data.path=FILE")
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
     validate_sequence_axis(config)
@@ -278,7 +278,7 @@ def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
     if not families.get(config.family).ring_attention:
         serves = ", ".join(name for name, f in families.FAMILIES.items() if f.ring_attention)
         raise ConfigError(f"config.mesh.sequence={n} (ring attention) serves family {serves}, not {config.family!r}")
-    if KINDS[config.data.kind].windows and config.data.seq_len % (2 * n):
+    if kinds.KINDS[config.data.kind].windows and config.data.seq_len % (2 * n):
         raise ConfigError(
             f"config.data.seq_len={config.data.seq_len} must divide into 2 * mesh.sequence = {2 * n} chunks "
             "(ring attention's zig-zag layout)"

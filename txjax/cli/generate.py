@@ -7,13 +7,15 @@ import contextlib
 import math
 import sys
 
-from txjax.config import ConfigError, user_errors
+from txjax.config import ConfigError, base_config, user_errors
 from txjax.decode import generate_from_workdir, strategy_from_config
-from txjax.decode.strategy import METHODS
+from txjax.decode.strategy import METHOD_OPTIONS, METHODS
 from txjax.decode.stream import stream_from_workdir, streams
 from txjax.experiment import load_workdir
 from txjax.families import family_of
 from txjax.ranges import SEED_MAX
+
+OPTIONS = ("max_new_tokens", *(name for method in METHODS for name in METHOD_OPTIONS[method]))  # the flags of Strategy
 
 
 def main(argv: list[str]) -> None:
@@ -34,16 +36,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--prompt", required=True, help="LM: the text to continue; encoder-decoder: the source")
     parser.add_argument("--method", choices=METHODS, default=None)
-    for name, kind in [
-        ("max_new_tokens", int),
-        ("temperature", float),
-        ("top_k", int),
-        ("top_p", float),
-        ("beam_size", int),
-        ("length_penalty", float),
-        ("num_samples", int),
-    ]:
-        parser.add_argument(f"--{name}", type=kind, default=None)
+    defaults = base_config().decode  # each option's type from its default; None: the workdir's config.decode
+    for name in OPTIONS:
+        parser.add_argument(f"--{name}", type=type(defaults[name]), default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")
     parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")

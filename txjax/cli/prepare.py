@@ -8,7 +8,7 @@ import json
 
 from txjax.config import user_errors
 from txjax.data.prepare import prepare
-from txjax.data.prepare_tokenizer import TOKENIZERS
+from txjax.data.prepare_tokenizer import RECIPES
 from txjax.data.readers import FORMATS
 
 
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
         "--input", action="append", required=True, help="files, globs or folders, comma-separated or repeated"
     )
     parser.add_argument("--output", required=True, help="the folder to write (train with --config.data.path=DIR)")
-    parser.add_argument("--tokenizer", default="char", help=f"{', '.join(TOKENIZERS)}, or a workdir / tokenizer folder")
+    parser.add_argument("--tokenizer", default="char", help=f"{', '.join(RECIPES)}, or a workdir / tokenizer folder")
     parser.add_argument("--format", default="", choices=("", *FORMATS), help="default: from the file names")
     parser.add_argument("--delimiter", default="", help=r"text: between documents, e.g. '\n\n' (default: a file each)")
     parser.add_argument("--field", default="text", help="jsonl, parquet, arrow: the field (column) that holds the text")

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from txjax.data import readers
 from txjax.data import tokenizers as tok_lib
-from txjax.data.prepare_tokenizer import TOKENIZERS, Source, batches, closing
+from txjax.data.prepare_tokenizer import RECIPES, Source, batches, closing
 from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
 from txjax.ops import preemption, storage
 
@@ -61,7 +61,7 @@ def prepare(
 ) -> dict:
     """Tokenizes `inputs` (files or globs) into shards in `output`; returns a summary (throughput included).
 
-    tokenizer: a kind of txjax.data.prepare_tokenizer.TOKENIZERS (char, byte, sentencepiece or bpe: the last two
+    tokenizer: a kind of txjax.data.prepare_tokenizer.RECIPES (char, byte, sentencepiece or bpe: the last two
     trained to `vocab_size` ids on about `sample_mb` of documents spread over the inputs) or the path of a workdir
     or tokenizer folder. `inputs`: files, globs or folders in any format of txjax.data.readers.FORMATS.
     """
@@ -75,7 +75,7 @@ def prepare(
             f"--valid_fraction={valid_fraction} must be in (0, 1): the valid split is split off by document"
         )
     tokenizer_dir = _tokenizer_dir(tokenizer)
-    trained = tokenizer in TOKENIZERS and TOKENIZERS[tokenizer].trained
+    trained = tokenizer in RECIPES and RECIPES[tokenizer].trained
     options = {
         "format": fmt,
         "delimiter": delimiter if fmt == "text" else "",
@@ -124,14 +124,14 @@ def prepare(
 
 def _tokenizer_dir(tokenizer: str) -> Path | None:
     """The folder holding tokenizer.json when `tokenizer` is a path (a workdir or a tokenizer folder), else None."""
-    if tokenizer in TOKENIZERS:
+    if tokenizer in RECIPES:
         return None
     path = Path(tokenizer).expanduser().resolve()
     for folder in (path, path / TOKENIZER_DIR):
         if (folder / tok_lib.TOKENIZER_FILE).is_file():
             return folder
     raise FileNotFoundError(
-        f"--tokenizer={tokenizer}: not one of {', '.join(TOKENIZERS)}, and {path} holds no {tok_lib.TOKENIZER_FILE} "
+        f"--tokenizer={tokenizer}: not one of {', '.join(RECIPES)}, and {path} holds no {tok_lib.TOKENIZER_FILE} "
         f"(nor {TOKENIZER_DIR}/{tok_lib.TOKENIZER_FILE}); pass a workdir of run.py train / import, or a tokenizer kind"
     )
 
@@ -206,7 +206,7 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
             tok = tok_lib.load_tokenizer(tokenizer_dir)
         else:
             source = Source(chunks, fmt, delimiter, field, chunk_bytes, run, bar)
-            tok = TOKENIZERS[tokenizer].build(source, options["vocab_size"], options["sample_mb"])
+            tok = RECIPES[tokenizer].build(source, options["vocab_size"], options["sample_mb"])
         tok.save(partial / TOKENIZER_DIR)
         tok_fingerprint = fingerprint(tok)
         for split in SPLITS:

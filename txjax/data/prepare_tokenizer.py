@@ -1,4 +1,4 @@
-"""The tokenizers `run.py prepare` builds from its inputs, one table keyed by kind (TOKENIZERS; --tokenizer=KIND):
+"""The tokenizers `run.py prepare` builds from its inputs, one table keyed by kind (RECIPES; --tokenizer=KIND):
 
   char           the inputs' characters (a first pass over all of them) + pad/bos/eos
   byte           UTF-8 bytes, nothing to learn
@@ -123,7 +123,7 @@ def _bpe(source: Source, vocab_size: int, sample_mb: float) -> tok_lib.ByteLevel
     return tok_lib.ByteLevelBPETokenizer.train(sample(source, sample_mb), vocab_size)
 
 
-TOKENIZERS = {
+RECIPES = {
     "char": Kind(_char, trained=False),
     "byte": Kind(lambda source, vocab_size, sample_mb: tok_lib.ByteTokenizer(), trained=False),
     "sentencepiece": Kind(_sentencepiece, trained=True),

@@ -4,7 +4,7 @@ Protocol (the `Tokenizer` base class): `.vocab_size`, `.encode(str) -> list[int]
 `.bos_id`, `.eos_id` (int or None), `.save(dir)`; `load_tokenizer(dir)` restores any of them. Fast paths used by
 the datasets: `.encode_array(str) -> int32[N]` (a whole file at once) and `.encode_batch(list[str])`.
 
-On disk a tokenizer is a directory holding `tokenizer.json` (`{"kind": "byte"|"char"|"sentencepiece"|"byte_bpe", ...}`)
+On disk a tokenizer is a directory holding `tokenizer.json` (`{"kind": KIND, ...}`, KINDS below)
 plus the kind's own files (`spm.model` for SentencePiece, `vocab.json` + `merges.txt` for byte_bpe). `decode` drops
 pad/bos/eos ids wherever they appear.
 """
@@ -22,6 +22,7 @@ import numpy as np
 import sentencepiece as spm
 
 from txjax.data.files import PathLike, iter_fields, resolve_path
+from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizer_base import TOKENIZER_FILE, Tokenizer
 from txjax.extras import require
 
@@ -289,18 +290,18 @@ def load_tokenizer(directory: PathLike) -> Tokenizer:
         raise FileNotFoundError(f"tokenizer not found: {path} (save one there with tokenizer.save({str(d)!r}))")
     config = json.loads(path.read_text(encoding="utf-8"))
     kind = config.get("kind")
-    if kind == "byte":
-        return ByteTokenizer()
-    if kind == "char":
-        return CharTokenizer(config["chars"], specials=config["specials"])
-    if kind == "sentencepiece":
-        return SentencePieceTokenizer((d / config["model_file"]).read_bytes())
-    if kind == "byte_bpe":
-        return ByteLevelBPETokenizer.from_files(d / config["vocab_file"], d / config["merges_file"])
-    if kind == "hf":  # a pretrained model's own tokenizer (txjax.convert)
-        from txjax.data.hf_tokenizer import HFTokenizer
+    if kind not in LOADERS:
+        raise ValueError(f"{path}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
+    return LOADERS[kind](d, config)
 
-        return HFTokenizer.load(d, config)
-    raise ValueError(
-        f"{path}: unknown tokenizer kind {kind!r} (expected 'byte', 'char', 'sentencepiece', 'byte_bpe' or 'hf')"
-    )
+
+LOADERS = {  # a saved tokenizer.json's kind -> its loader(directory, tokenizer.json's dict)
+    ByteTokenizer.kind: lambda d, config: ByteTokenizer(),
+    CharTokenizer.kind: lambda d, config: CharTokenizer(config["chars"], specials=config["specials"]),
+    SentencePieceTokenizer.kind: lambda d, config: SentencePieceTokenizer((d / config["model_file"]).read_bytes()),
+    ByteLevelBPETokenizer.kind: lambda d, config: ByteLevelBPETokenizer.from_files(
+        d / config["vocab_file"], d / config["merges_file"]
+    ),
+    HFTokenizer.kind: HFTokenizer.load,  # a pretrained model's own tokenizer (txjax.convert)
+}
+KINDS = tuple(LOADERS)  # the one list of saved tokenizer kinds (config.TOKENIZERS adds the synthetic tasks')
