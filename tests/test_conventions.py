@@ -72,9 +72,9 @@ def test_every_decoding_option_has_a_config_default_and_a_generate_flag_of_its_t
 def test_a_saved_tokenizer_of_every_kind_is_loadable_and_an_unknown_kind_is_one_line(tmp_path):
     from txjax.data import tokenizers
 
-    assert set(tokenizers.KINDS) <= set(config_lib.TOKENIZERS)
+    assert set(tokenizers.TOKENIZER_KINDS) <= set(config_lib.TOKENIZERS)
     classes = [c for c in vars(tokenizers).values() if isinstance(c, type) and issubclass(c, tokenizers.Tokenizer)]
-    assert {c.kind for c in classes if c is not tokenizers.Tokenizer} == set(tokenizers.KINDS)
+    assert {c.kind for c in classes if c is not tokenizers.Tokenizer} == set(tokenizers.TOKENIZER_KINDS)
     (tmp_path / "tokenizer.json").write_text('{"kind": "wordpiece"}')
     with pytest.raises(ValueError, match="unknown tokenizer kind 'wordpiece' .expected one of byte, char"):
         tokenizers.load_tokenizer(tmp_path)

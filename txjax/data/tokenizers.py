@@ -4,7 +4,7 @@ Protocol (the `Tokenizer` base class): `.vocab_size`, `.encode(str) -> list[int]
 `.bos_id`, `.eos_id` (int or None), `.save(dir)`; `load_tokenizer(dir)` restores any of them. Fast paths used by
 the datasets: `.encode_array(str) -> int32[N]` (a whole file at once) and `.encode_batch(list[str])`.
 
-On disk a tokenizer is a directory holding `tokenizer.json` (`{"kind": KIND, ...}`, KINDS below)
+On disk a tokenizer is a directory holding `tokenizer.json` (`{"kind": KIND, ...}`, TOKENIZER_KINDS below)
 plus the kind's own files (`spm.model` for SentencePiece, `vocab.json` + `merges.txt` for byte_bpe). `decode` drops
 pad/bos/eos ids wherever they appear.
 """
@@ -291,7 +291,7 @@ def load_tokenizer(directory: PathLike) -> Tokenizer:
     config = json.loads(path.read_text(encoding="utf-8"))
     kind = config.get("kind")
     if kind not in LOADERS:
-        raise ValueError(f"{path}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
+        raise ValueError(f"{path}: unknown tokenizer kind {kind!r} (expected one of {', '.join(TOKENIZER_KINDS)})")
     return LOADERS[kind](d, config)
 
 
@@ -304,4 +304,4 @@ LOADERS = {  # a saved tokenizer.json's kind -> its loader(directory, tokenizer.
     ),
     HFTokenizer.kind: HFTokenizer.load,  # a pretrained model's own tokenizer (txjax.convert)
 }
-KINDS = tuple(LOADERS)  # the one list of saved tokenizer kinds (config.TOKENIZERS adds the synthetic tasks')
+TOKENIZER_KINDS = tuple(LOADERS)  # the one list of saved tokenizer kinds (config.TOKENIZERS adds the synthetic tasks')

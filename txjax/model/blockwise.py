@@ -18,8 +18,8 @@ index assumes positions grow along the sequence within a segment (as txjax's inp
 is_causal assumes). A query with no key to attend to returns zeros, as the reference does.
 
 Public API, for callers that compose blocks themselves (ring attention, txjax.model.ring_attention, merges the
-results of key shards): `Plan` (the static block sizes and mask kind), `forward` (o and logsumexp of queries
-already in blocks against keys in blocks) and `backward` (dq, dk, dv of the same from the final o and logsumexp).
+results of key shards): `Plan` (the static block sizes and mask kind), `flash_forward` (o and logsumexp of queries
+already in blocks against keys in blocks) and `flash_backward` (dq, dk, dv of the same from the final o and logsumexp).
 `attention` is the whole op for [B, L, H, K] inputs.
 """
 
@@ -113,7 +113,7 @@ def _scores(plan: Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
     return s, ok[:, :, None], capped
 
 
-def forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, window=None):
+def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, window=None):
     """Queries in blocks q [nq, B, bq, G, R, K] against keys and values in blocks k/v [nk, B, bk, G, K] (segment ids
     and positions [nq, B, bq] / [nk, B, bk]; slopes: ALiBi's [G, R] or None; window: None = global, or a traced
     int32) -> o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query has
@@ -145,21 +145,21 @@ def forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, window
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    return forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)[0]
+    return flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)[0]
 
 
 def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    o, lse = forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)
+    o, lse = flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)
     return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse)
 
 
 def _flash_bwd(plan, saved, do):
     q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse = saved
-    dq, dk, dv = backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes, window)
+    dq, dk, dv = flash_backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes, window)
     return dq, dk, dv, None, None, None, None, None, None
 
 
-def backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes=None, window=None):
+def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes=None, window=None):
     """dq, dk, dv (in q's, k's, v's dtypes) of forward's arguments from its o and logsumexp and the output's
     cotangent do (o's layout), each block's probabilities recomputed from the logsumexp (the equations above)."""
     nk, f32 = k.shape[0], jnp.float32

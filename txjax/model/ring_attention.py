@@ -166,7 +166,9 @@ def _forward(plan: _Ring, q, k, v, q_seg, k_seg, q_pos, k_pos):
 
     def merge(state, qc, q_seg, q_pos, kc, vc, k_seg, k_pos):
         o, lse = state
-        o_j, lse_j = blockwise.forward(plan.pair(qc.shape[0] * qc.shape[2]), qc, kc, vc, q_seg, k_seg, q_pos, k_pos)
+        o_j, lse_j = blockwise.flash_forward(
+            plan.pair(qc.shape[0] * qc.shape[2]), qc, kc, vc, q_seg, k_seg, q_pos, k_pos
+        )
         new = jnp.logaddexp(lse, lse_j)
         weight = lambda t: einops.rearrange(jnp.exp(t - new), "n b g r q -> n b q g r 1")
         return o * weight(lse) + o_j.astype(jnp.float32) * weight(lse_j), new
@@ -205,7 +207,7 @@ def _ring_bwd(plan, saved, do):
     outs, grads = (_chunks(plan, t, "b (n q) (g r) k -> n b q g r k", g=g) for t in (o, do))
 
     def pair(acc, qc, q_seg, q_pos, o_c, lse, do_c, kc, vc, k_seg, k_pos):
-        d = blockwise.backward(
+        d = blockwise.flash_backward(
             plan.pair(qc.shape[0] * qc.shape[2]), qc, kc, vc, q_seg, k_seg, q_pos, k_pos, o_c, lse, do_c
         )
         return tuple(a + b.astype(f32) for a, b in zip(acc, d))
