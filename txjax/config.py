@@ -28,10 +28,7 @@ from txjax.state import optim
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-TOKENIZERS = (
-    *tokenizers.TOKENIZER_KINDS,
-    "task",
-)  # byte_bpe, hf: from the workdir (import); task: the synthetic tasks'
+TOKENIZERS = (*tokenizers.TOKENIZER_KINDS, "task")  # byte_bpe, hf: from the workdir (import); task: synthetic
 CONFIG_FILE = "config.json"
 HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
 
