@@ -40,14 +40,6 @@ class TextLMDataset:
                 f"seq_len + 1 = {seq_len + 1}; lower --config.data.seq_len or change val_fraction"
             )
 
-    @classmethod
-    def from_tokens(cls, tokens: np.ndarray, seq_len: int) -> TextLMDataset:
-        """A corpus tokenized elsewhere (txjax.evaluate.score_text scores any file with the eval windows below)."""
-        dataset = cls.__new__(cls)
-        dataset.path, dataset.tokenizer, dataset.seq_len, dataset.split = None, None, seq_len, "valid"
-        dataset.tokens = np.asarray(tokens, np.int32)
-        return dataset
-
     def batch(self, seed: int, k: int, batch_size: int, rows: slice = slice(None)) -> Batch:
         """Training batch k: a pure function of (seed, k); only its `rows` (one process's share) are built."""
         L = self.seq_len

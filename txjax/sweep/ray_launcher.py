@@ -78,7 +78,7 @@ def run_on_ray(
         tuner = tune.Tuner(
             trainable,
             param_space={"trial": tune.grid_search(list(plan))} if plan else {},
-            tune_config=_tune_config(sweep, vmap, max_concurrent, runs),
+            tune_config=_tune_config(sweep, max_concurrent, runs),
             run_config=tune.RunConfig(
                 name="sweep",
                 storage_path=str(workdir / TUNE_DIR),
@@ -157,7 +157,7 @@ def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, li
     }
 
 
-def _tune_config(sweep: dict, vmap: bool, max_concurrent: int, runs: list[SweepRun]):
+def _tune_config(sweep: dict, max_concurrent: int, runs: list[SweepRun]):
     tune = require("ray.tune", "run.py sweep --launcher=ray")
     metric, search, scheduler = objective_metric(sweep), sweep["search"], sweep["scheduler"]
     search_alg, num_samples = None, 1
