@@ -79,8 +79,8 @@ def test_a_saved_config_out_of_range_names_its_file_and_field_and_a_lower_train_
     config.decode.prefill_chunk, config.train.steps = 0, 4
     config_lib.save(config, tmp_path)
     with pytest.raises(config_lib.ConfigError, match="config.train.steps=4 is below step 6 of "):
-        resume.check(config.to_json(), tmp_path, start=6)
-    assert resume.check(config.to_json(), tmp_path, start=4) == {}
+        resume.resumed_changes(config.to_json(), tmp_path, start=6)
+    assert resume.resumed_changes(config.to_json(), tmp_path, start=4) == {}
 
 
 def _run_py_in_process(capsys, *argv: str) -> tuple[int, str]:

@@ -254,7 +254,7 @@ def test_another_tokenizer_or_a_truncated_shard_is_refused(tmp_path):
     ByteTokenizer().save(tmp_path / "run" / "tokenizer")  # a workdir made by a byte-tokenizer run
     config = config_lib.from_command_line(None, ["--config.data.kind=shards", f"--config.data.path={out}"])
     with pytest.raises(config_lib.ConfigError, match=f"{out}/index.json: the shards were tokenized by another"):
-        txjax.training.edge.prepare(config, tmp_path / "run")
+        txjax.training.edge.prepare_run(config, tmp_path / "run")
     shard = out / read_index(out)["splits"]["train"]["streams"]["tokens"]["shards"][1]["file"]
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(ValueError, match=f"{shard}: .* the shard is truncated or was changed; delete {out}"):

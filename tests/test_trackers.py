@@ -195,7 +195,7 @@ def test_trackers_field_parses_validates_and_names_the_extra(monkeypatch):
         tiny_config(**{"train.trackers": "wandb"})
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed
     with pytest.raises(MissingExtra, match=r"pip install -e '\.\[track\]'"):
-        trackers.check(["jsonl", "mlflow"])
+        trackers.check_installed(["jsonl", "mlflow"])
 
 
 def test_a_run_and_its_resumes_log_what_metrics_jsonl_holds_once_per_step(tmp_path, mlflow_client):

@@ -26,7 +26,7 @@ def test_each_method_of_the_protocol_is_there_with_its_parameters(cls, name):
 def test_runs_are_trainees_and_the_loop_asks_nothing_else_of_them(tmp_path):
     flags = ["--config.data.max_digits=2", "--config.data.eval_size=4", "--config.model.num_layers=1"]
     config = config_lib.from_command_line(None, flags)
-    runs = [Run(edge.prepare(config.copy_and_resolve_references(), tmp_path / str(r))[0]) for r in range(2)]
+    runs = [Run(edge.prepare_run(config.copy_and_resolve_references(), tmp_path / str(r))[0]) for r in range(2)]
     for trainee in (runs[0], StackedRuns(runs)):
         trainee.compile(*trainee.build())  # sets train_step (jitted, not yet compiled)
         assert isinstance(trainee, Trainee)

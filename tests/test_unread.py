@@ -133,14 +133,14 @@ def test_a_config_saved_before_the_rule_loads_resumes_and_takes_flags(tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"^config.data.val_fraction=0.3 is not read by data.kind="):
         config_lib.from_command_line(None, ["--config.data.val_fraction=0.3"], workdir)  # a flag: the user's
     # resumed with the experiment file instead: the unread fields go back to their defaults, a change, not refused
-    changes = resume.check(config_lib.from_command_line(None, []).to_json(), workdir)
+    changes = resume.resumed_changes(config_lib.from_command_line(None, []).to_json(), workdir)
     assert changes == {
         "data.path": ["unused.txt", ""],
         "data.seq_len": [100000, 64],
         "train.decay_fraction": [0.5, 0.2],
     }
     with pytest.raises(config_lib.ConfigError, match=r"another run \(data.max_digits 8 -> 5\)"):  # a read one is
-        resume.check(config_lib.from_command_line(None, ["--config.data.max_digits=5"]).to_json(), workdir)
+        resume.resumed_changes(config_lib.from_command_line(None, ["--config.data.max_digits=5"]).to_json(), workdir)
 
 
 def test_run_py_eval_validates_a_config_saved_before_the_rule(tmp_path, monkeypatch):

@@ -23,10 +23,10 @@ from txjax.decode.strategy import METHODS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.ops import profiling
+from txjax.ops.provenance import REPO
 from txjax.ops.trackers import TRACKERS
 from txjax.state import optim
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 TOKENIZERS = (*tokenizers.TOKENIZER_KINDS, "task")  # byte_bpe, hf: from the workdir (import); task: synthetic
 CONFIG_FILE = "config.json"
@@ -222,7 +222,7 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
                 f"config.{name}={value!r} is not one of {', '.join(allowed)}"
                 + (f"; did you mean {close[0]!r}?" if close else "")
             )
-    ranges.check(config)  # every number in its range (the model's: ModelConfig below)
+    ranges.check_numbers(config)  # every number in its range (the model's: ModelConfig below)
     t = config.train
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")

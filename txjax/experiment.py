@@ -23,10 +23,8 @@ from txjax.state.checkpoint import Checkpointer
 from txjax.state.optim import OptimConfig, eval_params, make_optimizer
 from txjax.state.train_state import init_state, state_shardings
 
-TOKENIZER_DIR = "tokenizer"
-BUILT_WITH = "built_with.json"  # in TOKENIZER_DIR: the data fields the tokenizer was built from
+BUILT_WITH = "built_with.json"  # in data.TOKENIZER_DIR: the data fields the tokenizer was built from
 CHECKPOINT_DIR = "checkpoints"
-SPLITS = ("train", "valid", "test")
 
 
 def data_file(config: ml_collections.ConfigDict, split: str) -> Path:
@@ -51,7 +49,7 @@ def data_folder(config: ml_collections.ConfigDict) -> Path:
 
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path) -> data.Tokenizer:
     """The workdir's tokenizer/ when there is one (resume, eval), else built from the training data and saved."""
-    directory = Path(workdir) / TOKENIZER_DIR
+    directory = Path(workdir) / data.TOKENIZER_DIR
     if (directory / data.TOKENIZER_FILE).is_file():
         check_tokenizer(config, directory)
         return data.load_tokenizer(directory)
@@ -111,8 +109,8 @@ def build_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, 
 
 def _data_kind_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, split: str, form: str):
     """The dataset config.data.kind builds for one split (data.KINDS), its examples of `form` (Family.data_kinds)."""
-    if split not in SPLITS:
-        raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if split not in data.SPLITS:
+        raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(data.SPLITS)}")
     kind = data.KINDS[config.data.kind]
     path = lambda: data_folder(config) if kind.files == "folder" else data_file(config, split)
     return kind.forms[form].build(config.data, split, form, tokenizer, path)
@@ -184,5 +182,5 @@ def load_workdir(
         ckpt.close()
     if average > 1:
         params = jax.tree.map(lambda summed, leaf: (summed / len(steps)).astype(leaf.dtype), total, params)
-    tokenizer = data.load_tokenizer(workdir / TOKENIZER_DIR)
+    tokenizer = data.load_tokenizer(workdir / data.TOKENIZER_DIR)
     return TrainedRun(config, model, tokenizer, params, steps[0], tuple(steps) if average > 1 else ())

@@ -66,7 +66,7 @@ RANGES = {
 }
 
 
-def check(config: ml_collections.ConfigDict) -> None:
+def check_numbers(config: ml_collections.ConfigDict) -> None:
     """ConfigError naming the first field of RANGES out of its range, then the decode section's (check_decode)."""
     for name, (ok, words) in RANGES.items():
         section, _, field = name.partition(".")

@@ -83,7 +83,7 @@ def load_bart(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     hf = hf_folder.read_config(folder)
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
     hf_folder.check_fits(cfg, folder, FAMILY)
-    tokenizer = marian.read_tokenizer(folder, hf)
+    tokenizer = marian.read_seq2seq_tokenizer(folder, hf)
     tensors = hf_folder.read_tensors(folder)
     hf_folder.check_headers(params_from_hf, tensors, cfg)
     return cfg, params_from_hf(tensors, cfg), tokenizer
@@ -118,4 +118,4 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 def write_bart(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
     """Writes a BartForConditionalGeneration folder: config.json, model.safetensors and the tokenizer's files."""
     hf_config = marian.lineage_config_to_hf(cfg, tokenizer, _BART_FIELDS, "BartForConditionalGeneration")
-    marian.write_folder(folder, hf_config, params_to_hf(params, cfg), tokenizer, cfg.max_len)
+    marian.write_seq2seq_folder(folder, hf_config, params_to_hf(params, cfg), tokenizer, cfg.max_len)

@@ -38,16 +38,16 @@ from txjax.model.models import stack_layers, unstack_layers
 from txjax.ops import storage
 from txjax.ops.memory import device_bytes
 
-CONFIG_FILE = "config.json"
+HF_CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+HF_INDEX_FILE = "model.safetensors.index.json"
 
 
 def read_config(folder: Path) -> dict:
     """config.json of a Hugging Face checkpoint folder, as a dict."""
-    path = folder / CONFIG_FILE
+    path = folder / HF_CONFIG_FILE
     if not path.is_file():
-        raise ValueError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face checkpoint folder)")
+        raise ValueError(f"{folder}: no {HF_CONFIG_FILE} (not a Hugging Face checkpoint folder)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -69,7 +69,7 @@ def load_decoder_folder(folder, config_from_hf: Callable, params_from_hf: Callab
 
 def write_folder(folder: Path, hf_config: Mapping, tensors: Mapping[str, np.ndarray]) -> None:
     """config.json + model.safetensors into `folder`, as save_pretrained writes them (from_pretrained loads them)."""
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    (folder / HF_CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
     save_file(dict(tensors), folder / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
@@ -122,10 +122,10 @@ def read_tensors(folder: Path) -> dict[str, Stored]:
     when Tensors.get asks: bfloat16 and float16 too, through safetensors' flax reader, which knows bfloat16)."""
     if (folder / WEIGHTS_FILE).is_file():
         files = [folder / WEIGHTS_FILE]
-    elif (folder / INDEX_FILE).is_file():
-        files = sorted({folder / f for f in json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()})
+    elif (folder / HF_INDEX_FILE).is_file():
+        files = sorted({folder / f for f in json.loads((folder / HF_INDEX_FILE).read_text())["weight_map"].values()})
     else:
-        raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
+        raise ValueError(f"{folder}: no {WEIGHTS_FILE} or {HF_INDEX_FILE} (not a Hugging Face safetensors checkpoint)")
     tensors = {}
     for path in files:
         try:

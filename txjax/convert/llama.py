@@ -311,7 +311,7 @@ def params_from_hf(
     elif "lm_head.weight" in t:  # a tied checkpoint may store the head too; it must be the embedding
         if not hf_folder.same(t.get("lm_head.weight", (v, d)), embed["tokens"]["embedding"]):
             raise ValueError(
-                f"{hf_folder.CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
+                f"{hf_folder.HF_CONFIG_FILE}: tie_word_embeddings is true but lm_head.weight differs from the embedding"
             )
     decoder = layers(lambda i, name, shape: t.get(f"layers.{i}.{name}", shape), cfg, to_pairs)
     decoder["final_norm"] = {"scale": t.get("norm.weight", (d,))}

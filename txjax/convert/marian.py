@@ -48,7 +48,7 @@ from txjax.model.models import unstack_layers
 FAMILY = ENCODER_DECODER
 MODEL_TYPES = ("marian",)
 # HF activation_function -> model.activation
-ACTIVATIONS = {
+HF_ACTIVATIONS = {
     "relu": "relu",
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
@@ -106,8 +106,8 @@ def shared_config(hf: Mapping, model_types: tuple[str, ...], **fields) -> ModelC
         raise ValueError(f"config.json: model_type={kind!r} is not one of {', '.join(model_types)}")
     hf_folder.integers(hf, "vocab_size", "d_model", "encoder_layers", "decoder_layers", "max_position_embeddings")
     act = hf.get("activation_function", "gelu")
-    if act not in ACTIVATIONS:
-        raise ValueError(f"config.json: activation_function={act!r} is not one of {', '.join(ACTIVATIONS)}")
+    if act not in HF_ACTIVATIONS:
+        raise ValueError(f"config.json: activation_function={act!r} is not one of {', '.join(HF_ACTIVATIONS)}")
     for name in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
         if not isinstance(hf.get(name), int):
             raise ValueError(f"config.json: {name}={hf.get(name)!r} must be a token id")
@@ -119,7 +119,7 @@ def shared_config(hf: Mapping, model_types: tuple[str, ...], **fields) -> ModelC
         num_layers=hf["decoder_layers"],
         num_encoder_layers=hf["encoder_layers"],
         max_len=hf["max_position_embeddings"],
-        activation=ACTIVATIONS[act],
+        activation=HF_ACTIVATIONS[act],
         tie_embeddings=hf.get("tie_word_embeddings", True),
         embed_scale=bool(hf.get("scale_embedding", False)),
         norm_eps=1e-5,  # torch.nn.LayerNorm's default, which these models' layers use
@@ -222,7 +222,7 @@ def stacks_from_hf(t: hf_folder.Tensors, cfg: ModelConfig) -> dict:
 # folders
 
 
-def read_tokenizer(folder: Path, hf: Mapping) -> HFTokenizer:
+def read_seq2seq_tokenizer(folder: Path, hf: Mapping) -> HFTokenizer:
     """The folder's tokenizer.json with BOS = decoder_start_token_id (where Marian's targets start: its pad id),
     EOS and pad from config.json; no BOS before sources."""
     if not (folder / "tokenizer.json").is_file() and (folder / "source.spm").is_file():
@@ -242,7 +242,7 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     hf = hf_folder.read_config(folder)
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
     hf_folder.check_fits(cfg, folder, FAMILY)
-    tokenizer = read_tokenizer(folder, hf)
+    tokenizer = read_seq2seq_tokenizer(folder, hf)
     tensors = hf_folder.read_tensors(folder)
     hf_folder.check_headers(params_from_hf, tensors, cfg)
     return cfg, params_from_hf(tensors, cfg), tokenizer
@@ -265,7 +265,7 @@ def lineage_config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer, fields: Mappi
     for name, want in fields.items():
         if getattr(cfg, name) != want:
             raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to {kind} (needs {want!r})")
-    names = {mine: hf for hf, mine in ACTIVATIONS.items() if hf not in ("silu", "gelu_pytorch_tanh")}
+    names = {mine: hf for hf, mine in HF_ACTIVATIONS.items() if hf not in ("silu", "gelu_pytorch_tanh")}
     if cfg.activation not in names or cfg.kv_heads != cfg.num_heads or cfg.head_dim * cfg.num_heads != cfg.d_model:
         raise ValueError(
             f"model.activation={cfg.activation!r}, num_kv_heads or d_head cannot be exported to {kind} (needs one of "
@@ -355,7 +355,9 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def write_folder(folder: Path, hf_config: Mapping, tensors: Mapping, tokenizer: HFTokenizer, max_len: int) -> None:
+def write_seq2seq_folder(
+    folder: Path, hf_config: Mapping, tensors: Mapping, tokenizer: HFTokenizer, max_len: int
+) -> None:
     """config.json + model.safetensors + the tokenizer's files into `folder` (from_pretrained and AutoTokenizer load
     them)."""
     hf_folder.write_folder(folder, hf_config, tensors)
@@ -364,4 +366,4 @@ def write_folder(folder: Path, hf_config: Mapping, tensors: Mapping, tokenizer: 
 
 def write_marian(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
     """Writes a MarianMTModel folder: config.json, model.safetensors and the tokenizer's files."""
-    write_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)
+    write_seq2seq_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)

@@ -39,7 +39,7 @@ from txjax.model.config import ModelConfig
 FAMILY = marian.FAMILY
 MODEL_TYPES = ("t5", "mt5")
 # feed_forward_proj -> model.activation (HF's gated-gelu is GELU's tanh form, gelu_new)
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu", "gated-silu": "swiglu"}
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu", "gated-silu": "swiglu"}
 _T5_FIELDS = {
     "positional": "relative_buckets",
     "norm": "rmsnorm",
@@ -69,8 +69,8 @@ def config_from_hf(hf: Mapping, has_head: bool = False) -> ModelConfig:
         raise ValueError(f"config.json: model_type={kind!r} is not one of {', '.join(MODEL_TYPES)}")
     hf_folder.integers(hf, "vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
     ffn = hf.get("feed_forward_proj", "relu")
-    if ffn not in ACTIVATIONS:
-        raise ValueError(f"config.json: feed_forward_proj={ffn!r} is not one of {', '.join(ACTIVATIONS)}")
+    if ffn not in HF_ACTIVATIONS:
+        raise ValueError(f"config.json: feed_forward_proj={ffn!r} is not one of {', '.join(HF_ACTIVATIONS)}")
     for name, value in (("decoder_start_token_id", _start_id(hf)), ("eos_token_id", hf.get("eos_token_id"))):
         if not isinstance(value, int):
             raise ValueError(f"config.json: {name}={value!r} must be a token id")
@@ -84,7 +84,7 @@ def config_from_hf(hf: Mapping, has_head: bool = False) -> ModelConfig:
         num_layers=hf.get("num_decoder_layers") or hf["num_layers"],
         num_encoder_layers=hf["num_layers"],
         max_len=hf.get("n_positions") or 512,  # relative positions have no table; T5 was trained at 512
-        activation=ACTIVATIONS[ffn],
+        activation=HF_ACTIVATIONS[ffn],
         tie_embeddings=not has_head,
         relative_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_max_distance=hf.get("relative_attention_max_distance", 128),
@@ -168,7 +168,7 @@ def load_t5(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     folder = Path(folder).expanduser()
     hf = hf_folder.read_config(folder)
     hf_folder.check_fits(config_from_hf(hf, has_head=True), folder, FAMILY)  # a bad field, a model too large
-    tokenizer = marian.read_tokenizer(folder, {**hf, "decoder_start_token_id": _start_id(hf)})
+    tokenizer = marian.read_seq2seq_tokenizer(folder, {**hf, "decoder_start_token_id": _start_id(hf)})
     tensors = hf_folder.read_tensors(folder)
     head, table = tensors.get("lm_head.weight"), tensors.get("shared.weight")
     untied = head is not None and (
@@ -192,7 +192,7 @@ def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
             raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to T5 (needs {want!r})")
     if cfg.kv_heads != cfg.num_heads:
         raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads} cannot be exported to T5 (needs num_heads)")
-    names = {mine: hf for hf, mine in ACTIVATIONS.items()}
+    names = {mine: hf for hf, mine in HF_ACTIVATIONS.items()}
     if cfg.activation not in names:
         raise ValueError(f"model.activation={cfg.activation!r} cannot be exported to T5 (one of {', '.join(names)})")
     return {
@@ -262,4 +262,4 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def write_t5(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
     """Writes a T5ForConditionalGeneration folder: config.json, model.safetensors and the tokenizer's files."""
-    marian.write_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)
+    marian.write_seq2seq_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)

@@ -29,9 +29,10 @@ import ml_collections
 from txjax import config as config_lib
 from txjax.convert import bart, gemma, gguf, gpt2, llama, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
+from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
-from txjax.experiment import CHECKPOINT_DIR, TOKENIZER_DIR, build_model, load_workdir
+from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
 from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers

@@ -23,7 +23,7 @@ Helpers: prefetch(iterator, size=2), first_fit (packing), resolve_path (one-line
 Batch layouts: the keys each model family reads are in txjax/families (inputs, targets, weights).
 """
 
-from txjax.data.batching import Batch, prefetch
+from txjax.data.batching import SPLITS, Batch, prefetch
 from txjax.data.files import read_text, read_tsv, resolve_path
 from txjax.data.kinds import KINDS, DataKind
 from txjax.data.packing import first_fit
@@ -32,10 +32,11 @@ from txjax.data.shard_pairs import ShardPairsDataset
 from txjax.data.shards import ShardLMDataset, load_shards_tokenizer
 from txjax.data.synthetic import TASKS, SyntheticTask, task_tokenizer
 from txjax.data.text import TextLMDataset
-from txjax.data.tokenizer_base import TOKENIZER_FILE, Tokenizer
+from txjax.data.tokenizer_base import TOKENIZER_DIR, TOKENIZER_FILE, Tokenizer
 from txjax.data.tokenizers import ByteTokenizer, CharTokenizer, SentencePieceTokenizer, load_tokenizer
 
 __all__ = [
+    "SPLITS",
     "Batch",
     "prefetch",
     "read_text",
@@ -51,6 +52,7 @@ __all__ = [
     "ShardLMDataset",
     "ShardPairsDataset",
     "TextLMDataset",
+    "TOKENIZER_DIR",
     "TOKENIZER_FILE",
     "ByteTokenizer",
     "CharTokenizer",

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+SPLITS = ("train", "valid", "test")  # the splits a run reads (a dataset serves train and valid, some test)
+
 Batch = dict[str, np.ndarray]
 
 

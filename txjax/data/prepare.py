@@ -36,11 +36,12 @@ from tqdm import tqdm
 
 from txjax.data import readers
 from txjax.data import tokenizers as tok_lib
-from txjax.data.prepare_tokenizer import RECIPES, Source, batches, closing
-from txjax.data.shards import INDEX_FILE, TOKENIZER_DIR, fingerprint, shard_dtype
+from txjax.data.prepare_tokenizer import RECIPES, TokenizerInputs, batches, closing
+from txjax.data.shards import INDEX_FILE, fingerprint, shard_dtype
+from txjax.data.tokenizer_base import TOKENIZER_DIR
 from txjax.ops import preemption, storage
 
-SPLITS = ("train", "valid")
+SHARD_SPLITS = ("train", "valid")
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _worker_tokenizers: dict[str, tok_lib.Tokenizer] = {}  # fingerprint -> tokenizer: each worker process loads it once
 
@@ -88,7 +89,7 @@ def prepare(
     }
     if tokenizer_dir:
         options["tokenizer_fingerprint"] = fingerprint(tok_lib.load_tokenizer(tokenizer_dir))
-    files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in paths]
+    files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": storage.sha256(p)} for p in paths]
     output = Path(output).expanduser().resolve()
     if _up_to_date(output, options, files):
         return {"output": str(output), "up_to_date": True}
@@ -134,14 +135,6 @@ def _tokenizer_dir(tokenizer: str) -> Path | None:
         f"--tokenizer={tokenizer}: not one of {', '.join(RECIPES)}, and {path} holds no {tok_lib.TOKENIZER_FILE} "
         f"(nor {TOKENIZER_DIR}/{tok_lib.TOKENIZER_FILE}); pass a workdir of run.py train / import, or a tokenizer kind"
     )
-
-
-def _sha256(path: Path, block: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while data := f.read(block):
-            digest.update(data)
-    return digest.hexdigest()
 
 
 def _up_to_date(output: Path, options: dict, files: list[dict]) -> bool:
@@ -205,11 +198,11 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         if tokenizer_dir:
             tok = tok_lib.load_tokenizer(tokenizer_dir)
         else:
-            source = Source(chunks, fmt, delimiter, field, chunk_bytes, run, bar)
+            source = TokenizerInputs(chunks, fmt, delimiter, field, chunk_bytes, run, bar)
             tok = RECIPES[tokenizer].build(source, options["vocab_size"], options["sample_mb"])
         tok.save(partial / TOKENIZER_DIR)
         tok_fingerprint = fingerprint(tok)
-        for split in SPLITS:
+        for split in SHARD_SPLITS:
             (partial / split).mkdir()
         tasks = [
             (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams, tok_fingerprint)
@@ -219,8 +212,8 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         progress_bar = bar("tokenize")
         for result in closing(progress_bar, run(_tokenize_chunk, tasks)):
             results.append(result)
-            documents += sum(len(result[split][streams[0]]) for split in SPLITS)
-            tokens += sum(int(result[split][streams[0]].sum()) for split in SPLITS)
+            documents += sum(len(result[split][streams[0]]) for split in SHARD_SPLITS)
+            tokens += sum(int(result[split][streams[0]].sum()) for split in SHARD_SPLITS)
             progress_bar.update(result["bytes"])
             progress_bar.set_postfix(documents=documents, tokens=tokens, refresh=False)
     finally:
@@ -242,7 +235,7 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         },  # fmt: skip
         "options": options,
         "inputs": files,
-        "splits": {split: _split_index(partial, split, streams, results, options, documents) for split in SPLITS},
+        "splits": {split: _split_index(partial, split, streams, results, options, documents) for split in SHARD_SPLITS},
         "workers": workers,
     }
     (partial / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")
@@ -305,12 +298,12 @@ def _tokenize_chunk(task) -> dict:
         _worker_tokenizers[tokenizer_fingerprint] = tok_lib.load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
     tok = _worker_tokenizers[tokenizer_fingerprint]
     dtype = shard_dtype(tok.vocab_size)
-    names = {split: {s: f"{split}/{s}-{i:05d}.bin" for s in streams} for split in SPLITS}
-    lengths = {split: {s: [] for s in streams} for split in SPLITS}
+    names = {split: {s: f"{split}/{s}-{i:05d}.bin" for s in streams} for split in SHARD_SPLITS}
+    lengths = {split: {s: [] for s in streams} for split in SHARD_SPLITS}
     with contextlib.ExitStack() as files:
         opened = {}  # name -> file, opened at its first token: a split without tokens has no shard file
         for batch in batches(readers.documents(chunk, fmt, delimiter, field)):
-            parts = {split: [] for split in SPLITS}
+            parts = {split: [] for split in SHARD_SPLITS}
             for d in batch:
                 key = "\t".join(d) if isinstance(d, tuple) else d
                 parts["valid" if _is_valid(key, valid_fraction) else "train"].append(d)
@@ -325,7 +318,7 @@ def _tokenize_chunk(task) -> dict:
                         opened[name].write(np.concatenate(ids).astype(dtype).data)
                     lengths[split][s].append(n)
     result = {"bytes": chunk.nbytes, "files": names}
-    for split in SPLITS:
+    for split in SHARD_SPLITS:
         result[split] = {s: np.concatenate([np.zeros(0, np.int64), *lengths[split][s]]) for s in streams}
     return result
 

@@ -23,7 +23,7 @@ from txjax.data import tokenizers as tok_lib
 BATCH_CHARS = 1 << 22  # characters of documents handled at once: a chunk of any size is read in such batches
 
 
-class Source(NamedTuple):
+class TokenizerInputs(NamedTuple):
     """What a tokenizer is built from: the chunks of the inputs, how to read them, and a map over chunks (a pool's
     imap, or map) with its progress bar."""
 
@@ -37,7 +37,7 @@ class Source(NamedTuple):
 
 
 class Kind(NamedTuple):
-    build: Callable[[Source, int, float], tok_lib.Tokenizer]  # (source, vocab_size, sample_mb) -> tokenizer
+    build: Callable[[TokenizerInputs, int, float], tok_lib.Tokenizer]  # (source, vocab_size, sample_mb) -> tokenizer
     trained: bool  # reads --vocab_size and --sample_mb
 
 
@@ -65,7 +65,7 @@ def closing(bar, results):
         yield from results
 
 
-def _char(source: Source, vocab_size: int, sample_mb: float) -> tok_lib.CharTokenizer:
+def _char(source: TokenizerInputs, vocab_size: int, sample_mb: float) -> tok_lib.CharTokenizer:
     """The characters of every document (a first pass over the inputs), with pad/bos/eos."""
     present = np.zeros(0x110000, bool)
     bar = source.bar("characters")
@@ -85,7 +85,7 @@ def chunk_codes(task) -> np.ndarray:
     return np.flatnonzero(present)
 
 
-def sample(source: Source, sample_mb: float) -> list[str]:
+def sample(source: TokenizerInputs, sample_mb: float) -> list[str]:
     """The documents of about sample_mb of chunks spread evenly over the inputs (of each chunk, its documents up to
     chunk_bytes characters: all of a byte range, part of a whole compressed file)."""
     sizes = np.array([c.nbytes for c in source.chunks])
@@ -104,7 +104,7 @@ def sample(source: Source, sample_mb: float) -> list[str]:
     return out
 
 
-def _sentencepiece(source: Source, vocab_size: int, sample_mb: float) -> tok_lib.SentencePieceTokenizer:
+def _sentencepiece(source: TokenizerInputs, vocab_size: int, sample_mb: float) -> tok_lib.SentencePieceTokenizer:
     """SentencePiece trained on the lines of the sample; with byte fallback, so that characters the sample lacks
     encode as their UTF-8 bytes."""
     lines = [line for text in sample(source, sample_mb) for line in text.split("\n") if line.strip()]
@@ -118,7 +118,7 @@ def _sentencepiece(source: Source, vocab_size: int, sample_mb: float) -> tok_lib
         ) from None
 
 
-def _bpe(source: Source, vocab_size: int, sample_mb: float) -> tok_lib.ByteLevelBPETokenizer:
+def _bpe(source: TokenizerInputs, vocab_size: int, sample_mb: float) -> tok_lib.ByteLevelBPETokenizer:
     """Byte-level BPE trained on the documents of the sample (every byte encodes: nothing is out of vocabulary)."""
     return tok_lib.ByteLevelBPETokenizer.train(sample(source, sample_mb), vocab_size)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from txjax.data.batching import require_ids
 from txjax.data.parallel import ParallelDataset
-from txjax.data.shards import TokenStream, check_tokenizer, read_index
+from txjax.data.shards import TokenStream, check_shards_tokenizer, read_index
 from txjax.data.tokenizer_base import Tokenizer
 
 
@@ -63,7 +63,7 @@ class ShardPairsDataset(ParallelDataset):
             raise ValueError(
                 f"{self.path} holds LM documents, not TSV pairs: train on them with --config.family=decoder_lm"
             )
-        check_tokenizer(self.path, index, tokenizer)
+        check_shards_tokenizer(self.path, index, tokenizer)
         self.src_tokenizer = self.tgt_tokenizer = tokenizer
         self.max_src_len, self.max_tgt_len, self.pack = max_src_len, max_tgt_len, pack
         self.pad_id, self.bos_id, eos_id = require_ids(tokenizer, "pad_id", "bos_id", "eos_id")

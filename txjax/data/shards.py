@@ -38,11 +38,10 @@ import numpy as np
 
 from txjax.data.batching import Batch
 from txjax.data.packing import first_fit
-from txjax.data.tokenizer_base import Tokenizer
+from txjax.data.tokenizer_base import TOKENIZER_DIR, Tokenizer
 from txjax.data.tokenizers import load_tokenizer
 
 INDEX_FILE = "index.json"
-TOKENIZER_DIR = "tokenizer"
 
 
 def shard_dtype(vocab_size: int) -> type:
@@ -76,7 +75,7 @@ def load_shards_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     return load_tokenizer(Path(directory).expanduser().resolve() / TOKENIZER_DIR)
 
 
-def check_tokenizer(directory: str | os.PathLike, index: dict, tokenizer: Tokenizer) -> None:
+def check_shards_tokenizer(directory: str | os.PathLike, index: dict, tokenizer: Tokenizer) -> None:
     """ValueError unless `tokenizer` is the one the shards were tokenized with."""
     saved = index["tokenizer"]
     if saved["fingerprint"] != fingerprint(tokenizer):
@@ -182,7 +181,7 @@ class ShardLMDataset:
         index = read_index(self.directory)
         if index["kind"] != "lm":
             raise ValueError(f"{self.directory} holds TSV pairs: train on them with --config.family=encoder_decoder")
-        check_tokenizer(self.directory, index, tokenizer)
+        check_shards_tokenizer(self.directory, index, tokenizer)
         self.tokenizer, self.seq_len, self.split, self.pack = tokenizer, seq_len, split, pack
         self.stream = TokenStream(self.directory, index, split)
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0

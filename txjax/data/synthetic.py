@@ -29,13 +29,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from txjax.data.batching import Batch, batch_rng, chunk_rows, lm_batch, seq2seq_batch
+from txjax.data.batching import SPLITS, Batch, batch_rng, chunk_rows, lm_batch, seq2seq_batch
 from txjax.data.tokenizers import CharTokenizer
 
 TASKS = ("copy", "reverse", "sort", "add", "passkey")
 PASSKEY_DIGITS = 2  # passkey: the answer's digits; chance is 10**-PASSKEY_DIGITS
 SEPARATOR = "="
-SPLITS = ("train", "valid", "test")
 HELD_OUT = {"valid": (0.0, 0.05), "test": (0.05, 0.10)}  # a prompt's hash in [lo, hi): that split; else train
 _DRAWS_PER_EXAMPLE = 200  # an eval set stops drawing after eval_size * this (a space too small to fill it)
 

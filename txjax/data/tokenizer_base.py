@@ -12,6 +12,7 @@ import numpy as np
 from txjax.data.files import PathLike
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_DIR = "tokenizer"  # the folder a workdir or a prepared data folder keeps its tokenizer in
 
 
 class Tokenizer:

@@ -19,7 +19,7 @@ from txjax.model.attention import ATTENTION_IMPLS
 NORMS = ("layernorm", "rmsnorm")
 
 _CHOICES = {
-    "positional": positional.KINDS,
+    "positional": positional.POSITIONAL_KINDS,
     "norm": NORMS,
     "norm_placement": ("pre", "post", "sandwich"),  # txjax.model.layers: sandwich = pre + a norm of each branch
     "activation": tuple(ACTIVATIONS),

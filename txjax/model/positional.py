@@ -24,7 +24,7 @@ import numpy as np
 
 from txjax.model import masks
 
-KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "sinusoidal_halves", "relative_buckets")
+POSITIONAL_KINDS = ("none", "sinusoidal", "learned", "rope", "alibi", "sinusoidal_halves", "relative_buckets")
 ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
 
 

@@ -19,7 +19,7 @@ import jax
 
 from txjax.ops.peak import peak_gflops
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the repository root (config.py reads experiments/ from it)
 
 
 def cpu_model() -> str:

@@ -5,6 +5,7 @@
     replace_file(path, data) the same, whole or not at all: a file beside it renamed over it (reports, results)
     Appending(path)         the same for a file written piece by piece (prepare's shards)
     quiet_orbax()           holds back orbax's logged tracebacks of a failed save (the StorageError says it once)
+    sha256(path)            a file's SHA-256, read in blocks (checkpoint checksums, prepare's record of its inputs)
 A StorageError is a ConfigError: run.py prints it as `error: ...` and exits with status 2.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -126,3 +128,9 @@ def quiet_orbax():
         yield
     finally:
         logger.removeFilter(dropped)
+
+
+def sha256(path) -> str:
+    """The hex SHA-256 of the file at `path` (hashlib.file_digest: read in blocks, never whole)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

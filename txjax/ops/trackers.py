@@ -55,7 +55,7 @@ def _summary_writer_class():
     return SummaryWriter
 
 
-def check(names) -> None:
+def check_installed(names) -> None:
     """Each remote tracker's package is installed (MissingExtra: one line naming the track extra), before training."""
     for name in names:
         if name in REMOTE:

@@ -20,7 +20,6 @@ that name), so the bytes are kept for a look.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sys
 import time
 from pathlib import Path
@@ -146,7 +145,7 @@ class Checkpointer:
     def _write_checksums(self) -> None:
         (folder,) = self.directory.glob(f"{self._saving}{_TMP_SUFFIX}*")
         files = sorted(p for p in folder.glob("*/**/*") if p.is_file())
-        lines = [f"{_sha256(p)}  {p.relative_to(folder)}\n" for p in files]
+        lines = [f"{storage.sha256(p)}  {p.relative_to(folder)}\n" for p in files]
         (folder / CHECKSUM_FILE).write_text("".join(lines))
 
 
@@ -158,13 +157,8 @@ def verify(step_folder: Path) -> None:
     for line in listing.read_text().splitlines():
         digest, _, name = line.partition("  ")
         path = step_folder / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or storage.sha256(path) != digest:
             raise Damaged(f"{name} {'differs from its sha256' if path.is_file() else 'is missing'}")
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _first_line(e: Exception) -> str:

@@ -21,14 +21,14 @@ import numpy as np
 from txjax.errors import ConfigError
 from txjax.extras import require
 
-KINDS = ("random", "optuna")
+SEARCH_KINDS = ("random", "optuna")
 ARGUMENTS = {"loguniform": "lo, hi", "uniform": "lo, hi", "randint": "lo, hi", "choice": "[values]"}
 _KEYS = {"kind", "num_samples", "seed", "space"}
 
 
-def check(search: dict, path: Path) -> None:
+def check_section(search: dict, path: Path) -> None:
     """ConfigError naming the first thing wrong with a sweep file's search section."""
-    if not isinstance(search, dict) or set(search) - _KEYS or search.get("kind") not in KINDS:
+    if not isinstance(search, dict) or set(search) - _KEYS or search.get("kind") not in SEARCH_KINDS:
         raise ConfigError(
             f"{path}: search must be {{'kind': 'random' | 'optuna', 'num_samples': N, 'seed': S, 'space': "
             f"{{field: (distribution, ...)}}}}; got {search!r}"

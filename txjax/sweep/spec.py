@@ -100,7 +100,7 @@ def load_sweep(path: str | Path) -> dict:
     if len({len(v) for v in sweep["zip"].values()}) > 1:
         raise config_lib.ConfigError(f"{path}: the zip axes {', '.join(sweep['zip'])} must have equal lengths")
     if sweep["search"] is not None:
-        search_lib.check(sweep["search"], path)
+        search_lib.check_section(sweep["search"], path)
         if sweep["search"]["kind"] == "optuna" and (sweep["grid"] or sweep["zip"]):
             raise config_lib.ConfigError(f"{path}: an optuna search takes no grid or zip; put them in its space")
     if sweep["scheduler"] is not None:

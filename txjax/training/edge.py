@@ -57,11 +57,13 @@ class RunSpec:
     config: str  # the resolved config's JSON, as config.json holds it
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: Path) -> tuple[RunSpec, tuple]:
+def prepare_run(config: ml_collections.ConfigDict, workdir: Path) -> tuple[RunSpec, tuple]:
     """(RunSpec, (tokenizer, train, valid)) of a run; the tokenizer saved in `workdir`, train.init_from's model
     section and the model sizes filled into `config`."""
     workdir.mkdir(parents=True, exist_ok=True)
-    trackers.check(config.train.trackers)  # a missing package (the track extra) fails before anything is built
+    trackers.check_installed(
+        config.train.trackers
+    )  # a missing package (the track extra) fails before anything is built
     if config.train.get("init_from"):  # fine-tuning: the source's model section and tokenizer
         init_from.adopt_model(config, workdir, lead=is_lead())
         barrier("init_from")

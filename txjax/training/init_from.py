@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.experiment import BUILT_WITH, TOKENIZER_DIR, load_workdir
+from txjax.data import TOKENIZER_DIR
+from txjax.experiment import BUILT_WITH, load_workdir
 from txjax.state.train_state import TrainState
 
 

@@ -53,7 +53,7 @@ def drive(
     configs: list[ml_collections.ConfigDict], workdirs: list[str | Path], together: Callable[[list[Run]], Trainee]
 ):
     """Trains the runs of `configs` in `workdirs`, resuming from the last step they saved: each config resolved
-    against its workdir at the edge (txjax.training.edge.prepare), under the workdir's lock, into a Run, and
+    against its workdir at the edge (txjax.training.edge.prepare_run), under the workdir's lock, into a Run, and
     `together(runs)` the Trainee the loop drives (txjax.training.trainee: a Run, or stacked runs,
     txjax.training.stack.StackedRuns); its outcome (Run.finish)."""
     with contextlib.ExitStack() as held:  # one writer per workdir; SIGTERM/SIGINT stop with a checkpoint
@@ -61,7 +61,7 @@ def drive(
             held.enter_context(workdir_lock.hold(Path(workdir)))
         held.enter_context(preemption.watch())
         held.enter_context(storage.writing("the workdir", "free space or make it writable, then rerun to resume"))
-        prepared = [edge.prepare(config, Path(workdir)) for config, workdir in zip(configs, workdirs)]
+        prepared = [edge.prepare_run(config, Path(workdir)) for config, workdir in zip(configs, workdirs)]
         run, data = together([Run(spec) for spec, _ in prepared]), prepared[0][1]  # stacked runs share data
         ckpts = run.open_checkpoints()
         try:

@@ -51,7 +51,7 @@ def refused(name: str) -> bool:
     return field in config_lib.RESUME_FIXED.get(section, ())
 
 
-def check(config: str, workdir: Path, start: int = 0) -> dict[str, list]:
+def resumed_changes(config: str, workdir: Path, start: int = 0) -> dict[str, list]:
     """The changes a run of the config (its JSON) resuming from `workdir`'s checkpoints at step `start` applies to
     the one saved there ({field: [old, new]}); a ConfigError naming the refused ones when there are any, or when
     the config's train.steps ends before `start` (the run would record settings it never trains with)."""
@@ -74,7 +74,7 @@ def check(config: str, workdir: Path, start: int = 0) -> dict[str, list]:
     return changes
 
 
-def save(config: str, workdir: Path, start: int, changes: dict[str, list]) -> None:
+def record_changes(config: str, workdir: Path, start: int, changes: dict[str, list]) -> None:
     """Writes config.json of the config (its JSON), its history extended by the changes applied from step `start`
     (when there are any)."""
     entry = [{"step": start, "changes": changes}] if changes else []

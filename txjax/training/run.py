@@ -71,9 +71,9 @@ class Run:
         self.saved = start or None
         changes = {}
         if self.ckpt.latest_step() is not None:
-            changes = resume.check(self.spec.config, self.workdir, start)
+            changes = resume.resumed_changes(self.spec.config, self.workdir, start)
         if is_lead():
-            resume.save(self.spec.config, self.workdir, start, changes)
+            resume.record_changes(self.spec.config, self.workdir, start, changes)
         return changes
 
     def compile(self, model, mesh: Mesh) -> None:
