@@ -25,7 +25,7 @@ from txjax.model import blockwise
 
 def block_pairs(context: int, window: int, bq: int, bk: int) -> int:
     """The key blocks the causal query blocks of one sequence read, summed (blockwise._kv_blocks)."""
-    plan, nq, nk = blockwise._Plan(True, 1.0, bq, bk), -(-context // bq), -(-context // bk)
+    plan, nq, nk = blockwise.Plan(True, 1.0, bq, bk), -(-context // bq), -(-context // bk)
     w = jnp.int32(window) if window else None
     return sum(int(last) - int(first) for first, last in (blockwise._kv_blocks(plan, i, nk, w) for i in range(nq)))
 
