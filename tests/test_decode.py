@@ -14,7 +14,7 @@ from txjax.families import family_of
 from txjax.model.config import ModelConfig
 from txjax.model.masks import NEG_INF
 from txjax.model.models import DecoderLM, EncoderDecoder
-from txjax.model.positional import KINDS
+from txjax.model.positional import POSITIONAL_KINDS
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
@@ -69,7 +69,7 @@ def teacher_forced_steps(model, params, cache, tokens_BxL, first, context=None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("positional", KINDS)
+@pytest.mark.parametrize("positional", POSITIONAL_KINDS)
 def test_lm_prefill_then_steps_equal_full_forward(positional):
     model, params = lm(positional)
     tokens_BxL, p = random_ids(0, (2, 12)), 5
@@ -110,7 +110,7 @@ def test_bfloat16_grouped_query_decoding_follows_the_full_forward_pass():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("positional", KINDS)
+@pytest.mark.parametrize("positional", POSITIONAL_KINDS)
 def test_seq2seq_cached_steps_equal_full_forward(positional):
     model, params = seq2seq(positional)
     src_BxS, tgt_BxT = random_ids(2, (2, 7)), random_ids(3, (2, 6))
