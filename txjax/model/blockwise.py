@@ -160,7 +160,7 @@ def _flash_bwd(plan, saved, do):
 
 
 def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes=None, window=None):
-    """dq, dk, dv (in q's, k's, v's dtypes) of forward's arguments from its o and logsumexp and the output's
+    """dq, dk, dv (in q's, k's, v's dtypes) of flash_forward's arguments from its o and logsumexp and the output's
     cotangent do (o's layout), each block's probabilities recomputed from the logsumexp (the equations above)."""
     nk, f32 = k.shape[0], jnp.float32
     delta = einops.rearrange((do.astype(f32) * o.astype(f32)).sum(-1), "n b q g r -> n b g r q")  # rowsum(do * o)
