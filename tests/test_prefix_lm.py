@@ -1,6 +1,7 @@
 """Tests of the prefix-LM family (txjax/families/prefix_lm.py): its mask, the loss on the target only, cached
 decoding against the full forward pass, beam search, a training run and `run.py eval`'s BLEU."""
 
+import dataclasses
 import functools
 import json
 
@@ -14,6 +15,7 @@ from txjax import config as config_lib
 from txjax import decode
 from txjax.cli import eval as cli_eval
 from txjax.data.batching import seq2seq_batch
+from txjax.evaluate.probes import run_probes
 from txjax.families.objective import forward, token_sums
 from txjax.families.prefix_lm import PrefixLM, prefix_batch
 from txjax.model.config import ModelConfig
@@ -163,29 +165,25 @@ def test_beam_search_scores_equal_the_full_forward_pass_of_their_hypotheses():
         np.testing.assert_allclose(score, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_tiny_run_learns_and_run_py_eval_gives_bleu(tmp_path, pairs_tsv, capsys):
-    data = [f"--config.data.{k}={pairs_tsv}" for k in ("path", "valid_path")]
+def test_a_tiny_run_learns_and_run_py_eval_gives_bleu_as_the_sweep_probe_does(tmp_path, pairs_tsv, capsys):
+    data = [f"--config.data.{k}={pairs_tsv}" for k in ("path", "valid_path", "test_path")]
     flags = ["--config.family=prefix_lm", "--config.data.kind=parallel", "--config.data.tokenizer=char", *data]
     model = ["--config.model.num_layers=1", "--config.model.num_heads=2", "--config.model.d_model=32"]
     model += ["--config.model.d_ff=64", "--config.data.pack=true"]
     train_flags = ["--config.train.steps=20", "--config.train.batch_size=4", "--config.train.warmup_steps=2"]
     train_flags += ["--config.train.learning_rate=0.01", "--config.train.log_every=5", "--config.train.eval_every=0"]
-    config = config_lib.from_command_line(None, [*model, *flags, *train_flags])
+    decoding = ["--config.decode.method=beam", "--config.decode.max_new_tokens=12"]
+    config = config_lib.from_command_line(None, [*model, *flags, *train_flags, *decoding])
     assert train(config, tmp_path / "run")["step"] == 20
     losses = [r["loss"] for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
     assert losses[-1] < 0.5 * losses[0]
     capsys.readouterr()
-    cli_eval.main(
-        [
-            "--workdir",
-            str(tmp_path / "run"),
-            "--split=valid",
-            "--config.decode.method=beam",
-            "--config.decode.max_new_tokens=12",
-        ]
-    )
+    cli_eval.main(["--workdir", str(tmp_path / "run"), "--split=test"])
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 <= metrics["bleu"] <= 100 and metrics["decode"]["method"] == "beam" and metrics["tokens"] > 0
+    probed = run_probes(["test_split"], tmp_path / "run")  # a sweep's probe: the same numbers, eval_test.json too
+    assert probed == {f"test_{k}": v for k, v in metrics.items() if isinstance(v, float)} and "test_bleu" in probed
+    assert json.loads((tmp_path / "run" / "eval_test.json").read_text())["bleu"] == metrics["bleu"]
 
 
 def test_attention_maps_show_the_source_read_both_ways(tmp_path):
@@ -207,3 +205,26 @@ def test_attention_maps_show_the_source_read_both_ways(tmp_path):
     assert [
         p.name for p in attention_maps(model, params, tokenizer, source, tmp_path / "a.png", target_ids=target)
     ] == ["a.png"]
+
+
+def test_causal_prefix_attention_is_a_decoder_only_lm_over_the_row_cached_too():
+    """model.prefix_attention=causal (the same parameters): a later source token changes no earlier position, the
+    logits are the bidirectional model's with no prefix, and cached greedy decoding equals their argmax."""
+    model, params = model_and_params()
+    causal = PrefixLM(dataclasses.replace(model.cfg, prefix_attention="causal"))
+    row = np.array([*SOURCES[2], BOS, 4, 5])
+    ones, positions = np.ones((1, len(row)), np.int32), np.arange(len(row))[None]
+    source = (positions < len(SOURCES[2])).astype(np.int32)
+    logits = lambda tokens: np.asarray(causal.apply({"params": params}, tokens[None], positions, ones, source)[0])
+    np.testing.assert_allclose(logits(row), full_forward(row, positions[0], 1, 0), rtol=1e-5, atol=1e-5)
+    other = row.copy()
+    other[3] = 11
+    changed = np.abs(logits(other) - logits(row)).max(-1) > 1e-5
+    assert not changed[:3].any() and changed[3:].all()
+    got = decode.generate(causal, params, SOURCES, bos_id=BOS, pad_id=PAD, eos_id=EOS, max_new_tokens=6)
+    for source, ids, stopped in zip(SOURCES, got.ids, got.stopped):
+        out = []
+        for _ in range(len(ids) + stopped):
+            r = np.array([*source, BOS, *out])
+            out.append(int(np.argmax(full_forward(r, np.arange(len(r)), 1, 0)[-1])))
+        assert out[: len(ids)] == ids

@@ -14,7 +14,7 @@ from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_
 from txjax.config import ConfigError, user_errors
 from txjax.data import KINDS, resolve_path
 from txjax.evaluate.score_text import score_text
-from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step, write_metrics
+from txjax.evaluate.split import split_metrics, write_metrics
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.families import init_params
 from txjax.ops import storage
@@ -74,15 +74,8 @@ def main(argv: list[str]) -> None:
         else:
             dataset = build_dataset(run.config, run.tokenizer, args.split)
     if not args.text:
-        metrics = evaluate(
-            make_eval_step(run.model, mesh, by_position=args.by_position > 0),
-            run.params,
-            eval_batches(dataset, run.config.train.batch_size, mesh=mesh),
-            exact_match=KINDS[run.config.data.kind].exact_match,
-            by_position=args.by_position,
-        )
-        generated = generation_metrics(run.model, run.params, run.tokenizer, dataset, run.config.decode, **strategy)
-        metrics = {"split": args.split, "step": run.step, **metrics, **generated}
+        metrics = split_metrics(run, dataset, mesh, by_position=args.by_position, **strategy)
+        metrics = {"split": args.split, "step": run.step, **metrics}
     if run.averaged_steps:
         metrics["averaged_steps"] = list(run.averaged_steps)
     if distributed.is_lead():

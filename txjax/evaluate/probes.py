@@ -5,6 +5,9 @@
   sees i + 1 keys, so H <= log(i + 1); spiky (near one-hot) attention has H near 0.
 - context_lengths: valid loss with windows of 2x and 4x the training context (positions the model never saw in
   training), for encodings that are defined there (all but the learned table).
+- test_split (any family): what `run.py eval --split=test` measures (its loss, and its translations' BLEU and chrF
+  with the run's decode section, e.g. beam 4, or a synthetic task's greedy exact match), also written to the run's
+  eval_test.json.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.data import TextLMDataset
-from txjax.evaluate.split import eval_batches, evaluate, make_eval_step
+from txjax.evaluate.split import eval_batches, evaluate, make_eval_step, split_metrics, write_metrics
 from txjax.experiment import build_dataset, data_file, load_workdir
 from txjax.model.models import DecoderLM
 
@@ -56,7 +59,15 @@ def context_lengths(workdir: str | Path) -> dict:
     return out
 
 
-PROBES = {"attention_entropy": attention_entropy, "context_lengths": context_lengths}
+def on_test_split(workdir: str | Path) -> dict:
+    """{'test_loss': ..., 'test_bleu': ..., ...}: the numbers of split_metrics on the test split."""
+    run = load_workdir(workdir)
+    metrics = split_metrics(run, build_dataset(run.config, run.tokenizer, "test"))
+    write_metrics(workdir, "test", {"split": "test", "step": run.step, **metrics})
+    return {f"test_{k}": v for k, v in metrics.items() if isinstance(v, float)}
+
+
+PROBES = {"attention_entropy": attention_entropy, "context_lengths": context_lengths, "test_split": on_test_split}
 
 
 def run_probes(names, workdir: str | Path) -> dict:

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from txjax import decode
-from txjax.data import prefetch
+from txjax.data import KINDS, prefetch
 from txjax.families import family_of
 from txjax.families.objective import forward, hits, params_shardings, token_sums
 from txjax.model import moe, ring_attention
@@ -127,6 +127,17 @@ def global_batches(batches, batch_size: int, mesh: Mesh | None = None):
     mesh = mesh or distributed.first_device_mesh()
     rows = process_rows(mesh, batch_size)
     return prefetch(global_batch({k: x[rows] for k, x in batch.items()}, mesh) for batch in batches)
+
+
+def split_metrics(run, dataset, mesh: Mesh | None = None, by_position: int = 0, **strategy) -> dict:
+    """A loaded run's (txjax.experiment.TrainedRun) metrics over the whole `dataset` (one of its splits): the teacher-
+    forced ones (evaluate) and its generated ones with its decode section, `strategy` overriding fields of it
+    (generation_metrics): what `run.py eval --split=S` prints, and the sweep probe test_split."""
+    step = make_eval_step(run.model, mesh, by_position=by_position > 0)
+    batches = eval_batches(dataset, run.config.train.batch_size, mesh=mesh)
+    exact_match = KINDS[run.config.data.kind].exact_match
+    metrics = evaluate(step, run.params, batches, exact_match=exact_match, by_position=by_position)
+    return metrics | generation_metrics(run.model, run.params, run.tokenizer, dataset, run.config.decode, **strategy)
 
 
 def generation_metrics(model, params, tokenizer, dataset, decoding, batch_size: int = 64, **strategy) -> dict:

@@ -2,6 +2,8 @@
 stack over [source ; target], bidirectional attention inside the source and causal attention after it
 (masks.prefix_mask), the loss on the target only. It reads the encoder-decoder's parallel data: each pair batch is
 rewritten into one sequence per row (prefix_batch), packed rows included (segment ids keep documents apart).
+`model.prefix_attention=causal` reads the source causally too: the decoder-only LM over [source ; target] that
+T5's architecture comparison calls "LM" (the same parameters and data; only the mask differs).
 
 Generation's prompt is the source then BOS; the prefill writes the source's keys and values as the bidirectional
 forward pass computes them (the KV cache's own mask is causal by position, so that call widens it by the prompt's
@@ -41,7 +43,8 @@ class PrefixLM(nn.Module):
         ones = jnp.ones(tokens_BxL.shape, jnp.int32)
         pos_BxL = jnp.cumsum(ones, axis=1) - 1 if positions is None else positions
         seg_BxL = ones if segment_ids is None else segment_ids
-        prefix_BxL = jnp.zeros(tokens_BxL.shape, bool) if prefix is None else prefix.astype(bool)
+        causal = prefix is None or cfg.prefix_attention == "causal"  # causal: a decoder-only LM over the row
+        prefix_BxL = jnp.zeros(tokens_BxL.shape, bool) if causal else prefix.astype(bool)
         embedder = Embedder(cfg, name="embed")
         x_BxLxD = nn.Dropout(cfg.dropout)(embedder(tokens_BxL, pos_BxL), deterministic=deterministic)
         mask = segment_mask(seg_BxL, seg_BxL) & prefix_mask(pos_BxL, pos_BxL, prefix_BxL, prefix_BxL)

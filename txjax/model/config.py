@@ -29,6 +29,7 @@ _CHOICES = {
     "attention_scale": ("sqrt", "none", "linear"),
     "parametrization": ("standard", "mup"),
     "router": ("topk_then_softmax", "softmax_then_topk", "sigmoid"),  # txjax.model.moe
+    "prefix_attention": ("bidirectional", "causal"),  # txjax.families.prefix_lm
 }
 
 
@@ -108,6 +109,8 @@ class ModelConfig:
     moe_norm_topk: bool = False  # softmax_then_topk / sigmoid: renormalise the k chosen gates to sum 1
     moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
     shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x w_g), one gate per token (Qwen2-MoE)
+    # family prefix_lm: the source read both ways (T5's prefix LM) or causally (T5's decoder-only "LM" baseline)
+    prefix_attention: str = "bidirectional"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
