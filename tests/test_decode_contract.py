@@ -17,9 +17,6 @@ from txjax.model.multi_head import MultiHeadAttention
 
 def test_every_declared_method_has_its_declared_signature_on_the_models_side():
     assert replaceable.mismatches() == []
-    for (cls, name), declared in replaceable.REPLACEABLE.items():
-        assert callable(getattr(cls, name)), f"{cls.__name__}.{name}"
-        assert declared.startswith("(self")
 
 
 def test_a_changed_parameter_on_the_models_side_is_a_mismatch(monkeypatch):
