@@ -30,6 +30,7 @@ from decode import SHAPES
 
 from txjax.decode import kernels
 from txjax.decode.cache import empty_cache
+from txjax.model import kv_cache
 from txjax.model.models import DecoderLM
 
 STEPS = 32
@@ -42,11 +43,11 @@ def step_loop(model, params, rows, position, decoding: bool):
         shapes = jax.eval_shape(lambda: empty_cache(model, rows, position))
 
     def empty(path, s):
-        if path[-1].key == "cached_pos":  # the first position - 32 slots filled
+        if path[-1].key == kv_cache.POSITIONS:  # the first position - 32 slots filled
             return jnp.where(jnp.arange(position) < position - STEPS, jnp.arange(position), -1) * jnp.ones(
                 s.shape, s.dtype
             )
-        if path[-1].key == "cache_index":
+        if path[-1].key == kv_cache.INDEX:
             return jnp.full(s.shape, position - STEPS, s.dtype)
         return jnp.zeros(s.shape, s.dtype)
 

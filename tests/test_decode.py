@@ -132,16 +132,18 @@ def test_seq2seq_cached_steps_equal_full_forward(positional):
     np.testing.assert_allclose(steps_TxBxV, full_BxTxV[:, 1:].transpose(1, 0, 2), atol=2e-5, rtol=1e-5)
 
 
-def test_decode_step_compiles_once_over_100_steps():
-    model, params = lm("alibi", max_len=128)
-    cache = init_cache(model, 1, 104)
-    _, cache = decode.prefill(model, params, cache, random_ids(4, (1, 4)), jnp.arange(4)[None])
-    before = decode.decode_step._cache_size()
-    token_1 = jnp.array([3], jnp.int32)
-    for t in range(4, 104):
-        logits_1xV, cache = decode.decode_step(model, params, cache, token_1, jnp.array([t]))
-        token_1 = jnp.argmax(logits_1xV, -1).astype(jnp.int32)
-    assert decode.decode_step._cache_size() == before + 1
+def test_100_decode_steps_run_in_one_compiled_call_whatever_the_prompt():
+    """generate_ids: 100 steps inside one compiled loop (a cache of the whole capacity: one loop body), compiled once
+    for two prompts of one shape."""
+    model, params = decode.for_decoding(*lm("alibi", max_len=128))
+    s = decode.Strategy(max_new_tokens=100)
+    run = lambda seed: decode.generate_ids(
+        model, params, s, PAD, random_ids(seed, (1, 4)), jnp.full((1,), 4), None, jax.random.key(0), first_bucket=128
+    )
+    before = decode.generate_ids._cache_size()
+    (first_1xT, _, steps), (second_1xT, _, _) = run(4), run(5)
+    assert decode.generate_ids._cache_size() == before + 1
+    assert int(steps) == 100 and first_1xT.shape == second_1xT.shape == (1, 100)
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])

@@ -29,13 +29,11 @@ P + T - 1 <= model max_len is required; anything longer is a one-line ValueError
 from txjax.decode.beam import BeamState, beam_update, init_beam_state, length_penalty
 from txjax.decode.cache import (
     bucket_lengths,
-    decode_step,
     extend,
     for_decoding,
     gather_rows,
     grow,
     init_cache,
-    prefill,
     tile_rows,
 )
 from txjax.decode.generate import Generation, check_inputs, decode_all, generate, generate_windowed, pad_batch
@@ -63,7 +61,6 @@ __all__ = [
     "check_inputs",
     "choose_tokens",
     "decode_all",
-    "decode_step",
     "extend",
     "for_decoding",
     "gather_rows",
@@ -79,7 +76,6 @@ __all__ = [
     "init_sample_state",
     "length_penalty",
     "pad_batch",
-    "prefill",
     "sample_update",
     "search",
     "stream_steps",

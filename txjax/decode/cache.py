@@ -1,11 +1,10 @@
-"""The KV cache: an empty one from shapes, one cached model call (`extend`), its jitted prefill / decode-step
-forms, row gathers (tiling prompts to beams or samples, reordering beams), and growth through a few bucketed
-lengths (so that a decode step reads the filled part of the cache, not its capacity)."""
+"""The KV cache in generation: an empty one from shapes, one cached model call (`extend`), row gathers (tiling
+prompts to beams or samples, reordering beams), and growth through a few bucketed lengths (so that a decode step
+reads the filled part of the cache, not its capacity). Its leaves are txjax.model.kv_cache.SCHEMA's."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import einops
 import jax
@@ -13,24 +12,18 @@ import jax.numpy as jnp
 
 from txjax.decode import kernels
 from txjax.families import family_of, init_params
+from txjax.model import kv_cache
 from txjax.model.models import unstack_layers
 
-# the per-row cache leaves (nn.scan adds a leading layer axis): keys [B*KV, K, S] and values [B*KV, S, K] in
-# kernels.cache_layout (each row's K/V heads side by side on one axis), positions [B, S]; no row axis in cache_index
-# (a local layer's ring buffer: window_key, window_value, window_pos, fixed in length)
-ROW_LEAVES = (
-    "cached_key",
-    "cached_value",
-    "cross_key",
-    "cross_value",
-    "cached_pos",
-    "window_key",
-    "window_value",
-    "window_pos",
-)
-POSITION_LEAVES = ("cached_pos", "window_pos")
-# the target-length axis of the growing leaves, from the end
-LENGTH_AXIS = {"cached_key": -1, "cached_value": -2, "cached_pos": -1}
+# what generation reads of the cache's schema (txjax.model.kv_cache.SCHEMA; its leaves in decoding's layout)
+ROW_LEAVES = tuple(name for name, leaf in kv_cache.SCHEMA.items() if leaf.per_row)
+POSITION_LEAVES = tuple(name for name in ROW_LEAVES if kv_cache.SCHEMA[name].dtype == "int32")
+# the slot axis of the growing leaves, from the end
+LENGTH_AXIS = {
+    name: kv_cache.length_axis(name, "decoding") - len(leaf.decoding)
+    for name, leaf in kv_cache.SCHEMA.items()
+    if leaf.grows
+}
 
 
 def empty_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
@@ -49,7 +42,7 @@ def empty_cache(model, batch_size: int, max_len: int, src_len: int | None = None
         tokens_BxL = jnp.zeros((batch_size, max_len), jnp.int32)
         return family.decode_step(model, {"params": params}, context, tokens_BxL, None, prefill=True)[1]["cache"]
 
-    empty = lambda path, s: jnp.full(s.shape, -1 if path[-1].key in POSITION_LEAVES else 0, s.dtype)
+    empty = lambda path, s: jnp.full(s.shape, kv_cache.empty_value(path[-1].key), s.dtype)
     return jax.tree_util.tree_map_with_path(empty, jax.eval_shape(created))
 
 
@@ -73,19 +66,6 @@ def extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None
             model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL, prefill
         )
     return logits[:, -1], mutated["cache"]
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def prefill(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, context=None):
-    """`extend`, jitted, with the cache donated: the whole prompt in one call -> (logits [C, V], cache)."""
-    return extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL, context=context, prefill=True)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def decode_step(model, params, cache, tokens_C, positions_C, context=None):
-    """One token per row at its absolute position: -> (logits [C, V], cache). Jitted; the cache is donated (updated
-    in place) and its shape never changes, so this compiles once for a given batch and cache size."""
-    return extend(model, params, cache, tokens_C[:, None], positions_C[:, None], context=context)
 
 
 def bucket_lengths(prefill_len: int, cache_len: int, first: int = 64) -> tuple[int, ...]:
@@ -112,14 +92,14 @@ def grow(cache, length: int):
         axis = leaf.ndim + LENGTH_AXIS[name]
         widths = [(0, 0)] * leaf.ndim
         widths[axis] = (0, length - leaf.shape[axis])
-        return jnp.pad(leaf, widths, constant_values=-1 if name == "cached_pos" else 0)
+        return jnp.pad(leaf, widths, constant_values=kv_cache.empty_value(name))
 
     return jax.tree_util.tree_map_with_path(pad, cache)
 
 
 def filled(cache):
     """The number of target slots written so far (cache_index; the same in every layer)."""
-    index = next(leaf for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key == "cache_index")
+    index = next(leaf for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key == kv_cache.INDEX)
     return index.reshape(-1)[0]
 
 

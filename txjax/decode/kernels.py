@@ -2,14 +2,15 @@
 
 The model (txjax.model.attention, txjax.model.layers) is the equations in one parameter layout. A decoding layout is two
 transformations applied to a trained model, never a config: `decoding_params` rewrites its parameters under new
-names (so nothing guesses a layout from shapes), and `installed()` is a flax.linen.intercept_methods context in
-which a module holding such a parameter runs the method here that reads it; every other call runs the model's own.
+names (so nothing guesses a layout from shapes), and LAYOUT replaces seven of the model's methods declared replaceable
+in txjax/model/replaceable.py (`installed()`: while it is installed, a module holding such a parameter runs the
+method here that reads it; every other call runs the model's own).
 
     fused projections   x [W^Q | W^K | W^V] one product ('qkv'), SwiGLU's x [W1 | W3] one product ('wi_fused')
     out-major kernels   every weight stored output axes first ('kernel_t', 'qkv_t', 'out_t', ...), for one row on
                         XLA:CPU (out_major_product says why)
-    cache layout        keys [B*KV, K, S], values [B*KV, S, K] (cache_layout says why), written by `write_slots`
-                        (a select for one slot of a 16-bit cache on XLA:CPU)
+    cache layout        keys [B*KV, K, S], values [B*KV, S, K] (cache_layout says why; txjax.model.kv_cache's
+                        'decoding' layout of its SCHEMA)
 The encoder of an encoder-decoder keeps the trained layout (it runs once per source). Which of these pays on this
 machine: `python benchmarks/decode_kernels.py` (an A/B of each against the plain model).
 """
@@ -24,10 +25,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import attention, multi_head, precision
+from txjax.model import attention, kv_cache, precision
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.ffn import FeedForward
 from txjax.model.multi_head import MultiHeadAttention
+from txjax.model.replaceable import Layout
 
 DECODING_NAMES = ("qkv", "qkv_t", "wi_fused", "kernel_t", "out_t")  # parameters no trained model has
 
@@ -101,16 +103,6 @@ def cache_layout(k_BxSxGxK, v_BxSxGxK):
     return einops.rearrange(k_BxSxGxK, "b s g k -> (b g) k s"), einops.rearrange(v_BxSxGxK, "b s g k -> (b g) s k")
 
 
-def write_slots(cache, new, i, axis: int):
-    """The cache with `new` written at slots i.. of `axis` (dynamic_update_slice, in place in a decode loop).
-
-    One slot of a 16-bit cache on XLA:CPU is written as a select over the whole cache instead, where(slot == i, new,
-    cache): XLA:CPU's in-place update of 16-bit values is the slower of the two (benchmarks/cache_update.py)."""
-    if new.shape[axis] == 1 and cache.dtype.itemsize == 2 and jax.default_backend() == "cpu":
-        return jnp.where(jax.lax.broadcasted_iota(jnp.int32, cache.shape, axis) == i, new, cache)
-    return jax.lax.dynamic_update_slice(cache, new, tuple(i if a == axis else 0 for a in range(cache.ndim)))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The methods that read the decoding layout (each falls back to the model's own where its parameter is absent)
 
@@ -119,10 +111,10 @@ def _has(module, name):
     return module.has_variable("params", name)
 
 
-def _project_qkv(own, module, x_BxLxD, kv):
+def _project_qkv(own, module, x_BxLxD, kv_BxSxD):
     """Self-attention with 'qkv': one product x [W^Q | W^K | W^V], split into q, k, v."""
     if module.cross or not (_has(module, "qkv") or _has(module, "qkv_t")):
-        return own(x_BxLxD, kv)
+        return own(x_BxLxD, kv_BxSxD)
     h, g = module.num_heads, module.num_kv_heads
     q, k, v = jnp.split(module.heads_in("qkv", h + 2 * g, x_BxLxD), (h, h + g), axis=2)
     return module.norm("query_norm", q), module.norm("key_norm", k), v
@@ -147,10 +139,10 @@ def _project_out(own, module, out_BxLxHxK, d_model):
     return _out_major(module, "out_t", out_BxLxHxK, "out_bias" if module.use_bias else None)
 
 
-def _dense(own, module, x):
-    return (
-        _out_major(module, "kernel_t", x, "bias" if module.use_bias else None) if _has(module, "kernel_t") else own(x)
-    )
+def _dense(own, module, inputs):
+    if not _has(module, "kernel_t"):
+        return own(inputs)
+    return _out_major(module, "kernel_t", inputs, "bias" if module.use_bias else None)
 
 
 def _ffn_hidden(own, module, x_BxLxD):
@@ -163,34 +155,27 @@ def _ffn_hidden(own, module, x_BxLxD):
 
 
 def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
-    """MultiHeadAttention.update_cache in cache_layout (a local layer's ring buffer too: multi_head.window_kv_cache)."""
+    """MultiHeadAttention.update_cache in cache_layout (kv_cache's 'decoding' layout)."""
     if module.cross:
         new = None if k_new is None else cache_layout(k_new, v_new)
         return own(*(new or (None, None)), q_pos, k_pos, mask)
     k_new, v_new = cache_layout(k_new, v_new)
     if isinstance(window, int) and window > 0:
-        return multi_head.window_kv_cache(module, k_new, v_new, q_pos, mask, window, axes=(2, 1))
-    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
-    ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
-    cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
-    cpos = module.variable("cache", "cached_pos", lambda: jnp.full((b, l), -1, jnp.int32))
-    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if is_init:  # init(decode=True) on a [B, max_len] dummy only allocates the cache
-        return k_new, v_new, q_pos, mask
-    ck.value = write_slots(ck.value, k_new, cidx.value, axis=2)
-    cv.value = write_slots(cv.value, v_new, cidx.value, axis=1)
-    return ck.value, cv.value, *multi_head.cache_positions(cpos, cidx, q_pos, mask)
+        return kv_cache.window_kv_cache(module, k_new, v_new, q_pos, mask, window, layout="decoding")
+    return kv_cache.append_kv_cache(module, k_new, v_new, q_pos, mask, layout="decoding")
 
 
-def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, window=0):
+def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0):
     """Attention over keys [B*KV, K, S] and values [B*KV, S, K] (a module holding a cache: decode mode, where the
     window is already in the mask)."""
-    if not any(module.has_variable("cache", name) for name in ("cached_key", "window_key", "cross_key")):
-        return own(q_BxLxHxK, k, v, mask, causal, bias, deterministic, window)
+    if not any(
+        module.has_variable("cache", name) for name in (kv_cache.KEYS, kv_cache.WINDOW_KEYS, kv_cache.CROSS_KEYS)
+    ):
+        return own(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window)
     b, scores = q_BxLxHxK.shape[0], module.score_options()
     if module.impl == "fused":  # jax.nn.dot_product_attention's [B, S, KV, K]
         k, v = einops.rearrange(k, "(b g) k s -> b s g k", b=b), einops.rearrange(v, "(b g) s k -> b s g k", b=b)
-        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias, **scores)[0]
+        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias_BxHxLxS, **scores)[0]
     g = k.shape[0] // b
     rows = lambda t: None if t is None else jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by rows
     split = lambda t: None if t is None else einops.rearrange(rows(t), "b (g r) l s -> (b g) r l s", g=g)
@@ -201,26 +186,24 @@ def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias, deterministic, win
         out = attention.scaled_dot_product_attention(q, k_KxS.T, v, m, bias=bias_, **scores)
         return out, None
 
-    out, _ = jax.vmap(attention.over_query_group(one_head))(q_BGxLxRxK, k, v, mask, split(bias), None)
+    out, _ = jax.vmap(attention.over_query_group(one_head))(q_BGxLxRxK, k, v, mask, split(bias_BxHxLxS), None)
     return einops.rearrange(out, "(b g) l r k -> b l (g r) k", b=b)
 
 
-_METHODS = {
-    (MultiHeadAttention, "project_qkv"): _project_qkv,
-    (MultiHeadAttention, "heads_in"): _heads_in,
-    (MultiHeadAttention, "project_out"): _project_out,
-    (MultiHeadAttention, "update_cache"): _update_cache,
-    (MultiHeadAttention, "attend"): _attend,
-    (nn.Dense, "__call__"): _dense,
-    (FeedForward, "hidden"): _ffn_hidden,
-}
-
-
-def _interceptor(own, args, kwargs, context):
-    method = _METHODS.get((type(context.module), context.method_name))
-    return own(*args, **kwargs) if method is None else method(own, context.module, *args, **kwargs)
+LAYOUT = Layout(
+    "txjax.decode.kernels",
+    {
+        (MultiHeadAttention, "project_qkv"): _project_qkv,
+        (MultiHeadAttention, "heads_in"): _heads_in,
+        (MultiHeadAttention, "project_out"): _project_out,
+        (MultiHeadAttention, "update_cache"): _update_cache,
+        (MultiHeadAttention, "attend"): _attend,
+        (nn.Dense, "__call__"): _dense,
+        (FeedForward, "hidden"): _ffn_hidden,
+    },
+)
 
 
 def installed():
     """The context in which a model applied with decoding-layout parameters (and a cache) reads them."""
-    return nn.intercept_methods(_interceptor)
+    return LAYOUT.installed()

@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,7 +53,6 @@ from txjax.decode import decode_all  # noqa: E402
 from txjax.families import family_of  # noqa: E402
 from txjax.families.objective import hits  # noqa: E402
 from txjax.model.masks import segment_mask  # noqa: E402
-from txjax.model.models import Stack  # noqa: E402
 
 AUTO_TOKENS = 2048  # batch_size=auto: rows * row length about this many tokens
 PACK = 256  # tokens per row that short requests share (one segment each)
@@ -108,22 +106,13 @@ def make_score(model):
     """jit(params, tokens, positions, segment ids, branch ids [B, L], scored positions, targets, weights [B, C]) ->
     (the log-prob of each weighted target, 0 elsewhere [B, C]; whether each target is the argmax [B, C]). A token
     attends within its segment (a tree) to the prefix (branch 0) and its own branch, in the order of the positions;
-    the LM head runs on the C scored positions only. Both through flax's intercept_methods (the decoder's mask, the
-    model's `logits`)."""
+    the LM head runs on the C scored positions only (the family's scored_logits)."""
+    family = family_of(model)
 
     def score(params, tokens_BxL, positions_BxL, segments_BxL, branches_BxL, scored_BxC, targets_BxC, weights_BxC):
         branch_q, branch_k = branches_BxL[:, None, :, None], branches_BxL[:, None, None, :]
         mask_Bx1xLxL = segment_mask(segments_BxL, segments_BxL) & ((branch_k == 0) | (branch_k == branch_q))
-
-        def trees_and_scored_only(next_fun, args, kwargs, context):
-            if isinstance(context.module, Stack):  # the tree mask (with the causal order of the positions)
-                args = (args[0], {**args[1], "mask": mask_Bx1xLxL}, *args[2:])
-            elif context.method_name == "logits":
-                args = (jnp.take_along_axis(args[0], scored_BxC[..., None], axis=1),)
-            return next_fun(*args, **kwargs)
-
-        with nn.intercept_methods(trees_and_scored_only):
-            logits_BxCxV = model.apply({"params": params}, tokens_BxL, positions_BxL, segments_BxL)
+        logits_BxCxV = family.scored_logits(model, params, tokens_BxL, positions_BxL, mask_Bx1xLxL, scored_BxC)
         logits_BxCxV = logits_BxCxV.astype(jnp.float32)
         target_BxC = jnp.take_along_axis(logits_BxCxV, targets_BxC[..., None], axis=-1)[..., 0]
         logprob_BxC = target_BxC - jax.nn.logsumexp(logits_BxCxV, axis=-1)

@@ -33,6 +33,9 @@ class DecoderLMFamily(Family):
     def decode_step(self, model, variables, context, tokens_CxL, positions_CxL, segment_ids_CxL=None, prefill=False):
         return model.apply(variables, tokens_CxL, positions_CxL, segment_ids_CxL, decode=True, mutable=["cache"])
 
+    def scored_logits(self, model, params, tokens_BxL, positions_BxL, mask_Bx1xLxL, scored_BxC):
+        return model.apply({"params": params}, tokens_BxL, positions_BxL, mask=mask_Bx1xLxL, scored=scored_BxC)
+
     def prompts(self, inputs, bos_id):
         return list(inputs), None
 

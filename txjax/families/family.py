@@ -49,12 +49,18 @@ class Family:
 
     def around_cached_call(self, prefill: bool):
         """A context entered around each cached call, outside the decoding layout's methods (txjax.decode.cache.extend):
-        the family's flax.linen.intercept_methods over what those methods return, or none."""
+        the family's txjax.model.replaceable.Layout over what those methods return (its .installed()), or none."""
         return contextlib.nullcontext()
 
     def logits(self, model, params, batch, **apply_kwargs):
         """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs)."""
         return model.apply({"params": params}, *(batch[k] for k in self.inputs), **apply_kwargs)
+
+    def scored_logits(self, model, params, tokens_BxL, positions_BxL, mask_Bx1xLxL, scored_BxC):
+        """The logits [B, C, V] at the positions scored_BxC (indices into L) of one forward pass over tokens [B, L]
+        at explicit positions, attending where mask [B, 1, L, L] allows (and in the causal order of the positions):
+        lm-eval's log-likelihoods (txjax.evaluate.lm_eval_model, after check_lm_eval)."""
+        raise NotImplementedError
 
     def prompts(self, inputs: list, bos_id: int | None) -> tuple[list, list | None]:
         """(prompts, sources or None) of `generate`'s inputs: what the decoder continues, and what it encodes."""

@@ -12,8 +12,6 @@ prefix mask: _prefill_reads_whole_source), and every later step is an LM's cache
 
 from __future__ import annotations
 
-import inspect
-
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +22,7 @@ from txjax.model.config import ModelConfig
 from txjax.model.masks import prefix_mask, segment_mask
 from txjax.model.models import Embedder, Stack
 from txjax.model.multi_head import MultiHeadAttention
+from txjax.model.replaceable import Layout
 
 
 class PrefixLM(nn.Module):
@@ -89,16 +88,16 @@ class PrefixLMDataset:
         return map(prefix_batch, self.pairs.eval_batches(*args, **kwargs))
 
 
-def _prefill_reads_whole_source(own, args, kwargs, context):
+def _prefill_reads_whole_source(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
     """During the prefill (the cache empty, so slot i holds prompt token i), each self-attention's mask over the
     cache is widened by the prompt's own mask (segments & prefix_mask): the cache's is causal by position, which
     would hide a source token's later source tokens from it."""
-    if not (isinstance(context.module, MultiHeadAttention) and context.method_name == "update_cache"):
-        return own(*args, **kwargs)
-    mask = inspect.signature(MultiHeadAttention.update_cache).bind(context.module, *args, **kwargs).arguments["mask"]
-    keys, values, k_pos, cache_mask = own(*args, **kwargs)
+    keys, values, k_pos, cache_mask = own(k_new, v_new, q_pos, k_pos, mask, window)
     n = mask.shape[-1]
     return keys, values, k_pos, cache_mask.at[..., :n].set(cache_mask[..., :n] | mask)
+
+
+PREFILL = Layout("prefix_lm's prefill", {(MultiHeadAttention, "update_cache"): _prefill_reads_whole_source})
 
 
 class PrefixLMFamily(Family):
@@ -132,7 +131,7 @@ class PrefixLMFamily(Family):
         return model.apply(variables, *args, decode=True, mutable=["cache"])
 
     def around_cached_call(self, prefill):
-        return nn.intercept_methods(_prefill_reads_whole_source) if prefill else super().around_cached_call(prefill)
+        return PREFILL.installed() if prefill else super().around_cached_call(prefill)
 
     def prompts(self, inputs, bos_id):
         """The source then BOS, continued by the target; the sources give each prompt's prefix length."""

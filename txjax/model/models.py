@@ -15,6 +15,8 @@ init and lr unchanged, so a tied head is the same matrix as the input embedding:
 weights the same (width-independent) init and Adam lr and puts the width in the output multiplier 1/m, which is
 what lets muP tie them (mup's MuSharedReadout). At m = 1 muP is the standard parametrization with 1/d_k scores.
 Layers are stacked with nn.scan (one compiled body, compile time flat in depth) or a Python loop (`scan_layers`).
+Cached decoding runs these modules with decode=True; the methods a decoding layout replaces then (attention's
+projections, cache and heads, the FFN's hidden layer, nn.Dense) are declared in txjax/model/replaceable.py.
 """
 
 from __future__ import annotations
@@ -177,15 +179,21 @@ class DecoderLM(nn.Module):
     sow_weights: bool = False  # sow attention weights into 'intermediates'
 
     @nn.compact
-    def __call__(self, tokens_BxL, positions=None, segment_ids=None, *, deterministic=True, decode=False):
+    def __call__(
+        self, tokens_BxL, positions=None, segment_ids=None, *, deterministic=True, decode=False, mask=None, scored=None
+    ):
+        """mask bool [B, 1, L, L]: where each token may attend (in place of the segments'; the causal order of the
+        positions is added either way); scored [B, C]: the indices into L whose logits are computed ([B, C, V])."""
         cfg = self.cfg
         pos_BxL, seg_BxL = _defaults(tokens_BxL, positions, segment_ids)
         embedder = Embedder(cfg, name="embed")
         x_BxLxD = nn.Dropout(cfg.dropout)(embedder(tokens_BxL, pos_BxL), deterministic=deterministic)
-        ctx = {"mask": Segments(seg_BxL, seg_BxL), "pos": pos_BxL}  # the Stack adds the causal order
+        ctx = {"mask": Segments(seg_BxL, seg_BxL) if mask is None else mask, "pos": pos_BxL}  # + the causal order
         x_BxLxD = Stack(cfg, cfg.num_layers, causal=True, sow_weights=self.sow_weights, name="decoder")(
             x_BxLxD, ctx, deterministic, decode
         )
+        if scored is not None:
+            x_BxLxD = jnp.take_along_axis(x_BxLxD, scored[..., None], axis=1)
         return embedder.logits(x_BxLxD)
 
 

@@ -1,13 +1,18 @@
-"""Multi-head attention, the module, and its KV caches.
+"""Multi-head attention, the module.
 
     MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 `MultiHeadAttention` projects with per-head weights written as einsums and runs the heads through
 txjax.model.attention's `attend` (one head's equation, vmapped over the heads, or a fused kernel). The same module
 serves self-attention (kv = x), masked self-attention (a causal mask, and a local window: txjax.model.masks) and
-cross-attention (kv = encoder output, padding mask only). In decode mode it keeps a KV cache: the full one
-(`append_kv_cache`), a local layer's ring buffer of `window` slots (`window_kv_cache`), the encoder's keys and values
-(`cross_kv_cache`).
+cross-attention (kv = encoder output, padding mask only). In decode mode it keeps a KV cache (txjax.model.kv_cache,
+its one schema): the full one, a local layer's ring buffer of `window` slots, the encoder's keys and values.
+
+What runs when decoding: five of its methods (project_qkv, heads_in, project_out, update_cache, attend) are
+declared replaceable in txjax/model/replaceable.py (REPLACEABLE, their signatures held by
+tests/test_decode_contract.py). Generation (txjax.decode.cache.extend) runs them replaced by txjax.decode.kernels'
+LAYOUT (the same equations on decoding_params' fused, out-major parameters and a [B*KV, K, S] cache); a prefix LM's
+prefill also widens update_cache's mask (txjax.families.prefix_lm.PREFILL). Everything else is this file's code.
 """
 
 from __future__ import annotations
@@ -18,86 +23,9 @@ import jax.numpy as jnp
 
 from txjax.model import blockwise, positional, precision
 from txjax.model.attention import attend, score_scale, segment_backend
+from txjax.model.kv_cache import append_kv_cache, cross_kv_cache, window_kv_cache
 from txjax.model.masks import causal_mask, is_global, segment_mask, window_mask
 from txjax.model.norms import rms_norm
-
-
-def stored_positions(q_pos, mask):
-    """The positions a cache stores for the new tokens q_pos [B, L]: -1 (empty) where `mask` [B, 1, L, L] excludes a
-    token from its own slot (left padding)."""
-    own = jnp.ones(q_pos.shape, bool) if mask is None else jnp.diagonal(mask[:, 0], axis1=1, axis2=2)
-    return jnp.where(own, q_pos, -1).astype(jnp.int32)
-
-
-def filled_causal(q_pos, k_pos):
-    """The queries' mask over cache slots at positions k_pos [B, S]: a filled slot at a position <= the query's."""
-    return (k_pos[:, None, None, :] >= 0) & causal_mask(q_pos, k_pos)
-
-
-def cache_positions(cpos, cidx, q_pos, mask):
-    """A decode call's bookkeeping: store the new tokens' positions (stored_positions) at cache_index in the slots'
-    positions `cpos` [B, S] and advance the index -> (the slots' positions [B, S], the queries' mask over them
-    [B, 1, L, S]: filled_causal)."""
-    cpos.value = jax.lax.dynamic_update_slice(cpos.value, stored_positions(q_pos, mask), (0, cidx.value))
-    cidx.value = cidx.value + q_pos.shape[1]
-    return cpos.value, filled_causal(q_pos, cpos.value)
-
-
-def window_kv_cache(module, k_new, v_new, q_pos, mask, window: int, axes=(1, 1)):
-    """A local layer's self-attention cache: a ring buffer of `window` slots ('window_key', 'window_value' with the
-    length on axes (key's, value's), 'window_pos' [B, window]), memory O(window) whatever the context. The new
-    tokens (L of them, a prefill chunk may be longer than the window) attend over the buffer as it was and their own
-    keys together, [old window | new L] -> (keys, values, their positions [B, window + L], mask [B, 1, L, window +
-    L]; the caller adds the window's band); then the last min(L, window) of them overwrite the oldest slots, slot =
-    token index mod window (cache_index counts every token, as the full cache's)."""
-    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "window_key")
-
-    def ring(t, axis):
-        return jnp.zeros((*t.shape[:axis], window, *t.shape[axis + 1 :]), t.dtype)
-
-    ck = module.variable("cache", "window_key", ring, k_new, axes[0])
-    cv = module.variable("cache", "window_value", ring, v_new, axes[1])
-    cpos = module.variable("cache", "window_pos", lambda: jnp.full((b, window), -1, jnp.int32))
-    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
-        return k_new, v_new, q_pos, mask
-    stored = stored_positions(q_pos, mask)
-    keys, values = (jnp.concatenate([c.value, t], a) for c, t, a in ((ck, k_new, axes[0]), (cv, v_new, axes[1])))
-    k_pos = jnp.concatenate([cpos.value, stored], axis=1)
-    m = min(l, window)  # the tokens that stay: the last m (distinct slots, so no write order matters)
-    slots = (cidx.value + l - m + jnp.arange(m)) % window
-    last = lambda t, axis: jax.lax.slice_in_dim(t, l - m, l, axis=axis)
-    at = lambda axis: (slice(None),) * axis + (slots,)
-    ck.value = ck.value.at[at(axes[0])].set(last(k_new, axes[0]))
-    cv.value = cv.value.at[at(axes[1])].set(last(v_new, axes[1]))
-    cpos.value = cpos.value.at[:, slots].set(last(stored, 1))
-    cidx.value = cidx.value + l
-    return keys, values, k_pos, filled_causal(q_pos, k_pos)
-
-
-def cross_kv_cache(module, k_new, v_new):
-    """Cross-attention's cache: the encoder's keys/values, stored by the first decode call, read by the later ones
-    (k_new None)."""
-    if k_new is not None:
-        module.put_variable("cache", "cross_key", k_new)
-        module.put_variable("cache", "cross_value", v_new)
-    return module.get_variable("cache", "cross_key"), module.get_variable("cache", "cross_value")
-
-
-def append_kv_cache(module, k_new, v_new, q_pos, mask):
-    """Self-attention's cache: write the new keys/values [B, L, KV, K] at cache_index of the cache [B, max_len, KV, K]
-    (`cached_pos` [B, max_len]: each slot's position, -1 = empty) -> the whole cache, its positions and mask (a filled
-    slot at a position <= the query's that `mask`, the new tokens' [B, 1, L, L], does not exclude)."""
-    (b, l), is_init = q_pos.shape, not module.has_variable("cache", "cached_key")
-    ck = module.variable("cache", "cached_key", jnp.zeros, k_new.shape, k_new.dtype)
-    cv = module.variable("cache", "cached_value", jnp.zeros, v_new.shape, v_new.dtype)
-    cpos = module.variable("cache", "cached_pos", lambda: jnp.full((b, l), -1, jnp.int32))
-    cidx = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
-        return k_new, v_new, q_pos, mask
-    ck.value = jax.lax.dynamic_update_slice(ck.value, k_new, (0, cidx.value, 0, 0))
-    cv.value = jax.lax.dynamic_update_slice(cv.value, v_new, (0, cidx.value, 0, 0))
-    return ck.value, cv.value, *cache_positions(cpos, cidx, q_pos, mask)
 
 
 class MultiHeadAttention(nn.Module):
@@ -106,8 +34,8 @@ class MultiHeadAttention(nn.Module):
     Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
     sequence axis. Self-attention unless `cross` (keys/values from the encoder output). In decode mode (Flax's wmt
     style: the same parameters) self-attention appends the new tokens' keys/values to a cache and attends over it;
-    cross-attention caches the encoder's keys/values at the first call. Each step is a method, so that
-    txjax.decode.kernels can replace one from outside (flax.linen.intercept_methods) for a decoding layout.
+    cross-attention caches the encoder's keys/values at the first call. Each step is a method; those declared in
+    txjax/model/replaceable.py are what a decoding layout replaces (the module docstring says which run when).
     """
 
     num_heads: int

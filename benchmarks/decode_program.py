@@ -1,0 +1,74 @@
+"""The compiled decoding and lm-eval programs as fingerprints: a refactor that keeps them keeps every speed figure.
+
+    python benchmarks/decode_program.py [--shape=shakespeare_char] [--out=results/decode_program_PLATFORM.json]
+
+For each program, the optimized HLO text XLA compiles (metadata, source locations and stack frames left out), its
+instruction count and sha256:
+- generate_FLOAT: txjax.decode.generate_ids, greedy, 256 new tokens from a 1-token prompt, batch 1, the model in
+  decoding's layout (for_decoding) in float32 and bfloat16;
+- lm_eval_score: txjax.evaluate.lm_eval_model.make_score over 2 rows of 32 tokens, 16 scored positions (a tiny LM).
+Run it on two checkouts (PYTHONPATH each): equal hashes mean the same machine code runs, so their tokens/s are
+equal by construction, whatever load the shared cores carried while timing them (benchmarks/decode.py times them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+
+import common
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from decode import SHAPES, build
+
+from txjax import decode
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM
+
+
+def instructions(compiled) -> list[str]:
+    """The HLO instructions of a compiled program, without metadata and stack frame ids (paths, line numbers)."""
+    text = re.sub(r", metadata=\{[^}]*\}", "", compiled.as_text())
+    lines = [line for line in text.splitlines() if re.match(r"^\s*(ROOT )?%|^\s*\S+ = |^(ENTRY )?%", line)]
+    return [re.sub(r",? ?stack_frame_id=\d+", "", line) for line in lines]
+
+
+def fingerprint(compiled) -> dict:
+    lines = instructions(compiled)
+    return {"instructions": len(lines), "sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
+
+
+def generate_program(shape: str, dtype: str):
+    model, params = build(shape, dtype)
+    strategy = decode.Strategy(max_new_tokens=256)
+    prompt_1x1, lengths_1 = jnp.zeros((1, 1), jnp.int32), jnp.ones((1,), jnp.int32)
+    args = (model, params, strategy, 0, prompt_1x1, lengths_1, None, jax.random.key(0))
+    return decode.generate_ids.lower(*args).compile()
+
+
+def score_program():
+    from txjax.evaluate.lm_eval_model import make_score
+
+    model = DecoderLM(ModelConfig(vocab_size=65, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=64))
+    params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    ids_2x32, scored_2x16 = jnp.zeros((2, 32), jnp.int32), jnp.zeros((2, 16), jnp.int32)
+    args = (ids_2x32,) * 4 + (scored_2x16, scored_2x16, jnp.zeros((2, 16), jnp.float32))
+    return make_score(model).lower(params, *args).compile()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="shakespeare_char")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    programs = {f"generate_{dtype}": generate_program(args.shape, dtype) for dtype in ("float32", "bfloat16")}
+    programs["lm_eval_score"] = score_program()
+    rows = [{"program": name, **fingerprint(compiled)} for name, compiled in programs.items()]
+    print(common.table(rows))
+    print(f"wrote {common.save('decode_program', {'shape': args.shape, 'programs': rows}, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The model's replaceable methods (txjax/model/replaceable.py) against the model's side and the layouts', and the
+KV cache's schema (txjax/model/kv_cache.py) against the caches the model and the decoding layout create."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from txjax.decode import cache, kernels
+from txjax.families import prefix_lm
+from txjax.model import kv_cache, replaceable
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM, EncoderDecoder
+from txjax.model.multi_head import MultiHeadAttention
+
+
+def test_every_declared_method_has_its_declared_signature_on_the_models_side():
+    assert replaceable.mismatches() == []
+
+
+def test_a_changed_parameter_on_the_models_side_is_a_mismatch(monkeypatch):
+    """A refactor that renames update_cache's `mask` (or reorders its parameters) is caught here, and a layout
+    replacing it refuses to be built."""
+
+    def update_cache(self, k_new, v_new, q_pos, k_pos, attention_mask, window=0):
+        return None
+
+    monkeypatch.setattr(MultiHeadAttention, "update_cache", update_cache)
+    assert replaceable.mismatches() == [
+        "MultiHeadAttention.update_cache(self, k_new, v_new, q_pos, k_pos, attention_mask, window=0) is declared "
+        "(self, k_new, v_new, q_pos, k_pos, mask, window=0) in txjax/model/replaceable.py"
+    ]
+    with pytest.raises(TypeError, match="takes .*mask.*the model's .*attention_mask"):
+        replaceable.Layout("test", kernels.LAYOUT.replacements)
+
+
+def test_the_layouts_replace_declared_methods_only_with_their_parameters():
+    for layout in (kernels.LAYOUT, prefix_lm.PREFILL):
+        for key, fn in layout.replacements.items():
+            assert key in replaceable.REPLACEABLE
+            own = replaceable.parameters(getattr(*key), 1)
+            assert replaceable.parameters(fn, 2) == own, fn.__name__
+
+    def project_out(own, module, out_BxLxHxK):
+        return own(out_BxLxHxK, 0)
+
+    with pytest.raises(TypeError, match="project_out"):
+        replaceable.Layout("test", {(MultiHeadAttention, "project_out"): project_out})
+    with pytest.raises(TypeError, match="norm is not declared"):
+        replaceable.Layout("test", {(MultiHeadAttention, "norm"): project_out})
+
+
+def tiny(**overrides):
+    fields = dict(vocab_size=11, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64, num_layers=2, max_len=16)
+    return ModelConfig(**{**fields, "scan_layers": False, **overrides})
+
+
+@pytest.mark.parametrize("layout", ["trained", "decoding"])
+@pytest.mark.parametrize("kind", ["lm", "seq2seq", "local"])
+def test_the_caches_created_follow_the_schema(kind, layout):
+    """Every leaf the model creates (its own methods, or the decoding layout's) is named in SCHEMA with the shape
+    and dtype written there: B=3 rows, S=7 slots, W=4 (a local layer's window), R=5 source tokens."""
+    cfg = tiny(attention_window=4, dtype="bfloat16") if kind == "local" else tiny(dtype="bfloat16")
+    model = EncoderDecoder(cfg) if kind == "seq2seq" else DecoderLM(cfg)
+    installed = kernels.installed() if layout == "decoding" else contextlib.nullcontext()
+    with installed:
+        created = jax.eval_shape(lambda: cache.empty_cache(model, 3, 7, 5 if kind == "seq2seq" else None))
+    sizes = {"B": 3, "S": 7, "W": 4, "R": 5, "KV": 2, "K": 8, "B*KV": 6}
+    names = set()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(created):
+        name = path[-1].key
+        names.add(name)
+        schema = kv_cache.SCHEMA[name]
+        assert leaf.shape == tuple(sizes[a] for a in getattr(schema, layout)), (path, leaf.shape)
+        assert leaf.dtype == (jnp.int32 if schema.dtype == "int32" else jnp.bfloat16), path
+    expected = {"lm": {"cached_key"}, "seq2seq": {"cached_key", "cross_key"}, "local": {"window_key"}}[kind]
+    assert expected <= names and "cache_index" in names
