@@ -15,8 +15,16 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_llama_convert import txjax_logits  # noqa: E402
-from tiny_hf import MOE, MOES, decoder_config, hf_greedy, random_decoder, torch_logits  # noqa: E402
+from tiny_hf import (  # noqa: E402
+    MOE,
+    MOES,
+    assert_logits_match,
+    decoder_config,
+    hf_greedy,
+    random_decoder,
+    torch_logits,
+    txjax_logits,
+)
 
 import run  # noqa: E402
 from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, save_moe  # noqa: E402
@@ -57,9 +65,7 @@ def test_logits_match_transformers(hf):
     got = (cfg.router, cfg.moe_norm_topk, cfg.num_shared_experts, cfg.moe_every, cfg.qk_norm, cfg.qk_norm_all_heads)
     assert (*got, cfg.qkv_bias) == EXPECTED[kind] and cfg.num_experts == 4 and cfg.experts_per_token == 2
     assert cfg.shared_expert_gate == (kind == "qwen2_moe")
-    ref = torch_logits(model, TOKENS)
-    assert np.abs(ref).max() > 3.0  # not a trivially small signal
-    np.testing.assert_allclose(txjax_logits(cfg, params, TOKENS), ref, atol=1e-4, rtol=0)
+    assert_logits_match(model, cfg, params, TOKENS)
 
 
 def test_greedy_generation_matches_transformers(hf):

@@ -12,6 +12,8 @@ import tokenizers
 import torch
 import transformers
 
+from txjax.model.models import DecoderLM
+
 
 def randomized(model, keep=lambda name: False):
     """The model with norm gains ~ N(1, 0.2^2) and every other parameter ~ N(0, 0.2^2) (but those `keep` names), so
@@ -28,6 +30,18 @@ def torch_logits(model, tokens_BxL):
     """transformers' logits of a decoder LM, as NumPy."""
     with torch.no_grad():
         return model(torch.as_tensor(np.asarray(tokens_BxL))).logits.numpy()
+
+
+def txjax_logits(cfg, params, tokens_BxL):
+    """txjax's DecoderLM(cfg) logits at `params`, as NumPy."""
+    return np.asarray(DecoderLM(cfg).apply({"params": params}, np.asarray(tokens_BxL)))
+
+
+def assert_logits_match(model, cfg, params, tokens_BxL) -> None:
+    """txjax's logits within 1e-4 of transformers' (which are not trivially small: some above 3)."""
+    want = torch_logits(model, tokens_BxL)
+    assert np.abs(want).max() > 3.0
+    np.testing.assert_allclose(txjax_logits(cfg, params, tokens_BxL), want, atol=1e-4, rtol=0)
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
@@ -83,16 +97,9 @@ LLAMAS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/
     ),
     "qwen3": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=16, rope_theta=5e4, tie_word_embeddings=True)),
 }
-# Gemma: d_model 32, 4 heads of 16 over 2 KV heads; 258 ids (a byte-level BPE's 256 bytes, <s> and </s>)
-GEMMA = SHAPE | dict(
-    vocab_size=258,
-    hidden_size=32,
-    intermediate_size=64,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-    rms_norm_eps=1e-6,
-)
+SMALL = SHAPE | dict(hidden_size=32, num_key_value_heads=2)  # Gemma's and the MoE models': d_model 32, 2 KV heads
+# Gemma: 4 heads of 16; 258 ids (a byte-level BPE's 256 bytes, <s> and </s>)
+GEMMA = SMALL | dict(vocab_size=258, intermediate_size=64, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6)
 GEMMAS = {
     # Gemma 2: alternating local/global layers, both soft caps binding, a score scale apart from 1/sqrt(d_k)
     "gemma2": (
@@ -114,14 +121,7 @@ GEMMAS = {
         ),
     ),
 }
-MOE = SHAPE | dict(
-    vocab_size=96,
-    hidden_size=32,
-    num_key_value_heads=2,
-    max_position_embeddings=48,
-    num_experts_per_tok=2,
-    tie_word_embeddings=False,
-)
+MOE = SMALL | dict(vocab_size=96, max_position_embeddings=48, num_experts_per_tok=2, tie_word_embeddings=False)
 MOES = {  # 4 experts, top-2 in each; the fields each family adds
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, intermediate_size=24)),
     "qwen2_moe": (
