@@ -1,7 +1,6 @@
 """The generated table of the checkpoint families (benchmarks/readme_tables.py registers it): what each converter
 reads and writes and what txjax needs for it (written here), its equality figures (benchmarks/convert_equality.py's
-result file, gemma_equality.py's and moe_equality.py's). A new family is one FAMILIES entry here and one
-in convert_equality.py."""
+result file). A new family is one FAMILIES entry here and one in convert_equality.py."""
 
 from __future__ import annotations
 
@@ -99,13 +98,11 @@ _NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py doe
 
 def families() -> list[str]:
     """Each family: what it reads and writes, what txjax needs, and benchmarks/convert_equality.py's figures."""
-    measured = {}  # family -> (row, the machine of its result file)
-    for name in ("convert_equality", "gemma_equality", "moe_equality"):  # benchmarks/gemma_equality.py, moe_equality.py
-        d = bench(name) or {"rows": [], "machine": {}}
-        measured.update({r["family"]: (r, d["machine"]) for r in d["rows"]})
+    result = bench("convert_equality") or {"rows": [], "machine": {}}
+    measured, machine = {r["family"]: r for r in result["rows"]}, result["machine"]
     rows = []
     for family, (label, formats, needs) in FAMILIES.items():
-        r, machine = measured.get(family, (None, None))
+        r = measured.get(family)
         if r is None:
             rows.append([label, formats, needs, f"not measured here: {_NOT_MEASURED}", "", "", "", ""])
             continue

@@ -129,7 +129,7 @@ LONGEST_FIRST = [
     "test_gguf.py",  # ~50: SmolLM2-135M against transformers
     "test_expert_parallel.py",  # ~50 s of CPU: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
     "test_decode.py",  # ~50: 21 tests of cached decoding
-    "test_seq2seq_convert.py",  # ~50+: four encoder-decoders against transformers and exported back, 2 fine-tunings
+    "test_seq2seq_convert.py",  # four encoder-decoders against transformers and exported back, a T5 fine-tuning
     "test_moe_convert.py",  # ~45 (42 s of CPU): four MoE families against transformers, run.py import / export
     "test_sequence_parallel.py",  # ~45
     "test_sharded_training.py",  # ~45

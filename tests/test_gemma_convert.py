@@ -1,8 +1,8 @@
 """Gemma 2 and Gemma 3 (text) interop against transformers' PyTorch Gemma2ForCausalLM and Gemma3ForCausalLM on tiny
-random models built here: `run.py import` -> logits within 1e-4 (reference and blockwise attention) and the same 40
-greedy tokens as transformers.generate (past the sliding window), `run.py export` -> transformers loads the folder
-and gives the same logits, and a config txjax cannot represent is one line naming the field (skipped without the
-`interop` extra)."""
+random models (tests/tiny_hf.py): `run.py import` -> logits within 1e-4 (reference and blockwise attention) and the
+same 40 greedy tokens as transformers.generate (past the sliding window), `run.py export` -> transformers loads the
+folder and gives the same logits, and a config txjax cannot represent is one line naming the field (skipped without
+the `interop` extra)."""
 
 import dataclasses
 
@@ -11,9 +11,11 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("tokenizers")
+
+from tiny_hf import GEMMA, GEMMAS, hf_greedy, save_decoder, torch_logits  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.gemma import config_from_hf, window_pattern  # noqa: E402
@@ -22,86 +24,20 @@ from txjax.experiment import load_workdir  # noqa: E402
 from txjax.model.config import ModelConfig  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 20
-CTX, NEW_TOKENS = 64, 40
-COMMON = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=CTX,
-    rms_norm_eps=1e-6,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-)
-MODELS = {
-    # Gemma 2: alternating local/global layers, both soft caps binding, a score scale apart from 1/sqrt(d_k)
-    "gemma2": lambda vocab: transformers.Gemma2Config(
-        vocab_size=vocab,
-        **COMMON,
-        num_hidden_layers=2,
-        sliding_window=6,
-        query_pre_attn_scalar=24,
-        attn_logit_softcapping=2.0,
-        final_logit_softcapping=8.0,
-    ),
-    # Gemma 3: its 5:1 pattern over 6 layers, q/k norms, the local base 1e4 and a linear x8 global RoPE, untied head
-    "gemma3_text": lambda vocab: transformers.Gemma3TextConfig(
-        vocab_size=vocab,
-        **COMMON,
-        num_hidden_layers=6,
-        sliding_window=8,
-        query_pre_attn_scalar=16,
-        tie_word_embeddings=False,
-        rope_parameters={
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-        },
-    ),
-}
+NEW_TOKENS = 40
 
 
-def randomized(config):
-    """A transformers model whose logits are of order 10: the (1 + w) norms' w ~ N(0, 0.2^2), all else N(0, 0.3^2)."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.2 if "norm" in name else 0.3)
-    return model
-
-
-def save_tiny(kind: str, folder):
-    """A random `kind` model saved by transformers with a byte-level BPE fast tokenizer trained on TEXT."""
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator([TEXT], vocab_size=120, special_tokens=["<s>", "</s>"])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>")
-    model = randomized(MODELS[kind](bpe.get_vocab_size()))
-    model.save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return model
-
-
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=list(GEMMAS))
 def imported(request, tmp_path_factory):
     """(kind, transformers model, the workdir `run.py import` wrote, root)"""
     root = tmp_path_factory.mktemp(request.param)
-    model = save_tiny(request.param, root / "hf")
-    (root / "text.txt").write_text(TEXT)
-    flags = [f"--config.data.path={root / 'text.txt'}", "--config.data.seq_len=16"]
-    assert run.main(["import", f"--from={root / 'hf'}", f"--workdir={root / 'wd'}", *flags]) == 0
+    model = save_decoder(request.param, root / "hf")
+    assert run.main(["import", f"--from={root / 'hf'}", f"--workdir={root / 'wd'}", "--config.data.seq_len=16"]) == 0
     return request.param, model, root / "wd", root
 
 
-def torch_logits(model, tokens_BxL):
-    with torch.no_grad():
-        return model(torch.as_tensor(np.asarray(tokens_BxL))).logits.numpy()
-
-
 def tokens(vocab):
-    return np.random.default_rng(0).integers(0, vocab, (2, CTX))
+    return np.random.default_rng(0).integers(0, vocab, (2, GEMMA["max_position_embeddings"]))
 
 
 def test_import_logits_and_greedy_tokens_match_transformers(imported):
@@ -118,11 +54,9 @@ def test_import_logits_and_greedy_tokens_match_transformers(imported):
     blocks = dataclasses.replace(cfg, attention_impl="blockwise", attention_block_q=16, attention_block_kv=16)
     blockwise = np.asarray(DecoderLM(blocks).apply({"params": trained.params}, ids))  # soft caps, windows by blocks
     np.testing.assert_allclose(blockwise, ref, atol=1e-4, rtol=0)
-    prompt = ids[0, :5]
-    with torch.no_grad():
-        want = model.generate(torch.as_tensor(prompt[None]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    out = generate(trained.model, trained.params, [prompt.tolist()], max_new_tokens=NEW_TOKENS)
-    assert out.ids[0] == want[0, 5:].tolist()  # 45 tokens: past the window of 6 / 8
+    prompt = ids[0, :5].tolist()
+    out = generate(trained.model, trained.params, [prompt], max_new_tokens=NEW_TOKENS)
+    assert out.ids[0] == hf_greedy(model, prompt, NEW_TOKENS)  # 45 tokens: past the window of 6 / 8
 
 
 def test_export_round_trip(imported):
@@ -142,7 +76,7 @@ def test_layer_types_become_the_shortest_window_pattern():
     assert window_pattern([full, local, local]) == "GLL"
 
 
-GEMMA2 = {**COMMON, "model_type": "gemma2", "vocab_size": 64, "num_hidden_layers": 2}
+GEMMA2 = {**GEMMA, "model_type": "gemma2", "vocab_size": 64}
 
 
 def test_older_config_json_fields():

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
-from tiny_gguf import TEMPLATE, byte_level_bpe, llama_cpp_rope_factors, write_gguf  # noqa: E402
+from tiny_gguf import TEMPLATE, byte_level_bpe, finish, llama_cpp_rope_factors, write_gguf  # noqa: E402
 from tiny_hf import random_decoder  # noqa: E402
 
 import run  # noqa: E402
@@ -153,10 +153,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(bpe, tmp_path, capsys):
     other = tmp_path / "other.gguf"
     w = gguf.GGUFWriter(str(other), "phi2")
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     no_weights = tmp_path / "no_weights"
     random_model("llama", 50).config.save_pretrained(no_weights)  # config.json and a tokenizer, no weights
     tokenizers.Tokenizer(tokenizers.models.BPE()).save(str(no_weights / "tokenizer.json"))
@@ -198,8 +195,7 @@ def test_headers_that_describe_too_much_are_one_line_before_any_tensor_is_read(b
     w.add_token_list(bpe["tokens"])
     w.add_token_merges(bpe["merges"])
     w.add_tensor("token_embd.weight", np.zeros((300, 8), np.float32))
-    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
-        write()
+    finish(w)
     lying = tmp_path / "lying"
     lying.mkdir()
     hf = {"model_type": "llama", "vocab_size": 50, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1}

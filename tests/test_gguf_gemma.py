@@ -1,6 +1,6 @@
 """Gemma 2 and Gemma 3 (text) .gguf files as llama.cpp's converter writes them (tests/tiny_gguf.py: norm gains
 stored as 1 + w, a SentencePiece vocabulary without merges) against the Hugging Face folder import of the same tiny
-random model (tests/test_gemma_convert.py's builders) and transformers: the same ModelConfig, the same parameters,
+random model (tests/tiny_hf.py's builders) and transformers: the same ModelConfig, the same parameters,
 logits within 1e-4 of transformers past the sliding window, the same greedy tokens, the tokenizer giving
 GemmaTokenizer's ids; what llama.cpp's metadata leaves to its own rules (the score scale, which layers are local,
 Gemma 3's local RoPE base) read as llama.cpp reads it, and what txjax cannot represent refused in one line."""
@@ -19,8 +19,8 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
-from test_gemma_convert import MODELS, randomized  # noqa: E402
-from tiny_gguf import sentencepiece_bpe, write_gemma_gguf  # noqa: E402
+from tiny_gguf import finish, sentencepiece_bpe, write_gguf  # noqa: E402
+from tiny_hf import hf_greedy, random_decoder  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.gemma import load_gemma  # noqa: E402
@@ -41,15 +41,15 @@ def logits(cfg, params, ids):
     return np.asarray(DecoderLM(cfg).apply({"params": params}, jnp.asarray([ids])))[0]
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
-def test_gemma_gguf_equals_the_folder_import_and_transformers(spm, tmp_path, kind):
+@pytest.mark.parametrize("kind, arch", [("gemma2", "gemma2"), ("gemma3_text", "gemma3")])
+def test_gemma_gguf_equals_the_folder_import_and_transformers(spm, tmp_path, kind, arch):
     """Gemma 2 (alternating layers, both soft caps, query_pre_attn_scalar 24 through {arch}.attention.scale, tied)
     and Gemma 3 (5:1 layers, q/k norms, linear x8 global RoPE and local base 1e4, untied), F32 (the quantized types'
     dequantizing is test_gguf.py's)."""
-    model = randomized(MODELS[kind](len(spm["tokens"])))
+    model = random_decoder(kind, vocab_size=len(spm["tokens"]))
     model.save_pretrained(tmp_path / "hf")
     scale = model.config.query_pre_attn_scalar**-0.5 if kind == "gemma2" else None  # gemma3: 16 = head_dim
-    path = write_gemma_gguf(tmp_path / "m.gguf", model, spm, gguf.GGMLQuantizationType.F32, attention_scale=scale)
+    path = write_gguf(tmp_path / "m.gguf", model, spm, arch, gguf.GGMLQuantizationType.F32, attention_scale=scale)
     cfg, params, tok = load_gguf(path)
     want_cfg, want_params = load_gemma(tmp_path / "hf")
     np.testing.assert_allclose(cfg.norm_eps, want_cfg.norm_eps, rtol=1e-6)  # stored as float32
@@ -67,9 +67,7 @@ def test_gemma_gguf_equals_the_folder_import_and_transformers(spm, tmp_path, kin
     np.testing.assert_allclose(logits(cfg, params, ids), hf, atol=1e-4, rtol=0)
 
     prompt = ids[:5]  # 5 + 12 tokens: past the windows
-    with torch.no_grad():
-        want = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 5:].tolist()
-    assert generate(DecoderLM(cfg), params, [prompt], max_new_tokens=12).ids[0] == want
+    assert generate(DecoderLM(cfg), params, [prompt], max_new_tokens=12).ids[0] == hf_greedy(model, prompt, 12)
 
     # the tokenizer: GemmaTokenizer's ids from the vocabulary and the merges the trainer learned (the file has none)
     ref_tok = transformers.GemmaTokenizer(
@@ -111,8 +109,7 @@ def metadata_only(path, arch, tokenizer="llama", **changes):
             w.add_uint32(f"{arch}.{key}", value)
     w.add_tokenizer_model(tokenizer)
     w.add_token_list(["<pad>", "<eos>", "<bos>"])
-    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
-        write()
+    finish(w)
     return path
 
 
@@ -169,9 +166,9 @@ def test_what_txjax_cannot_represent_is_one_line(tmp_path, capsys, arch, changes
 def test_run_py_imports_a_quantized_gemma_file_and_exports_it(spm, tmp_path):
     """`run.py import` of a Q8_0 Gemma 2 file writes a workdir (tokenizer included) whose `run.py export` folder
     transformers loads as gemma2 with the workdir's logits."""
-    model = randomized(MODELS["gemma2"](len(spm["tokens"])))
+    model = random_decoder("gemma2", vocab_size=len(spm["tokens"]))
     scale = model.config.query_pre_attn_scalar**-0.5
-    path = write_gemma_gguf(tmp_path / "m.gguf", model, spm, gguf.GGMLQuantizationType.Q8_0, attention_scale=scale)
+    path = write_gguf(tmp_path / "m.gguf", model, spm, "gemma2", gguf.GGMLQuantizationType.Q8_0, attention_scale=scale)
     (tmp_path / "text.txt").write_text(TEXT * 20)
     flags = [f"--config.data.path={tmp_path / 'text.txt'}", "--config.data.seq_len=16"]
     assert run.main(["import", f"--from={path}", f"--workdir={tmp_path / 'wd'}", *flags]) == 0

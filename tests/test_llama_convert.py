@@ -10,35 +10,35 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tiny_hf import COMMON, DECODERS, LM_CTX, LM_VOCAB, random_decoder  # noqa: E402
+from tiny_hf import (  # noqa: E402
+    COMMON,
+    LLAMAS,
+    LM_CTX,
+    LM_VOCAB,
+    assert_logits_match,
+    hf_greedy,
+    random_decoder,
+    torch_logits,
+)
 
 from txjax.convert.llama import config_from_hf, load_llama, pairs, save_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 from txjax.model.positional import apply_rope  # noqa: E402
 
-MODELS = [kind for kind in DECODERS if kind != "qwen3"]  # Qwen3's q/k norms: qwen3_yarn
+MODELS = [kind for kind in LLAMAS if kind != "qwen3"]  # Qwen3's q/k norms: qwen3_yarn
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def hf(request, tmp_path_factory):
-    """(kind, model, folder)"""
+    """(kind, transformers model, txjax's ModelConfig and params read from the folder it saved)"""
     model = random_decoder(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
-    return request.param, model, folder
-
-
-def torch_logits(model, tokens_BxL):
-    with torch.no_grad():
-        return model(torch.as_tensor(np.asarray(tokens_BxL))).logits.numpy()
-
-
-def txjax_logits(cfg, params, tokens_BxL):
-    return np.asarray(DecoderLM(cfg).apply({"params": params}, jnp.asarray(tokens_BxL)))
+    return request.param, model, *load_llama(folder)
 
 
 TOKENS = np.random.default_rng(0).integers(0, LM_VOCAB, (2, LM_CTX))
@@ -58,28 +58,21 @@ def test_pair_permutation_turns_rotate_half_into_adjacent_pairs():
 
 
 def test_logits_match_transformers(hf):
-    kind, model, folder = hf
-    cfg, params = load_llama(folder)
+    kind, model, cfg, params = hf
     assert cfg.qkv_bias == (kind == "qwen2") and cfg.tie_embeddings == model.config.tie_word_embeddings
     assert (cfg.attention_window, cfg.qk_norm) == (8 if kind == "mistral_window" else 0, kind == "qwen3_yarn")
     assert cfg.rope_scaling == {"llama3": "llama3", "qwen3_yarn": "yarn"}.get(kind, "none")
-    ref = torch_logits(model, TOKENS)
-    assert np.abs(ref).max() > 3.0  # not a trivially small signal
-    np.testing.assert_allclose(txjax_logits(cfg, params, TOKENS), ref, atol=1e-4, rtol=0)
+    assert_logits_match(model, cfg, params, TOKENS)
 
 
 def test_greedy_generation_matches_transformers(hf):
-    _, model, folder = hf
-    cfg, params = load_llama(folder)
-    prompt = TOKENS[0, :5]
-    with torch.no_grad():
-        ref = model.generate(torch.as_tensor(prompt[None]), max_new_tokens=32, do_sample=False)[0, 5:].tolist()
-    assert generate(DecoderLM(cfg), params, [prompt.tolist()], max_new_tokens=32).ids[0] == ref
+    _, model, cfg, params = hf
+    prompt = TOKENS[0, :5].tolist()
+    assert generate(DecoderLM(cfg), params, [prompt], max_new_tokens=32).ids[0] == hf_greedy(model, prompt, 32)
 
 
 def test_export_round_trip(hf, tmp_path):
-    kind, model, folder = hf
-    cfg, params = load_llama(folder)
+    _, model, cfg, params = hf
     out = save_llama(tmp_path / "out", cfg, params)
     assert config_from_hf(json.loads((out / "config.json").read_text()), has_head=True) == cfg
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()

@@ -4,6 +4,7 @@ projection): logits, greedy generation, the export round trip, and `run.py impor
 tokenizer (skipped without the `interop` extra)."""
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -11,11 +12,19 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_llama_convert import torch_logits, txjax_logits  # noqa: E402
-from tiny_hf import randomized  # noqa: E402
+from tiny_hf import (  # noqa: E402
+    MOE,
+    MOES,
+    assert_logits_match,
+    decoder_config,
+    hf_greedy,
+    random_decoder,
+    torch_logits,
+    txjax_logits,
+)
 
 import run  # noqa: E402
 from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, save_moe  # noqa: E402
@@ -23,56 +32,32 @@ from txjax.decode import generate  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 
-VOCAB, CTX = 96, 48
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=CTX,
-    num_experts_per_tok=2,
-    tie_word_embeddings=False,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-)
-MODELS = {  # 4 experts, top-2 in each; the fields each family adds
-    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=4, intermediate_size=24)),
-    "qwen2_moe": (
-        transformers.Qwen2MoeConfig,
-        dict(
-            num_experts=4,
-            intermediate_size=40,  # layer 0's dense MLP (decoder_sparse_step=2: layer 1 alone is MoE)
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=32,  # two experts' width
-            decoder_sparse_step=2,
-        ),
-    ),
-    "qwen3_moe": (
-        transformers.Qwen3MoeConfig,
-        dict(num_experts=4, intermediate_size=40, moe_intermediate_size=16, head_dim=16, norm_topk_prob=True),
-    ),
-    "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=24)),
-}
 EXPECTED = {  # (router, moe_norm_topk, num_shared_experts, moe_every, qk_norm, qk_norm_all_heads, qkv_bias)
     "mixtral": ("topk_then_softmax", False, 0, 1, False, False, False),
     "qwen2_moe": ("softmax_then_topk", False, 2, 2, False, False, True),
     "qwen3_moe": ("softmax_then_topk", True, 0, 1, True, False, False),
     "olmoe": ("softmax_then_topk", False, 0, 1, True, True, False),
 }
-TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, CTX))
+TOKENS = np.random.default_rng(0).integers(0, MOE["vocab_size"], (2, MOE["max_position_embeddings"]))
 
 
-def random_model(kind: str, **changes):
-    config_class, fields = MODELS[kind]
-    return randomized(transformers.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **fields, **changes})))
+@pytest.fixture(scope="module")
+def convert(tmp_path_factory):
+    """kind -> (kind, transformers model, txjax's ModelConfig and params read from the folder it saved), each kind
+    built once in the module."""
+
+    @functools.cache
+    def converted(kind: str):
+        model, folder = random_decoder(kind), tmp_path_factory.mktemp(kind)
+        model.save_pretrained(folder)
+        return kind, model, *load_moe(folder)
+
+    return converted
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
-def hf(request, tmp_path_factory):
-    """(kind, transformers model, txjax's ModelConfig and params read from the folder it saved)"""
-    return load_and_convert(request.param, tmp_path_factory.mktemp(request.param))
+@pytest.fixture(scope="module", params=list(MOES))
+def hf(request, convert):
+    return convert(request.param)
 
 
 def test_logits_match_transformers(hf):
@@ -80,17 +65,13 @@ def test_logits_match_transformers(hf):
     got = (cfg.router, cfg.moe_norm_topk, cfg.num_shared_experts, cfg.moe_every, cfg.qk_norm, cfg.qk_norm_all_heads)
     assert (*got, cfg.qkv_bias) == EXPECTED[kind] and cfg.num_experts == 4 and cfg.experts_per_token == 2
     assert cfg.shared_expert_gate == (kind == "qwen2_moe")
-    ref = torch_logits(model, TOKENS)
-    assert np.abs(ref).max() > 3.0  # not a trivially small signal
-    np.testing.assert_allclose(txjax_logits(cfg, params, TOKENS), ref, atol=1e-4, rtol=0)
+    assert_logits_match(model, cfg, params, TOKENS)
 
 
 def test_greedy_generation_matches_transformers(hf):
     _, model, cfg, params = hf
-    prompt = TOKENS[0, :5]
-    with torch.no_grad():
-        ref = model.generate(torch.as_tensor(prompt[None]), max_new_tokens=24, do_sample=False)[0, 5:].tolist()
-    assert generate(DecoderLM(cfg), params, [prompt.tolist()], max_new_tokens=24).ids[0] == ref
+    prompt = TOKENS[0, :5].tolist()
+    assert generate(DecoderLM(cfg), params, [prompt], max_new_tokens=24).ids[0] == hf_greedy(model, prompt, 24)
 
 
 def test_export_round_trip(hf, tmp_path):
@@ -115,16 +96,10 @@ def test_export_round_trip(hf, tmp_path):
     ],
 )
 def test_unrepresentable_config_names_the_field(kind, change, field):
-    hf_config = {**random_model_config(kind), **change}
+    hf_config = {**decoder_config(kind).to_dict(), "model_type": kind, **change}
     with pytest.raises(ValueError, match=field) as e:
         config_from_hf(hf_config, has_head=True)
     assert "\n" not in str(e.value)
-
-
-def random_model_config(kind: str) -> dict:
-    """config.json's fields of a MODELS entry, as save_pretrained writes them."""
-    config_class, fields = MODELS[kind]
-    return {**config_class(**COMMON, **fields).to_dict(), "model_type": kind}
 
 
 @pytest.mark.parametrize(
@@ -140,7 +115,7 @@ def random_model_config(kind: str) -> dict:
 )
 def test_unexportable_config_names_the_field(change, field):
     """A Qwen2-MoE config changed so that no architecture holds it (Mixtral's router renormalises its k gates)."""
-    cfg = config_from_hf(random_model_config("qwen2_moe"), has_head=True)
+    cfg = config_from_hf({**decoder_config("qwen2_moe").to_dict(), "model_type": "qwen2_moe"}, has_head=True)
     moe_every_1 = {"moe_every": 1} if "num_shared_experts" in change else {}
     with pytest.raises(ValueError, match=field) as e:
         config_to_hf(dataclasses.replace(cfg, **change, **moe_every_1))
@@ -154,7 +129,7 @@ def test_run_py_import_and_export_with_the_tokenizer(tmp_path, capsys):
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator(["All: Speak, speak. First Citizen: you are all resolved rather to die."] * 20, 280)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
-    model = random_model("qwen2_moe", vocab_size=bpe.get_vocab_size())  # byte-level: 256 ids and the merges
+    model = random_decoder("qwen2_moe", vocab_size=bpe.get_vocab_size())  # byte-level: 256 ids and the merges
     model.save_pretrained(tmp_path / "hf")
     fast.save_pretrained(tmp_path / "hf")
     text = tmp_path / "text.txt"
@@ -175,20 +150,13 @@ def test_run_py_import_and_export_with_the_tokenizer(tmp_path, capsys):
     np.testing.assert_allclose(torch_logits(again, TOKENS), torch_logits(model, TOKENS), atol=1e-5, rtol=0)
 
 
-def test_export_writes_topk_then_softmax_as_norm_topk_prob(tmp_path):
+def test_export_writes_topk_then_softmax_as_norm_topk_prob(convert, tmp_path):
     """Mixtral's router (a softmax over the top-k logits) in a Qwen3-MoE model is exported as norm_topk_prob (the
     top-k of the softmax renormalised: the same gates), and transformers gives txjax's logits."""
-    _, _, cfg, params = load_and_convert("qwen3_moe", tmp_path / "hf")
+    _, _, cfg, params = convert("qwen3_moe")
     cfg = dataclasses.replace(cfg, router="topk_then_softmax", moe_norm_topk=False)
     out = save_moe(tmp_path / "out", cfg, params)
     assert json.loads((out / "config.json").read_text())["norm_topk_prob"] is True
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     want = txjax_logits(cfg, params, TOKENS)
     np.testing.assert_allclose(torch_logits(exported, TOKENS), want, atol=1e-4, rtol=0)
-
-
-def load_and_convert(kind: str, folder):
-    """(kind, transformers model, ModelConfig, params) of a random `kind` model saved into `folder`."""
-    model = random_model(kind)
-    model.save_pretrained(folder)
-    return kind, model, *load_moe(folder)

@@ -1,9 +1,9 @@
 """GGUF files of tiny transformers models written with gguf.GGUFWriter as llama.cpp's converter (convert_hf_to_gguf)
-writes them: its metadata, its tensor names, the llama architecture's Q/K rows interleaved, Llama 3's rope scaling as
-the rope_freqs tensor; with a byte-level BPE whose vocabulary and merges go into the metadata. Gemma 2 / 3 files
-(write_gemma_gguf) as its Gemma2Model / Gemma3Model write them: norm gains stored as 1 + w, a SentencePiece
-vocabulary (tokens, scores, token types, no merges). What tests/test_gguf.py, tests/test_gguf_gemma.py and
-benchmarks/convert_equality.py share; it imports gguf and tokenizers, so a test importorskips them first."""
+writes them: its metadata (one table of keys per architecture), its tensor names, the llama architecture's Q/K rows
+interleaved, Llama 3's rope scaling as the rope_freqs tensor; with a byte-level BPE whose vocabulary and merges go
+into the metadata. Gemma 2 / 3 files as its Gemma2Model / Gemma3Model write them: norm gains stored as 1 + w, a
+SentencePiece vocabulary (tokens, scores, token types, no merges). What tests/test_gguf.py, tests/test_gguf_gemma.py
+and benchmarks/convert_equality.py share; it imports gguf and tokenizers, so a test importorskips them first."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from txjax.convert.gguf_gemma import NAMES as GEMMA_NAMES
 
 TEXT = "the quick brown fox jumps over the lazy dog; ROMEO: what light through yonder window breaks?\n" * 20
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+GEMMA_ARCHS = ("gemma2", "gemma3")
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
 
@@ -50,57 +51,6 @@ def gguf_name(hf_name: str, names=_NAMES) -> str:
             if hf.format(i=i) == stem:
                 return f"{pattern.format(i=i)}.{kind}"
     raise KeyError(hf_name)
-
-
-def write_gguf(path, model, bpe, arch: str, qtype):
-    """A .gguf file of a transformers model and a byte-level BPE ({"tokens", "merges"}), laid out as llama.cpp's
-    converter writes it: 2-D weights in `qtype`, norms F32, the llama architecture's Q/K rows interleaved."""
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    if getattr(c, "sliding_window", None):
-        w.add_sliding_window(c.sliding_window)
-    rope = c.rope_parameters
-    if rope.get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight", llama_cpp_rope_factors(rope, head_dim))
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_rope_dimension_count(head_dim)
-    tokens = bpe["tokens"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges(bpe["merges"])
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    w.add_bos_token_id(tokens.index("<|im_start|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_chat_template(TEMPLATE)
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        a = t.numpy().astype(np.float32)
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            a = llama_cpp_permute(a, c.num_attention_heads)
-        if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            a = llama_cpp_permute(a, c.num_key_value_heads)
-        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gguf_name(name), a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def byte_level_bpe():
@@ -146,53 +96,92 @@ def spm_token_type(token: str) -> int:
     )
 
 
-def write_gemma_gguf(path, model, spm, qtype, attention_scale=None):
-    """A .gguf file of a transformers Gemma2/Gemma3ForCausalLM and a SentencePiece vocabulary as llama.cpp's
-    converter writes it: every norm gain + 1, Q/K rows as they are (NeoX RoPE), Gemma 2's lm_head dropped, Gemma 3's
-    global RoPE (base, linear scaling) only; `attention_scale`: {arch}.attention.scale, which newer files may carry."""
-    c = model.config
-    arch = {"gemma2": "gemma2", "gemma3_text": "gemma3"}[c.model_type]
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_sliding_window(c.sliding_window)
+def metadata(c, arch: str, attention_scale=None) -> dict:
+    """llama.cpp's hyperparameter keys of a transformers config, by GGUFWriter's add_* name (None: not written): the
+    Llama family's (its rope dimension and vocabulary size) or Gemma's (its soft caps, Gemma 3's global RoPE base and
+    linear scaling; `attention_scale`: {arch}.attention.scale, which newer files may carry)."""
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = c.rope_parameters.get("full_attention", c.rope_parameters)
-    w.add_rope_freq_base(rope["rope_theta"])
-    if rope.get("rope_type") == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rope["factor"])
-    if arch == "gemma2":
-        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
-    if c.final_logit_softcapping:
-        w.add_final_logit_softcapping(c.final_logit_softcapping)
-    if attention_scale is not None:
-        w.add_attention_scale(attention_scale)
-    tokens = spm["tokens"]
-    w.add_tokenizer_model("llama")
+    keys = {
+        "context_length": c.max_position_embeddings,
+        "embedding_length": c.hidden_size,
+        "feed_forward_length": c.intermediate_size,
+        "block_count": c.num_hidden_layers,
+        "head_count": c.num_attention_heads,
+        "head_count_kv": c.num_key_value_heads,
+        "layer_norm_rms_eps": c.rms_norm_eps,
+        "key_length": head_dim,
+        "value_length": head_dim,
+        "sliding_window": getattr(c, "sliding_window", None) or None,
+        "rope_freq_base": rope["rope_theta"],
+    }
+    if arch not in GEMMA_ARCHS:
+        return keys | {"vocab_size": c.vocab_size, "rope_dimension_count": head_dim}
+    linear = rope.get("rope_type") == "linear"
+    return keys | {
+        "rope_scaling_type": gguf.RopeScalingType.LINEAR if linear else None,
+        "rope_scaling_factor": rope["factor"] if linear else None,
+        "attn_logit_softcapping": c.attn_logit_softcapping if arch == "gemma2" else None,
+        "final_logit_softcapping": c.final_logit_softcapping or None,
+        "attention_scale": attention_scale,
+    }
+
+
+def add_vocabulary(w, vocab: dict, arch: str) -> None:
+    """The Llama family's byte-level BPE (byte_level_bpe: tokens and merges, ChatML specials, a chat template) or
+    Gemma's SentencePiece vocabulary (sentencepiece_bpe: tokens, scores, token types, no merges)."""
+    tokens = vocab["tokens"]
     w.add_token_list(tokens)
-    w.add_token_scores([-float(i) for i in range(len(tokens))])
-    w.add_token_types([spm_token_type(t) for t in tokens])
-    w.add_add_space_prefix(False)
-    for name in ("bos", "eos", "pad", "unk"):
-        getattr(w, f"add_{name}_token_id")(tokens.index(f"<{name}>"))
+    if arch in GEMMA_ARCHS:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([-float(i) for i in range(len(tokens))])
+        w.add_token_types([spm_token_type(t) for t in tokens])
+        w.add_add_space_prefix(False)
+        for name in ("bos", "eos", "pad", "unk"):
+            getattr(w, f"add_{name}_token_id")(tokens.index(f"<{name}>"))
+        return
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_merges(vocab["merges"])
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_bos_token_id(tokens.index("<|im_start|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(TEMPLATE)
+
+
+def write_gguf(path, model, vocab, arch: str, qtype, attention_scale=None):
+    """A .gguf file of a transformers model and its vocabulary laid out as llama.cpp's converter writes it: 2-D
+    weights in `qtype`, norms F32; the llama architecture's Q/K rows interleaved and Llama 3's rope scaling as the
+    rope_freqs tensor; Gemma's norm gains + 1 and Gemma 2's lm_head dropped (Q/K rows as they are: NeoX RoPE)."""
+    c, gemma = model.config, arch in GEMMA_ARCHS
+    w = gguf.GGUFWriter(str(path), arch)
+    keys = metadata(c, arch, attention_scale)
+    for name, value in keys.items():
+        if value is not None:
+            getattr(w, f"add_{name}")(value)
+    if c.rope_parameters.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama_cpp_rope_factors(c.rope_parameters, keys["key_length"]))
+    add_vocabulary(w, vocab, arch)
+    heads = {"q_proj": c.num_attention_heads, "k_proj": c.num_key_value_heads}
     for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and (arch == "gemma2" or c.tie_word_embeddings):
+        if name == "lm_head.weight" and (c.tie_word_embeddings or arch == "gemma2"):
             continue
-        a = t.numpy().astype(np.float32) + (1.0 if name.endswith("norm.weight") else 0.0)
-        target = gguf_name(name, _NAMES | GEMMA_NAMES)
+        a = t.numpy().astype(np.float32)
+        if gemma and name.endswith("norm.weight"):
+            a = a + 1.0
+        projection = name.split(".")[-2]
+        if arch == "llama" and projection in heads:
+            a = llama_cpp_permute(a, heads[projection])
+        target = gguf_name(name, _NAMES | GEMMA_NAMES if gemma else _NAMES)
         if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             w.add_tensor(target, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(target, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
+
+
+def finish(w) -> None:
+    """GGUFWriter's header, metadata and tensors to the file, then closed."""
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()

@@ -1,8 +1,9 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
-reads: the Llama family (decoder LMs: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
-Qwen3) and the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and the benchmarks that
-measure the converters (benchmarks/convert_equality.py) share; it imports torch, transformers and tokenizers, so a
-test importorskips them first."""
+reads: the decoder LMs (the Llama family: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
+Qwen3; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE) and the encoder-decoders
+(Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which measures every
+converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips them
+first."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 import tokenizers
 import torch
 import transformers
+
+from txjax.model.models import DecoderLM
 
 
 def randomized(model, keep=lambda name: False):
@@ -23,20 +26,38 @@ def randomized(model, keep=lambda name: False):
     return model.eval()
 
 
-# ---- decoder LMs: the Llama family ----------------------------------------------------------------------------------
+def torch_logits(model, tokens_BxL):
+    """transformers' logits of a decoder LM, as NumPy."""
+    with torch.no_grad():
+        return model(torch.as_tensor(np.asarray(tokens_BxL))).logits.numpy()
 
-LM_VOCAB, LM_CTX = 96, 64
-COMMON = dict(
-    vocab_size=LM_VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    max_position_embeddings=LM_CTX,
-    rms_norm_eps=1e-5,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
+
+def txjax_logits(cfg, params, tokens_BxL):
+    """txjax's DecoderLM(cfg) logits at `params`, as NumPy."""
+    return np.asarray(DecoderLM(cfg).apply({"params": params}, np.asarray(tokens_BxL)))
+
+
+def assert_logits_match(model, cfg, params, tokens_BxL) -> None:
+    """txjax's logits within 1e-4 of transformers' (which are not trivially small: some above 3)."""
+    want = torch_logits(model, tokens_BxL)
+    assert np.abs(want).max() > 3.0
+    np.testing.assert_allclose(txjax_logits(cfg, params, tokens_BxL), want, atol=1e-4, rtol=0)
+
+
+def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers.generate's greedy `new_tokens` after one prompt."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+# ---- decoder LMs ----------------------------------------------------------------------------------------------------
+
+# 300 ids: tiny_gguf.byte_level_bpe's, so that a .gguf file of the same model holds its vocabulary
+LM_VOCAB, LM_CTX = 300, 64
+SHAPE = dict(num_hidden_layers=2, num_attention_heads=4, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+COMMON = SHAPE | dict(
+    vocab_size=LM_VOCAB, hidden_size=64, intermediate_size=96, max_position_embeddings=LM_CTX, rms_norm_eps=1e-5
 )
 # Llama 3's rope scaling with two of head_dim 16's eight frequencies between its bands (what a .gguf's rope_freqs
 # needs to give its bands back: tests/test_gguf.py)
@@ -48,7 +69,7 @@ LLAMA3_ROPE = {
     "high_freq_factor": 16.0,
     "original_max_position_embeddings": 32,
 }
-DECODERS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/h, Qwen2's q/k/v biases
+LLAMAS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/h, Qwen2's q/k/v biases
     "llama": ("LlamaConfig", dict(num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=False)),
     "mistral": (
         "MistralConfig",
@@ -76,17 +97,85 @@ DECODERS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from 
     ),
     "qwen3": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=16, rope_theta=5e4, tie_word_embeddings=True)),
 }
+SMALL = SHAPE | dict(hidden_size=32, num_key_value_heads=2)  # Gemma's and the MoE models': d_model 32, 2 KV heads
+# Gemma: 4 heads of 16; 258 ids (a byte-level BPE's 256 bytes, <s> and </s>)
+GEMMA = SMALL | dict(vocab_size=258, intermediate_size=64, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6)
+GEMMAS = {
+    # Gemma 2: alternating local/global layers, both soft caps binding, a score scale apart from 1/sqrt(d_k)
+    "gemma2": (
+        "Gemma2Config",
+        dict(sliding_window=6, query_pre_attn_scalar=24, attn_logit_softcapping=2.0, final_logit_softcapping=8.0),
+    ),
+    # Gemma 3: its 5:1 pattern over 6 layers, q/k norms, the local base 1e4 and a linear x8 global RoPE, untied head
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(
+            num_hidden_layers=6,
+            sliding_window=8,
+            query_pre_attn_scalar=16,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        ),
+    ),
+}
+MOE = SMALL | dict(vocab_size=96, max_position_embeddings=48, num_experts_per_tok=2, tie_word_embeddings=False)
+MOES = {  # 4 experts, top-2 in each; the fields each family adds
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, intermediate_size=24)),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            num_experts=4,
+            intermediate_size=40,  # layer 0's dense MLP (decoder_sparse_step=2: layer 1 alone is MoE)
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,  # two experts' width
+            decoder_sparse_step=2,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(num_experts=4, intermediate_size=40, moe_intermediate_size=16, head_dim=16, norm_topk_prob=True),
+    ),
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, intermediate_size=24)),
+}
+DECODERS = {  # kind -> (config class, its fields)
+    kind: (config_class, base | fields)
+    for base, kinds in [(COMMON, LLAMAS), (GEMMA, GEMMAS), (MOE, MOES)]
+    for kind, (config_class, fields) in kinds.items()
+}
 
 
 def decoder_config(kind: str, **changes):
-    """The transformers config of DECODERS[kind] over COMMON, with `changes`."""
+    """The transformers config of DECODERS[kind], with `changes`."""
     config_class, fields = DECODERS[kind]
-    return getattr(transformers, config_class)(**(COMMON | fields | changes))
+    return getattr(transformers, config_class)(**(fields | changes))
 
 
 def random_decoder(kind: str, **changes):
-    """A randomized transformers causal LM of DECODERS[kind]."""
-    return randomized(transformers.AutoModelForCausalLM.from_config(decoder_config(kind, **changes)))
+    """A randomized transformers causal LM of DECODERS[kind]; Gemma's (1 + w) norms' w ~ N(0, 0.2^2) and all else
+    N(0, 0.3^2), seeded before transformers' own init."""
+    config = decoder_config(kind, **changes)
+    if kind not in GEMMAS:
+        return randomized(transformers.AutoModelForCausalLM.from_config(config))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.2 if "norm" in name else 0.3)
+    return model
+
+
+def save_decoder(kind: str, folder, **changes):
+    """random_decoder(kind) saved by transformers into `folder` with a word-level tokenizer of 3 ids (<s>, </s>,
+    <unk>: `run.py import` reads a tokenizer; the comparisons feed random ids); returns the model."""
+    model = random_decoder(kind, **changes)
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2}, unk_token="<unk>"))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>", eos_token="</s>")
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return model
 
 
 def byte_level_tokenizer(text: str, vocab_size: int, chat_template: str | None = None):
