@@ -1,14 +1,18 @@
-"""The compiled decoding and lm-eval programs as fingerprints: a refactor that keeps them keeps every speed figure.
+"""The compiled training, decoding and lm-eval programs as fingerprints: a refactor that keeps them keeps every speed
+figure.
 
-    python benchmarks/decode_program.py [--shape=shakespeare_char] [--out=results/decode_program_PLATFORM.json]
+    python benchmarks/programs.py [--shape=shakespeare_char] [--out=results/programs_PLATFORM.json]
 
 For each program, the optimized HLO text XLA compiles (metadata, source locations and stack frames left out), its
 instruction count and sha256:
 - generate_FLOAT: txjax.decode.generate_ids, greedy, 256 new tokens from a 1-token prompt, batch 1, the model in
   decoding's layout (for_decoding) in float32 and bfloat16;
-- lm_eval_score: txjax.evaluate.lm_eval_model.make_score over 2 rows of 32 tokens, 16 scored positions (a tiny LM).
-Run it on two checkouts (PYTHONPATH each): equal hashes mean the same machine code runs, so their tokens/s are
-equal by construction, whatever load the shared cores carried while timing them (benchmarks/decode.py times them).
+- lm_eval_score: txjax.evaluate.lm_eval_model.make_score over 2 rows of 32 tokens, 16 scored positions (a tiny LM);
+- train_IMPL: txjax.training.step.make_train_step of benchmarks/train.py's shape (its batch of random tokens), the
+  reference and the blockwise attention (which ring attention shares).
+Run it in two checkouts (the script copied into the other's benchmarks/): equal hashes mean the same machine code
+runs, so their speeds are equal by construction, whatever load the shared cores carried while timing them
+(benchmarks/decode.py and train.py time them).
 """
 
 from __future__ import annotations
@@ -22,10 +26,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from decode import SHAPES, build
+from train import build_config, lm_batches
 
 from txjax import decode
+from txjax.experiment import build_model
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
+from txjax.state.optim import OptimConfig, make_optimizer
+from txjax.state.train_state import init_state
+from txjax.training.config import TrainConfig
+from txjax.training.step import make_train_step
 
 
 def instructions(compiled) -> list[str]:
@@ -58,6 +68,13 @@ def score_program():
     return make_score(model).lower(params, *args).compile()
 
 
+def train_program(shape: str, impl: str):
+    config = build_config(shape, [f"--config.model.attention_impl={impl}"])
+    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
+    state = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))
+    return make_train_step(model, tx, TrainConfig.of(config.train)).lower(state, lm_batches(config, 1)[0]).compile()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=tuple(SHAPES), default="shakespeare_char")
@@ -65,9 +82,10 @@ def main():
     args = parser.parse_args()
     programs = {f"generate_{dtype}": generate_program(args.shape, dtype) for dtype in ("float32", "bfloat16")}
     programs["lm_eval_score"] = score_program()
+    programs |= {f"train_{impl}": train_program(args.shape, impl) for impl in ("reference", "blockwise")}
     rows = [{"program": name, **fingerprint(compiled)} for name, compiled in programs.items()]
     print(common.table(rows))
-    print(f"wrote {common.save('decode_program', {'shape': args.shape, 'programs': rows}, args.out)}")
+    print(f"wrote {common.save('programs', {'shape': args.shape, 'programs': rows}, args.out)}")
 
 
 if __name__ == "__main__":
