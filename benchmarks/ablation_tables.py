@@ -72,3 +72,39 @@ def local_global_step() -> list[str]:
                      machine_label(report["machine"])])  # fmt: skip
     header = ["layers", "blockwise ms (median)", "blockwise ms (min)", "blockwise CPU ms", "reference CPU ms"]
     return table([*header, "command", "measured"], rows)
+
+
+FAMILY_TASKS = {  # the comparison's sweeps (experiments/ablations/family_comparison*.py) and what each one scores
+    "family_comparison": ("bible en-es", {"test_bleu": "test BLEU (beam 4)", "test_chrf": "test chrF"}),
+    "family_comparison_add": ("add_seq2seq", {"test_generated_exact_match": "test exact match (greedy)"}),
+}
+
+
+def family_label(run: dict) -> str:
+    """The comparison's name of a run's setting: the prefix LM read causally is the decoder-only LM."""
+    if run["family"] == "prefix_lm":
+        return "decoder-only LM" if run["prefix_attention"] == "causal" else "prefix LM"
+    return "encoder-decoder"
+
+
+def family_comparison() -> list[str]:
+    """The three families at matched parameters and equal time, per task: steps, valid and test loss, the task's
+    test metrics (mean ± sd over seeds); parameters from the sweep's step-time benchmark (benchmarks/family_step.py)."""
+    rows = []
+    for name, (task, metrics) in FAMILY_TASKS.items():
+        folder = RESULTS / name
+        if not (folder / "results.csv").is_file():
+            continue
+        runs = [r for r in csv.DictReader((folder / "results.csv").open()) if r["status"] == "done"]
+        machine = machine_label(json.loads((folder / "results.json").read_text())["machine"])
+        step_file = REPO / "benchmarks" / "results" / f"family_step_{name}_cpu.json"
+        params = {r["setting"]: r["params"] for r in json.loads(step_file.read_text())["rows"]}  # seed 0's run names
+        for label in ("encoder-decoder", "prefix LM", "decoder-only LM"):
+            rs = [r for r in runs if family_label(r) == label]
+            if rs:
+                cells = [mean_sd([float(r[k]) for r in rs]) for k in ("valid_loss", "test_loss")]
+                scores = "; ".join(f"{header} {mean_sd([float(r[k]) for r in rs])}" for k, header in metrics.items())
+                size = n(next(params[r["run"]] for r in rs if r["run"] in params))
+                rows.append([task, label, size, rs[0]["steps"], len(rs), *cells, scores, machine])
+    header = ["task", "family", "parameters", "steps (equal time)", "seeds", "valid loss", "test loss", "test scores"]
+    return table([*header, "measured"], rows)

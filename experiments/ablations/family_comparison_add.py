@@ -1,10 +1,12 @@
 """family_comparison.py's three families on experiments/add_seq2seq.py (multi-digit addition, greedy exact match
-on the test split): the encoder-decoder's 2 + 2 layers (d_model 128, FFN 512, 931,328 parameters) against one
-stack of 5 layers of FFN 464 (935,168), read as a prefix LM and as a decoder-only LM. Equal time as there: the
-encoder-decoder's steps are the experiment's 2,000, each other setting the steps its relative step time fits in the
-same time (`python benchmarks/family_step.py --sweep=experiments/ablations/family_comparison_add.py`).
+on the test split): the encoder-decoder's 2 + 2 layers (d_model 128, FFN 512: 923,776 parameters) against one stack
+of 5 layers of FFN 464 (928,384; benchmarks/results/family_step_family_comparison_add_cpu.json), read as a prefix LM
+and as a decoder-only LM. Equal time as there: the encoder-decoder's steps are the experiment's 2,000, each other
+setting the steps its relative step time fits in the same time
+(`python benchmarks/family_step.py --sweep=experiments/ablations/family_comparison_add.py`).
 
-    python run.py sweep --sweep=experiments/ablations/family_comparison_add.py --workdir=runs/sweeps/family_add
+    python run.py sweep --sweep=experiments/ablations/family_comparison_add.py \\
+        --workdir=runs/sweeps/family_comparison_add
 """
 
 from experiments.ablations.family_comparison import comparison
