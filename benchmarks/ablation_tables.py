@@ -98,13 +98,14 @@ def family_comparison() -> list[str]:
         runs = [r for r in csv.DictReader((folder / "results.csv").open()) if r["status"] == "done"]
         machine = machine_label(json.loads((folder / "results.json").read_text())["machine"])
         step_file = REPO / "benchmarks" / "results" / f"family_step_{name}_cpu.json"
-        params = {r["setting"]: r["params"] for r in json.loads(step_file.read_text())["rows"]}  # seed 0's run names
+        params = {r["setting"]: r["params"] for r in json.loads(step_file.read_text())["rows"]}  # by run name
         for label in ("encoder-decoder", "prefix LM", "decoder-only LM"):
             rs = [r for r in runs if family_label(r) == label]
             if rs:
                 cells = [mean_sd([float(r[k]) for r in rs]) for k in ("valid_loss", "test_loss")]
                 scores = "; ".join(f"{header} {mean_sd([float(r[k]) for r in rs])}" for k, header in metrics.items())
-                size = n(next(params[r["run"]] for r in rs if r["run"] in params))
+                named = f"family-{rs[0]['family']}_prefix_attention-{rs[0]['prefix_attention']}_"  # the name's start
+                size = n(next(count for setting, count in params.items() if setting.startswith(named)))
                 rows.append([task, label, size, rs[0]["steps"], len(rs), *cells, scores, machine])
     header = ["task", "family", "parameters", "steps (equal time)", "seeds", "valid loss", "test loss", "test scores"]
     return table([*header, "measured"], rows)
