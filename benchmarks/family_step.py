@@ -17,12 +17,11 @@ from pathlib import Path
 
 import common
 import jax
-import numpy as np
 from train import stepper, tokens_per_step
 
 from txjax import config as config_lib
-from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_model_sizes
+from txjax.ops.summary import param_shapes
 from txjax.sweep import spec
 
 WORKDIR = config_lib.REPO / "runs" / "benchmarks" / "family_step"  # each task's tokenizer, trained once
@@ -38,8 +37,7 @@ def real_batches(config, n: int = 8) -> list[dict]:
 
 
 def num_params(config) -> int:
-    shapes = jax.eval_shape(lambda: families.init_params(build_model(config), jax.random.key(0)))
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    return sum(s.size for s in jax.tree.leaves(param_shapes(build_model(config))))
 
 
 def main():
