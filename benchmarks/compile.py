@@ -22,6 +22,7 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
+from txjax.families import param_roles
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state
 from txjax.training.config import TrainConfig
@@ -30,7 +31,8 @@ from txjax.training.step import make_train_step
 
 def compile_seconds(config) -> dict:
     """Seconds to trace+lower and to compile the train step of `config` (a fresh jit each time)."""
-    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
+    model = build_model(config)
+    tx = make_optimizer(OptimConfig.of(config.train), param_roles(model))
     state = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), lm_batches(config, 1)[0])
     start = time.perf_counter()

@@ -34,6 +34,7 @@ import jax
 from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
+from txjax.families import param_roles
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import global_batch
 from txjax.state.optim import OptimConfig, make_optimizer
@@ -53,7 +54,8 @@ def case(shape: str, overrides: list[str], max_gb: float, steps: int) -> dict:
     is under max_gb, run `steps` steps and measure the peak."""
     base = max_rss_gb()  # Python, jax and txjax imported
     config = build_config(shape, overrides)
-    model, tx, mesh = build_model(config), make_optimizer(OptimConfig.of(config.train)), run_mesh(config.mesh)
+    model, mesh = build_model(config), run_mesh(config.mesh)
+    tx = make_optimizer(OptimConfig.of(config.train), param_roles(model))
     shardings = state_shardings(model, tx, config.train.seed, mesh)
     state = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)()
     batch = global_batch(lm_batches(config, 1)[0], mesh)

@@ -30,6 +30,7 @@ from train import build_config, lm_batches
 
 from txjax import decode
 from txjax.experiment import build_model
+from txjax.families import param_roles
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
 from txjax.state.optim import OptimConfig, make_optimizer
@@ -70,7 +71,8 @@ def score_program():
 
 def train_program(shape: str, impl: str):
     config = build_config(shape, [f"--config.model.attention_impl={impl}"])
-    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
+    model = build_model(config)
+    tx = make_optimizer(OptimConfig.of(config.train), param_roles(model))
     state = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))
     return make_train_step(model, tx, TrainConfig.of(config.train)).lower(state, lm_batches(config, 1)[0]).compile()
 

@@ -154,7 +154,8 @@ def tokens_per_step(config, batches) -> tuple[float, int]:
 
 def stepper(config):
     """A no-argument function that runs one train_step (the state threaded through, batches cycled)."""
-    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
+    model = build_model(config)
+    tx = make_optimizer(OptimConfig.of(config.train), families.param_roles(model))
     state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
     train_step = make_train_step(model, tx, TrainConfig.of(config.train))
     holder = [state]

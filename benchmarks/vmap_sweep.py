@@ -22,6 +22,7 @@ import numpy as np
 
 from txjax import config as config_lib
 from txjax.experiment import build_model
+from txjax.families import param_roles
 from txjax.state.optim import make_optimizer
 from txjax.state.train_state import init_state, run_keys
 from txjax.training.config import TrainConfig
@@ -47,11 +48,13 @@ def variants(config, k: int) -> dict:
     """{'sequential': one step of each of the K runs, 'vmapped': one vmapped step of all K}, each a fn()."""
     t = TrainConfig.of(config.train)
     model = build_model(config)
-    train_step = train_step_function(model, make_optimizer(t.optim), t)
+    train_step = train_step_function(model, make_optimizer(t.optim, param_roles(model)), t)
     one_step = jax.jit(train_step, donate_argnums=0)
     all_steps = jax.jit(jax.vmap(train_step), donate_argnums=0)
     runs = [dataclasses.replace(t.optim, learning_rate=t.optim.learning_rate * (1 + i / k)) for i in range(k)]
-    states = [jax.jit(lambda i=i: init_state(model, make_optimizer(runs[i]), i))() for i in range(k)]
+    states = [
+        jax.jit(lambda i=i: init_state(model, make_optimizer(runs[i], param_roles(model)), i))() for i in range(k)
+    ]
     keys = [run_keys(i)[1] for i in range(k)]
     rng = np.random.default_rng(0)
     batches = [jax.device_put(random_batch(rng, t.batch_size, config.data.seq_len)) for _ in runs]

@@ -13,6 +13,7 @@ import txjax.training.edge
 import txjax.training.loop
 from txjax import config as config_lib
 from txjax.experiment import build_dataset, build_model, load_workdir
+from txjax.families import param_roles
 from txjax.ops.metrics_log import read_metrics
 from txjax.state.checkpoint import Checkpointer
 from txjax.state.optim import OptimConfig, make_optimizer
@@ -72,7 +73,9 @@ def saved_plan(workdir) -> dict:
     config = config_lib.load(workdir)
     model = build_model(config)
     abstract = jax.eval_shape(
-        lambda: init_state(model, make_optimizer(OptimConfig.of(config.train), model.cfg), config.train.seed)
+        lambda: init_state(
+            model, make_optimizer(OptimConfig.of(config.train), param_roles(model), model.cfg), config.train.seed
+        )
     )
     ckpt = Checkpointer(workdir / "checkpoints", 3)
     try:

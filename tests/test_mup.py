@@ -13,14 +13,12 @@ import optax
 import pytest
 
 from txjax import config as config_lib
-from txjax.families import init_params
+from txjax.families import init_params, param_roles
 from txjax.families.objective import token_sums
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
 from txjax.state.optim import (
     OptimConfig,
-    is_decayed,
-    is_hidden,
     learning_rate_at,
     make_optimizer,
     mup_lr_multipliers,
@@ -63,10 +61,9 @@ def named_leaves(params):
 def test_multipliers_and_initial_variances_follow_table_8(d_model):
     cfg, m = mup_config(d_model), d_model / BASE
     params = init(DecoderLM(cfg))
-    multipliers = mup_lr_multipliers(params, cfg)
+    multipliers = mup_lr_multipliers(param_roles(DecoderLM(cfg)), cfg)
     for (name, leaf, path), mult in zip(named_leaves(params), jax.tree_util.tree_leaves(multipliers), strict=True):
         assert mult == (1 / m if name in HIDDEN else 1.0), path  # Adam LR: 1/fan_in on hidden, 1 on the rest
-        assert is_hidden(path) == (name in HIDDEN)
         if name in ("scale", "bias"):
             continue
         var = STD**2 * ((1 / m) if name in HIDDEN else 1.0) / (2 * cfg.num_layers if name in RESIDUAL_OUT else 1)
@@ -81,7 +78,7 @@ def test_at_the_base_width_mup_is_the_standard_model_and_the_readout_is_divided_
         np.testing.assert_array_equal(x, y)
     logits = jax.jit(standard.apply)({"params": p_std}, tokens)
     np.testing.assert_array_equal(jax.jit(mup.apply)({"params": p_std}, tokens), logits)
-    assert set(jax.tree_util.tree_leaves(mup_lr_multipliers(p_std, mup.cfg))) == {1.0}
+    assert set(jax.tree_util.tree_leaves(mup_lr_multipliers(param_roles(mup), mup.cfg))) == {1.0}
     wide_std, wide_mup = (DecoderLM(mup_config(4 * BASE, p)) for p in ("standard", "mup"))
     params = init(wide_mup)
     np.testing.assert_allclose(
@@ -101,10 +98,12 @@ def test_adamw_under_mup_is_two_adamws_with_lr_and_lr_over_m():
     cfg, m = mup_config(64), 4.0
     params = init(DecoderLM(cfg))
     t = train_section(grad_clip=0.0)
-    ours = make_optimizer(t, cfg)
+    ours = make_optimizer(t, param_roles(DecoderLM(cfg)), cfg)
     schedule = lambda scale: lambda n: scale * learning_rate_at(n, t.learning_rate, 0, t.min_lr_ratio, t.steps)
-    adamw = lambda scale: optax.adamw(schedule(scale), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=is_decayed)
-    labels = jax.tree_util.tree_map_with_path(lambda p, _: "hidden" if is_hidden(p) else "vector", params)
+    names = {path: name for name, _, path in named_leaves(params)}
+    decay = jax.tree_util.tree_map_with_path(lambda p, _: names[p] not in ("scale", "bias"), params)
+    adamw = lambda scale: optax.adamw(schedule(scale), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=decay)
+    labels = jax.tree_util.tree_map_with_path(lambda p, _: "hidden" if names[p] in HIDDEN else "vector", params)
     theirs = optax.partition({"hidden": adamw(1 / m), "vector": adamw(1.0)}, labels)
     rng = np.random.default_rng(1)
     state_a, state_b, a, b = ours.init(params), theirs.init(params), params, params
@@ -130,7 +129,7 @@ def first_update_ratio(cfg) -> float:
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (4, 9)), jnp.int32)
     weights = jnp.ones(tokens[:, 1:].shape)
     loss = lambda p: token_sums(model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:], weights)["loss"]
-    tx = make_optimizer(train_section(), cfg)
+    tx = make_optimizer(train_section(), param_roles(model), cfg)
     kernel = lambda tree: tree["decoder"]["layers_0"]["ffn"]["wi"]["kernel"]
 
     @jax.jit

@@ -10,7 +10,8 @@ import optax.contrib
 import pytest
 
 from txjax import config as config_lib
-from txjax.state.optim import OPTIMIZERS, OptimConfig, eval_params, is_decayed, learning_rate_at, make_optimizer
+from txjax.model import roles
+from txjax.state.optim import OPTIMIZERS, OptimConfig, eval_params, learning_rate_at, make_optimizer
 from txjax.state.train_state import TrainState
 from txjax.training.loop import train
 from txjax.training.stack import train_runs
@@ -31,9 +32,25 @@ def test_schedules_at_their_corners(schedule):
         assert lr(85, decay_fraction=0.5) == pytest.approx((1 + R) / 2 * LR)  # D = 60: halfway to S at 85
 
 
+# the roles txjax's modules give such parameters (txjax.model.roles), in the tree's structure
+ROLES = {
+    "embed": {"tokens": {"embedding": roles.EMBEDDING}},
+    "attn": {"query": roles.QKV, "out": roles.OUT},
+    "ffn": {"wi": {"kernel": roles.MATRIX, "bias": roles.BIAS}},
+    "norm": {"scale": roles.NORM},
+}
+# weight decay on matrices and embeddings, not on norm scales and biases (as nanoGPT): written out, not derived
+IS_DECAYED = {
+    "embed": {"tokens": {"embedding": True}},
+    "attn": {"query": True, "out": True},
+    "ffn": {"wi": {"kernel": True, "bias": False}},
+    "norm": {"scale": False},
+}
+
+
 def params_and_grads():
     """A parameter tree shaped like txjax's (attention kernels [D, H, K] / [H, K, D], an FFN kernel, an embedding,
-    a norm scale) and random gradients."""
+    a norm scale: ROLES) and random gradients."""
     rng = np.random.default_rng(0)
     shapes = {
         "embed": {"tokens": {"embedding": (11, 8)}},
@@ -58,10 +75,10 @@ def direct(optimizer, t):
     schedule = lambda n: learning_rate_at(n, LR, t.warmup_steps, R, S, t.schedule, t.decay_fraction)
     wd, b1, b2 = t.weight_decay, t.b1, t.b2
     tx = {
-        "adamw": lambda: optax.adamw(schedule, b1=b1, b2=b2, weight_decay=wd, mask=is_decayed),
-        "lion": lambda: optax.lion(schedule, b1=b1, b2=b2, weight_decay=wd, mask=is_decayed),
+        "adamw": lambda: optax.adamw(schedule, b1=b1, b2=b2, weight_decay=wd, mask=IS_DECAYED),
+        "lion": lambda: optax.lion(schedule, b1=b1, b2=b2, weight_decay=wd, mask=IS_DECAYED),
         "adafactor": lambda: optax.chain(
-            optax.adafactor(None), optax.add_decayed_weights(-wd, is_decayed), optax.scale_by_schedule(schedule)
+            optax.adafactor(None), optax.add_decayed_weights(-wd, IS_DECAYED), optax.scale_by_schedule(schedule)
         ),
         "muon": lambda: optax.partition(
             {
@@ -101,7 +118,7 @@ def direct(optimizer, t):
 def test_each_optimizer_updates_as_the_direct_optax_call(optimizer):
     t = train_config(optimizer, schedule="wsd", warmup_steps=1)  # a non-zero learning rate from step 1
     params, grads = params_and_grads()
-    ours, theirs = make_optimizer(t), direct(optimizer, t)
+    ours, theirs = make_optimizer(t, ROLES), direct(optimizer, t)
     state_a, state_b = ours.init(params), theirs.init(params)
     a = b = params
     for g in grads:
@@ -127,15 +144,15 @@ def test_weight_decay_is_decoupled_and_follows_the_learning_rate(optimizer):
     nothing on norm scales and biases (optax's adafactor alone decays by weight_decay per step, whatever the rate)."""
     t = train_config(optimizer, warmup_steps=0)
     params, _ = params_and_grads()
-    tx = make_optimizer(t)
+    tx = make_optimizer(t, ROLES)
     state = tx.init(params)
     zeros = jax.tree.map(jnp.zeros_like, params)
     for _ in range(3):  # the third update is at step 2
         updates, state = jax.jit(tx.update)(zeros, state, params)
     lr = float(learning_rate_at(2, LR, 0, R, S, t.schedule, t.decay_fraction))
     assert 0 < lr < LR  # the schedule is decaying: a rate-independent decay would not match
-    for w, u, decayed in zip(*(jax.tree.leaves(x) for x in (params, updates, is_decayed(params))), strict=True):
-        np.testing.assert_allclose(u, -lr * t.weight_decay * w if decayed else 0 * w, rtol=1e-5, atol=1e-8)
+    for w, u, on in zip(*(jax.tree.leaves(x) for x in (params, updates, IS_DECAYED)), strict=True):
+        np.testing.assert_allclose(u, -lr * t.weight_decay * w if on else 0 * w, rtol=1e-5, atol=1e-8)
 
 
 def test_muon_orthogonalizes_the_attention_kernels_as_matrices():
@@ -143,7 +160,7 @@ def test_muon_orthogonalizes_the_attention_kernels_as_matrices():
     of that matrix, reshaped (an orthogonalization per head, the wrong reading, differs)."""
     t = train_config("muon", warmup_steps=0)
     params, grads = params_and_grads()
-    tx = make_optimizer(t)
+    tx = make_optimizer(t, ROLES)
     update, _ = tx.update(grads[0], tx.init(params), params)
     clipped = optax.clip_by_global_norm(t.grad_clip).update(grads[0], optax.EmptyState())[0]
     matrix = {"w": params["attn"]["query"].reshape(8, 8)}
@@ -205,4 +222,4 @@ def test_a_bad_optimizer_or_schedule_is_one_line():
 def test_the_optimizer_table_refuses_an_unknown_name():
     """The library's own entry (not only the config's validation) builds no optimizer for a name it does not list."""
     with pytest.raises(ValueError, match="train.optimizer='adam' is not one of adamw, lion"):
-        make_optimizer(dataclasses.replace(train_config("adamw"), optimizer="adam"))
+        make_optimizer(dataclasses.replace(train_config("adamw"), optimizer="adam"), ROLES)

@@ -14,6 +14,7 @@ from test_sharded_training import assert_same_run, char_lm_flags, resume_from_st
 
 from txjax.config import ConfigError, from_command_line
 from txjax.experiment import build_model
+from txjax.families import param_roles
 from txjax.families.objective import forward, params_shardings, token_sums
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh
@@ -68,7 +69,7 @@ def steps_on(data: int, fsdp: int, sequence: int):
     mesh_flags = [f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}", f"--config.mesh.sequence={sequence}"]
     config = from_command_line(None, [*TINY, *mesh_flags])
     model, mesh, t = build_model(config), run_mesh(config.mesh), TrainConfig.of(config.train)
-    tx = make_optimizer(t.optim)
+    tx = make_optimizer(t.optim, param_roles(model))
     shardings = state_shardings(model, tx, 0, mesh)
     state = jax.jit(lambda: init_state(model, tx, 0), out_shardings=shardings)()
     objective = lambda p, b: token_sums(*forward(model, p, b))["objective"]

@@ -132,7 +132,8 @@ def _model_and_state(config, tmp_path):
     tokenizer = build_tokenizer(config, tmp_path)
     data = build_dataset(config, tokenizer, "train")
     fill_model_sizes(config, tokenizer, data)
-    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train))
+    model = build_model(config)
+    tx = make_optimizer(OptimConfig.of(config.train), families.param_roles(model))
     return data, model, tx, jax.jit(lambda: init_state(model, tx, config.train.seed))()
 
 

@@ -166,7 +166,7 @@ def load_workdir(
     except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"{workdir / config_lib.CONFIG_FILE}: {e}; correct it there") from None
     model = build_model(config)
-    tx = make_optimizer(OptimConfig.of(config.train), model.cfg)
+    tx = make_optimizer(OptimConfig.of(config.train), families.param_roles(model), model.cfg)
     shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())
     init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)

@@ -33,7 +33,7 @@ from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
-from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of
+from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, param_roles
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 from txjax.state.checkpoint import Checkpointer
@@ -108,7 +108,8 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
     if not cfg.scan_layers:
         params = unstack_layers(params)
     check_params(params, cfg, family)  # an override that changes a shape is an error here, before anything is written
-    model, tx = build_model(config), make_optimizer(OptimConfig.of(config.train), cfg)
+    model = build_model(config)
+    tx = make_optimizer(OptimConfig.of(config.train), param_roles(model), cfg)
     params = jax.tree.map(jnp.asarray, params)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
     expected = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))

@@ -19,13 +19,17 @@ batch (forward pass, loss as token sums, hits), for the training step and the ev
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from txjax.families.decoder_lm import DecoderLMFamily
 from txjax.families.encoder_decoder import EncoderDecoderFamily
 from txjax.families.family import Family
 from txjax.families.prefix_lm import PrefixLMFamily
+from txjax.model.roles import roles_of
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderLMFamily(), EncoderDecoderFamily(), PrefixLMFamily())}
 _BY_MODULE = {f.module: f for f in FAMILIES.values()}
@@ -55,6 +59,12 @@ def init_params(model, key, boxed: bool = False):
     dummies = [jnp.ones((1, 1), jnp.int32) for _ in family_of(model).inputs]  # token 1 at position 1, segment 1
     params = model.init(key, *dummies)["params"]
     return params if boxed else nn.meta.unbox(params)
+
+
+@functools.cache
+def param_roles(model):
+    """The tree of each parameter's role (txjax.model.roles), as the modules declared them, from shapes alone."""
+    return roles_of(jax.eval_shape(lambda: init_params(model, jax.random.key(0), boxed=True)))
 
 
 def batch_lengths(family: Family, batch) -> tuple[int, int, int]:

@@ -10,19 +10,22 @@ from __future__ import annotations
 import flax.linen as nn
 
 from txjax.model import precision as precision_lib
+from txjax.model import roles
 from txjax.model.activations import ACTIVATIONS, GATED
 from txjax.model.config import ModelConfig
 
 
-def dense(features: int, axes: tuple[str, str], use_bias: bool, dtype, std: float, name=None) -> nn.Dense:
-    """y = x W + b, W [in, out] ~ N(0, std^2): flax's nn.Dense ('kernel', 'bias'), its axes named (`axes`: in, out;
-    for the sharding rules), the product through txjax.model.precision (float32 sums for 16-bit operands)."""
+def dense(
+    features: int, axes: tuple[str, str], use_bias: bool, dtype, std: float, name=None, role=roles.MATRIX
+) -> nn.Dense:
+    """y = x W + b, W [in, out] ~ N(0, std^2): flax's nn.Dense ('kernel', of `role`; 'bias'), its axes named (`axes`:
+    in, out; for the sharding rules), the product through txjax.model.precision (float32 sums for 16-bit operands)."""
     return nn.Dense(
         features,
         use_bias=use_bias,
         dtype=dtype,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), axes),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+        kernel_init=roles.init(nn.initializers.normal(std), axes, role),
+        bias_init=roles.init(nn.initializers.zeros, axes[1:], roles.BIAS),
         dot_general=_dense_product,
         name=name,
     )

@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import positional, precision
+from txjax.model import positional, precision, roles
 from txjax.model.activations import soft_cap
 from txjax.model.blockwise import Segments
 from txjax.model.config import ModelConfig
@@ -45,7 +45,7 @@ class LogitsBias(nn.Module):
 
     @nn.compact
     def __call__(self, logits_BxLxV):
-        init = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
+        init = roles.init(nn.initializers.zeros, ("vocab",), roles.BIAS)
         return logits_BxLxV + self.param("bias", init, (self.vocab_size,))
 
 
@@ -59,18 +59,18 @@ class Embedder(nn.Module):
         self.tokens = nn.Embed(
             cfg.vocab_size,
             cfg.d_model,
-            embedding_init=nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
+            embedding_init=roles.init(nn.initializers.normal(cfg.init_std), ("vocab", "embed"), roles.EMBEDDING),
         )
         if cfg.positional == "learned":
             self.positions = nn.Embed(
                 cfg.max_len,
                 cfg.d_model,
-                embedding_init=nn.with_logical_partitioning(
-                    nn.initializers.normal(cfg.init_std), ("position", "embed")
-                ),
+                embedding_init=roles.init(nn.initializers.normal(cfg.init_std), ("position", "embed"), roles.EMBEDDING),
             )
         if not cfg.tie_embeddings:
-            self.lm_head = dense(cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std)
+            self.lm_head = dense(
+                cfg.vocab_size, ("embed", "vocab"), False, cfg.compute_dtype, cfg.init_std, role=roles.HEAD
+            )
         if cfg.final_logits_bias:  # a module, so that an encoder's unshared Embedder (never a head) has none
             self.final_logits_bias = LogitsBias(cfg.vocab_size)
 
@@ -134,7 +134,7 @@ class Stack(nn.Module):
         if cfg.embed_norm:  # BART: each stack normalises its own input (the embeddings + positions)
             x_BxLxD = make_norm(cfg, "embed_norm")(x_BxLxD)
         if cfg.positional == "relative_buckets":  # T5: one bias table per stack, read by every layer's attention
-            init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (None, "heads"))
+            init = roles.init(nn.initializers.normal(cfg.init_std), (None, "heads"), roles.EMBEDDING)
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         windows = cfg.layer_windows if self.causal else (0,) * self.num_layers
         uniform = len(set(windows)) == 1

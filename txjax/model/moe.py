@@ -50,6 +50,7 @@ import numpy as np
 from flax import traverse_util
 
 from txjax.model import precision as precision_lib
+from txjax.model import roles
 from txjax.model.activations import ACTIVATIONS, GATED
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward, dense
@@ -208,7 +209,7 @@ class Experts(nn.Module):
         experts, f, d = cfg.num_experts, cfg.expert_d_ff, x_AxD.shape[-1]
 
         def weight(name, shape, axes, std):
-            init = nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+            init = roles.init(nn.initializers.normal(std), axes, roles.MATRIX)
             return self.param(name, init, shape, jnp.float32)
 
         enter, product, leave = grouping(group_sizes_X, x_AxD.shape[0])
@@ -239,7 +240,7 @@ class MoE(nn.Module):
         z_MxX = router(x_BxLxD.astype(jnp.float32)).reshape(m, num_experts)
         bias_X = None
         if cfg.router == "sigmoid":
-            init = nn.with_logical_partitioning(nn.initializers.zeros, (None,))
+            init = roles.init(nn.initializers.zeros, (None,), roles.BIAS)
             bias_X = self.param("router_bias", init, (num_experts,), jnp.float32)
         gates_MxJ, experts_MxJ, probs_MxX = route(z_MxX, cfg.router, k, cfg.moe_norm_topk, bias_X)
         capacity = math.ceil(cfg.moe_capacity_factor * m * k / num_experts) if cfg.moe_capacity_factor else None

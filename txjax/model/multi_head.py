@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import blockwise, positional, precision
+from txjax.model import blockwise, positional, precision, roles
 from txjax.model.attention import attend, score_scale, segment_backend
 from txjax.model.kv_cache import append_kv_cache, cross_kv_cache, window_kv_cache
 from txjax.model.masks import causal_mask, is_global, segment_mask, window_mask
@@ -124,12 +124,12 @@ class MultiHeadAttention(nn.Module):
     def heads_in(self, name, heads, x_BxLxD):
         """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K or W_i^V of each head)."""
         spec = ("embed", "heads" if name in ("query", "qkv") else "kv_heads", "kv")
-        init = nn.with_logical_partitioning(nn.initializers.normal(self.init_std), spec)
+        init = roles.init(nn.initializers.normal(self.init_std), spec, roles.QKV)
         w = self.param(name, init, (x_BxLxD.shape[-1], heads, self.head_dim))
         y = precision.einsum("bld,dhk->blhk", x_BxLxD.astype(self.dtype), w.astype(self.dtype))
         if not (self.use_bias or self.qkv_bias):
             return y
-        zeros = nn.with_logical_partitioning(nn.initializers.zeros, spec[1:])
+        zeros = roles.init(nn.initializers.zeros, spec[1:], roles.BIAS)
         return y + self.param(f"{name}_bias", zeros, (heads, self.head_dim)).astype(self.dtype)
 
     def norm(self, name, t):
@@ -178,9 +178,9 @@ class MultiHeadAttention(nn.Module):
     def project_out(self, out_BxLxHxK, d_model):
         """Concat(head_1..head_h) W^O [+ b]: W^O [H, K, D] -> [B, L, D]."""
         spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
-        w_out = self.param("out", nn.with_logical_partitioning(nn.initializers.normal(self.out_init_std), spec), shape)
+        w_out = self.param("out", roles.init(nn.initializers.normal(self.out_init_std), spec, roles.OUT), shape)
         y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
         if not self.use_bias:
             return y_BxLxD
-        zeros = nn.with_logical_partitioning(nn.initializers.zeros, ("embed",))
+        zeros = roles.init(nn.initializers.zeros, ("embed",), roles.BIAS)
         return y_BxLxD + self.param("out_bias", zeros, (d_model,)).astype(self.dtype)

@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txjax.model import roles
+
 
 class OffsetRMSNorm(nn.Module):
     """(1 + w) * x / sqrt(mean(x^2) + eps) over the last axis, w [features] ('scale', zeros at init), in float32."""
@@ -23,7 +25,7 @@ class OffsetRMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        init = nn.with_logical_partitioning(nn.initializers.zeros, (self.axis_name,))
+        init = roles.init(nn.initializers.zeros, (self.axis_name,), roles.NORM)
         w = self.param("scale", init, (x.shape[-1],))
         x = x.astype(jnp.float32)
         return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.epsilon) * (1.0 + w)
@@ -39,7 +41,7 @@ def rms_norm(epsilon: float, offset: bool, axis_name: str | tuple[str, ...], nam
             raise ValueError("an RMSNorm with a unit offset (model.norm_offset) normalizes over the last axis only")
         return OffsetRMSNorm(epsilon, names[0], name=name)
     axes = tuple(range(-len(names), 0))
-    scale_init = nn.with_logical_partitioning(nn.initializers.ones, names)
+    scale_init = roles.init(nn.initializers.ones, names, roles.NORM)
     kwargs = dict(reduction_axes=axes, feature_axes=axes, scale_init=scale_init, name=name)
     return nn.RMSNorm(epsilon=epsilon, dtype=jnp.float32, **kwargs)
 
@@ -51,7 +53,7 @@ def make_norm(cfg, name=None) -> nn.Module:
     return nn.LayerNorm(
         epsilon=cfg.norm_eps,
         dtype=jnp.float32,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        scale_init=roles.init(nn.initializers.ones, ("embed",), roles.NORM),
         name=name,
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        bias_init=roles.init(nn.initializers.zeros, ("embed",), roles.NORM),
     )

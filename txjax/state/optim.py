@@ -112,65 +112,52 @@ def current_learning_rate(o: OptimConfig, opt_state, step):
     return learning_rate_at(step, *args, h.get("decay_from"), h.get("decay_steps"))
 
 
-def is_decayed(params):
-    """True on the parameters weight decay applies to: all but norm scales and biases."""
-
-    def decayed(path, _):
-        name = path[-1].key
-        return name not in ("scale", "bias") and not name.endswith("_bias")
-
-    return jax.tree_util.tree_map_with_path(decayed, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+def decayed(roles):
+    """True on the parameters weight decay applies to (their roles, txjax.model.roles: matrices, embeddings, the
+    head; not norms' gains and biases)."""
+    return jax.tree.map(lambda role: role.decayed, roles)
 
 
-def is_hidden(path) -> bool:
-    """A weight matrix inside the layers (attention and FFN kernels, a mixture of experts' [..., X, in, out] expert
-    weights); not embeddings, the untied head, norms, biases."""
-    name, parent = path[-1].key, path[-2].key if len(path) > 1 else ""
-    return name in ("query", "key", "value", "out") or (name == "kernel" and parent != "lm_head") or parent == "experts"
+def muon_dimensions(roles):
+    """Muon's dimension numbers of each parameter (params -> tree): a matrix role's reduction and output axes, its
+    last `inputs` + `outputs` axes (in front: a scanned layer axis or the experts', batch axes); None: AdamW."""
 
+    def axes(start: int, count: int):
+        return start if count == 1 else tuple(range(start, start + count))
 
-def muon_dimensions(params):
-    """Which axes of each parameter Muon orthogonalizes over (reduction, output); None: AdamW instead."""
-
-    def dims(path, leaf):
-        name, n = path[-1].key, jnp.ndim(leaf)
-        if not is_hidden(path):
+    def dims(role, leaf):
+        if not role.hidden:
             return None
-        if name in ("query", "key", "value"):  # [..., d_model, heads, d_k]
-            return optax.contrib.MuonDimensionNumbers(n - 3, (n - 2, n - 1))
-        if name == "out":  # [..., heads, d_k, d_model]
-            return optax.contrib.MuonDimensionNumbers((n - 3, n - 2), n - 1)
-        return optax.contrib.MuonDimensionNumbers(n - 2, n - 1)  # the FFN's [..., in, out]
+        n = jnp.ndim(leaf)
+        inputs = axes(n - role.inputs - role.outputs, role.inputs)
+        return optax.contrib.MuonDimensionNumbers(inputs, axes(n - role.outputs, role.outputs))
 
-    return jax.tree_util.tree_map_with_path(dims, nn.meta.unbox(params))
+    return lambda params: jax.tree.map(dims, roles, nn.meta.unbox(params))
 
 
-def mup_lr_multipliers(params, cfg) -> dict:
+def mup_lr_multipliers(roles, cfg) -> dict:
     """muP's per-parameter Adam learning-rate multipliers (Yang et al. 2022, Table 8, relative to the base width):
-    1/m on hidden weights, 1 on vector-like ones (embeddings, the head, norms, biases); cfg: the ModelConfig."""
+    1/m on hidden matrices, 1 on vector-like ones (embeddings, the head, norms, biases); cfg: the ModelConfig."""
     m = cfg.width_multiplier
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: 1.0 / m if is_hidden(path) else 1.0,
-        params,
-        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
-    )
+    return jax.tree.map(lambda role: 1.0 / m if role.hidden else 1.0, roles)
 
 
-def _adamw(lr, b1, b2, weight_decay):
-    return optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
+def _adamw(lr, b1, b2, weight_decay, roles):
+    return optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=decayed(roles))
 
 
-def _lion(lr, b1, b2, weight_decay):
-    return optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=is_decayed)
+def _lion(lr, b1, b2, weight_decay, roles):
+    return optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=decayed(roles))
 
 
-def _adafactor(lr, b1, b2, weight_decay):
+def _adafactor(lr, b1, b2, weight_decay, roles):
     """optax's weight_decay_rate is a per-step rate, not scaled by the learning rate: decoupled here as AdamW's."""
     direction = optax.adafactor(learning_rate=None)  # the negated update direction, before the learning rate
-    return optax.chain(direction, optax.add_decayed_weights(-weight_decay, is_decayed), optax.scale_by_schedule(lr))
+    decay = optax.add_decayed_weights(-weight_decay, decayed(roles))
+    return optax.chain(direction, decay, optax.scale_by_schedule(lr))
 
 
-def _muon(lr, b1, b2, weight_decay):
+def _muon(lr, b1, b2, weight_decay, roles):
     """optax's AdamW branch decays every parameter it gets: norms and biases go to a plain Adam."""
     muon = optax.contrib.muon(
         lr,
@@ -178,19 +165,19 @@ def _muon(lr, b1, b2, weight_decay):
         adam_b1=b1,
         adam_b2=b2,
         adam_weight_decay=weight_decay,
-        muon_weight_dimension_numbers=muon_dimensions,
+        muon_weight_dimension_numbers=muon_dimensions(roles),
     )
     plain = optax.adam(lr, b1=b1, b2=b2, eps=1e-8, nesterov=True)  # muon's AdamW branch without the decay
-    labels = lambda params: jax.tree.map(lambda decayed: "decayed" if decayed else "plain", is_decayed(params))
+    labels = jax.tree.map(lambda role: "decayed" if role.decayed else "plain", roles)
     return optax.partition({"decayed": muon, "plain": plain}, labels)
 
 
-def _schedule_free_adamw(warm, b1, b2, weight_decay):
+def _schedule_free_adamw(warm, b1, b2, weight_decay, roles):
     """`warm`: the warmup, then constant (no schedule); optax's version decays every parameter (it takes no mask)."""
     return optax.contrib.schedule_free_adamw(warm, b1=b1, b2=b2, weight_decay=weight_decay)
 
 
-# train.optimizer -> its builder(learning-rate schedule, b1, b2, weight_decay): the one list of optimizers
+# train.optimizer -> its builder(learning-rate schedule, b1, b2, weight_decay, the parameters' roles): the one list
 BUILDERS = {
     "adamw": _adamw,
     "lion": _lion,
@@ -213,6 +200,7 @@ def _optimizer(
     optimizer,
     schedule,
     decay_fraction,
+    roles,
     multipliers=None,
     decay_from=None,
     decay_steps=None,
@@ -223,23 +211,24 @@ def _optimizer(
     lr = lambda count: learning_rate_at(
         count, learning_rate, warmup_steps, min_lr_ratio, steps, schedule, decay_fraction, decay_from, decay_steps
     )
-    tx = BUILDERS[optimizer](lr, b1, b2, weight_decay)
+    tx = BUILDERS[optimizer](lr, b1, b2, weight_decay, roles)
     if multipliers is not None:  # per-parameter learning rates: each update times its multiplier
-        scale = lambda updates, params: jax.tree.map(lambda u, k: u * k, updates, multipliers(params))
+        scale = lambda updates, params: jax.tree.map(lambda u, k: u * k, updates, multipliers)
         tx = optax.chain(tx, optax.stateless(scale))
     return optax.chain(optax.clip_by_global_norm(grad_clip), tx) if grad_clip > 0 else tx
 
 
-def make_optimizer(o: OptimConfig, model=None) -> optax.GradientTransformation:
-    """The clipped optimizer of `o`, its schedule inside; `model` (the ModelConfig) brings muP's learning-rate
-    multipliers."""
+def make_optimizer(o: OptimConfig, roles, model=None) -> optax.GradientTransformation:
+    """The clipped optimizer of `o`, its schedule inside, for parameters of `roles` (their tree of
+    txjax.model.roles.Role: txjax.families.param_roles of the model); `model` (the ModelConfig) brings muP's
+    learning-rate multipliers."""
     if o.optimizer not in BUILDERS:
         raise ValueError(f"train.optimizer={o.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-    factory = optax.inject_hyperparams(_optimizer, static_args=(*_STATIC, "multipliers"))
+    factory = optax.inject_hyperparams(_optimizer, static_args=(*_STATIC, "roles", "multipliers"))
     mup = model is not None and model.parametrization == "mup"
-    multipliers = (lambda params: mup_lr_multipliers(params, model)) if mup else None
+    multipliers = mup_lr_multipliers(roles, model) if mup else None
     settings = {name: getattr(o, name) for name in HYPERPARAMS + _STATIC}
-    return factory(**settings, multipliers=multipliers, **step_plan(o))
+    return factory(**settings, roles=roles, multipliers=multipliers, **step_plan(o))
 
 
 def step_plan(o: OptimConfig) -> dict:

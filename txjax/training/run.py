@@ -78,7 +78,7 @@ class Run:
 
     def compile(self, model, mesh: Mesh) -> None:
         """The program of a run trained alone, on `mesh`."""
-        tx = make_optimizer(self.t.optim, model.cfg)
+        tx = make_optimizer(self.t.optim, families.param_roles(model), model.cfg)
         seed = self.t.seed
         self.mesh, self.rows = mesh, process_rows(mesh, self.t.batch_size)
         shardings = state_shardings(model, tx, seed, mesh)

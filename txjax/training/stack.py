@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from txjax.families import param_roles
 from txjax.state.optim import HYPERPARAMS, make_optimizer
 from txjax.state.train_state import init_state, run_keys
 from txjax.training import init_from
@@ -81,7 +82,7 @@ class StackedRuns:
             raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
         self.model, self.seeds = model, [run.t.seed for run in self.runs]
         dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
-        step = jax.vmap(train_step_function(model, make_optimizer(self.t.optim, model.cfg), self.t))
+        step = jax.vmap(train_step_function(model, make_optimizer(self.t.optim, param_roles(model), model.cfg), self.t))
         self._step = jax.jit(step, donate_argnums=0)
         self.train_step = lambda states, batch: self._step(states, batch, dropout_keys_R)
 
@@ -90,12 +91,14 @@ class StackedRuns:
         program, each run with its own seed and optimizer hyperparameters."""
         model, o = self.model, self.t.optim
         if step:
-            abstract = jax.eval_shape(lambda: init_state(model, make_optimizer(o, model.cfg), self.t.seed))
+            abstract = jax.eval_shape(
+                lambda: init_state(model, make_optimizer(o, param_roles(model), model.cfg), self.t.seed)
+            )
             return stack([run.restored(abstract, step) for run in self.runs])
         hyperparams = {
             name: jnp.asarray([run.t.optim.hyperparams()[name] for run in self.runs]) for name in HYPERPARAMS
         }
-        optimizer = lambda h: make_optimizer(dataclasses.replace(o, **h), model.cfg)
+        optimizer = lambda h: make_optimizer(dataclasses.replace(o, **h), param_roles(model), model.cfg)
         if self.t.init_from:  # every run from the same imported parameters, each with its own fresh moments
             params = init_from.source_params(self.t.init_from)
             return jax.jit(jax.vmap(lambda h: init_from.fresh_state(params, optimizer(h))))(hyperparams)
