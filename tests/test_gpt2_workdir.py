@@ -5,6 +5,7 @@ import json
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 pytest.importorskip("tokenizers")
@@ -64,8 +65,19 @@ def test_import_then_load_eval_generate(gpt2, tmp_path, capsys):
     assert len(out.ids[0]) == 5
     assert run.main(["attention", f"--workdir={workdir}", "--text=the lazy dog", "--head=1"]) == 0
     assert (workdir / "attention.png").read_bytes()[:4] == b"\x89PNG"
-    # fine-tuning starts from the imported weights and config (no --config: the workdir's config.json)
-    assert run.main(["train", f"--workdir={workdir}", "--config.train.steps=2", "--config.train.eval_batches=1"]) == 0
+    # the import holds the parameters alone: no optimizer moments on disk
+    manager = ocp.CheckpointManager(workdir / "checkpoints", item_handlers=ocp.StandardCheckpointHandler())
+    saved = manager.item_metadata(0).tree
+    assert not jax.tree.leaves(saved.get("opt_state"))
+    assert len(jax.tree.leaves(saved["params"])) == len(jax.tree.leaves(params))
+    # fine-tuning starts from the imported weights and config (no --config: the workdir's config.json), with fresh
+    # moments: at learning rate 0 the parameters stay the imported ones (a fresh draw would not be them)
+    frozen = ["--config.train.steps=1", "--config.train.eval_batches=1", "--config.train.learning_rate=0"]
+    assert run.main(["train", f"--workdir={workdir}", *frozen]) == 0
+    jax.tree.map(np.testing.assert_array_equal, load_workdir(workdir).params, params)
+    assert (
+        run.main(["train", f"--workdir={workdir}", "--config.train.steps=2", "--config.train.learning_rate=1e-3"]) == 0
+    )
     tuned = load_workdir(workdir)
     assert tuned.step == 2 and tuned.model.cfg == CFG
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(tuned.params), jax.tree.leaves(params)))

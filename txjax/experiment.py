@@ -172,7 +172,9 @@ def load_workdir(
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     steps, total = [], None  # a running float32 sum: one restored state in memory at a time
     try:
-        for saved, state in ckpt.restore_newest(jax.eval_shape(init), average, step):
+        # the parameters alone (schedule-free AdamW's evaluation point needs its state too): no optimizer moments read
+        only = () if config.train.optimizer == "schedule_free_adamw" else ("step", "params")
+        for saved, state in ckpt.restore_newest(jax.eval_shape(init), average, step, only):
             params = eval_params(config.train.optimizer, state)  # schedule-free AdamW: the averaged point
             if average > 1:
                 f32 = jax.tree.map(lambda leaf: leaf.astype(jnp.float32), params)

@@ -92,8 +92,8 @@ class Stored:
 
 def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
     """A ValueError when the `family` model `cfg` describes (read from a header) cannot be imported in this machine's
-    memory: its parameters and Adam's two moments in float32 (the train state run.py import writes), before any
-    tensor is read."""
+    memory: about three float32 copies of its parameters (the tensors as read, as converted, and the parameters
+    run.py import writes), before any tensor is read."""
     shapes = jax.tree.leaves(expected_shapes(cfg, family))
     params = sum(math.prod(s.shape) for s in shapes)
     need, available = 3 * 4 * params, device_bytes()
@@ -101,7 +101,8 @@ def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
         raise ValueError(
             f"{source}: its header describes a model of {params:,} parameters (d_model {cfg.d_model}, "
             f"{cfg.num_layers} layers, vocab {cfg.vocab_size}); importing it needs about {need / 2**30:.1f} GiB "
-            f"(float32 parameters and optimizer moments), more than the {available / 2**30:.1f} GiB available"
+            f"(its float32 parameters three times over, read and converted), more than the "
+            f"{available / 2**30:.1f} GiB available"
         )
 
 

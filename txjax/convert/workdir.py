@@ -4,12 +4,12 @@ Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2/Qwen3 or Gemma 2
 .llama, .gemma), a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE folder (txjax.convert.moe), a Marian, BART or T5
 encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and writes what
 `run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section
-and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters,
-fresh AdamW moments). So `run.py eval`, `generate`, `attention` and `inspect` work on it, and training from it
-(or from `train.init_from=DIR`) fine-tunes the model. The data and train sections default to a
-small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's
-on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything
-is read and checked before the workdir appears; a failure leaves nothing behind.
+and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters
+alone: training makes its optimizer state when it starts). So `run.py eval`, `generate`, `attention` and `inspect`
+work on it, and training from it (or from `train.init_from=DIR`) fine-tunes the model. The data and train sections
+default to a small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an
+encoder-decoder's on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change
+them. Everything is read and checked before the workdir appears; a failure leaves nothing behind.
 
 Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2/Mistral/Qwen3, Gemma 2/3,
 Mixtral/Qwen-MoE/OLMoE, Marian, BART or T5: config.json, model.safetensors, the tokenizer's files) that
@@ -33,12 +33,11 @@ from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
-from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, param_roles
+from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 from txjax.state.checkpoint import Checkpointer
-from txjax.state.optim import OptimConfig, make_optimizer
-from txjax.state.train_state import TrainState, init_state
+from txjax.state.train_state import TrainState
 
 
 def read_checkpoint(source) -> tuple[ModelConfig, dict, object, Family]:
@@ -109,12 +108,12 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
         params = unstack_layers(params)
     check_params(params, cfg, family)  # an override that changes a shape is an error here, before anything is written
     model = build_model(config)
-    tx = make_optimizer(OptimConfig.of(config.train), param_roles(model), cfg)
     params = jax.tree.map(jnp.asarray, params)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-    expected = jax.eval_shape(lambda: init_state(model, tx, config.train.seed))
-    if jax.tree.structure(state) != jax.tree.structure(expected):
-        raise ValueError("the imported train state does not have the structure `run.py train` restores")
+    # parameters only: a run that trains from them (train.init_from) makes its optimizer state when it starts
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None)
+    expected = jax.eval_shape(lambda: init_params(model, jax.random.key(config.train.seed)))
+    if jax.tree.structure(params) != jax.tree.structure(expected):
+        raise ValueError("the imported parameters do not have the structure `run.py train` builds")
 
     def write(tmp: Path):
         config_lib.save(config, tmp)

@@ -20,6 +20,7 @@ that name), so the bytes are kept for a look.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -88,11 +89,19 @@ class Checkpointer:
         `abstract_state` (a pytree of jax.ShapeDtypeStruct, e.g. from jax.eval_shape of the init)."""
         return next(self.restore_newest(abstract_state, 1, step))[1]
 
-    def restore_newest(self, abstract_state, count: int, step: int | None = None):
+    def restore_newest(self, abstract_state, count: int, step: int | None = None, only: tuple[str, ...] = ()):
         """Yields (step, state) for the `count` newest steps that restore, newest first, one state at a time (a
         caller that reduces them holds one): from the latest step, or from `step` and the steps before it (`step`
         alone when count is 1). A step that does not restore is passed over with a warning line; fewer than
-        `count` left is a ConfigError naming the steps there are."""
+        `count` left is a ConfigError naming the steps there are. `only`: the state's fields to read (e.g. step and
+        params: orbax's partial restore, nothing else of the step is read or allocated), the others None."""
+        args, read = ocp.args.StandardRestore(abstract_state), lambda restored: restored
+        if only:  # a dataclass state (TrainState): the fields named, the others None
+            item = {name: getattr(abstract_state, name) for name in only}
+            restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+            args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+            names = [f.name for f in dataclasses.fields(abstract_state)]
+            read = lambda restored: abstract_state.replace(**{name: restored.get(name) for name in names})
         steps = sorted(self.manager.all_steps(), reverse=True)
         if step is not None:
             steps = [step] + ([s for s in steps if s < step] if count > 1 else [])
@@ -102,7 +111,7 @@ class Checkpointer:
         for i, s in enumerate(steps):
             try:
                 verify(self.directory / str(s))
-                state = self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
+                state = read(self.manager.restore(s, args=args))
             except Exception as e:  # noqa: BLE001 -- any failure to read a step is a reason to try the one before
                 problems.append(f"step {s} ({type(e).__name__}: {_first_line(e)})")
                 later = f"; trying step {steps[i + 1]}" if i + 1 < len(steps) else ""

@@ -86,6 +86,8 @@ class Run:
         self.first = self.init
         if self.t.init_from:  # fine-tuning: another workdir's parameters, fresh moments
             self.first = lambda: init_from.initial_state(self.t.init_from, tx, mesh, shardings)
+        elif self.ckpt.latest_step() == 0:  # an imported workdir (its parameters alone, at step 0): fresh moments
+            self.first = lambda: init_from.initial_state(self.workdir, tx, mesh, shardings)
         self.train_step = make_train_step(model, tx, self.t, mesh)
 
     def start(self, step: int):
