@@ -135,7 +135,7 @@ LONGEST_FIRST = [
     "test_sharded_training.py",  # ~45
     "test_ring_attention.py",  # ~40
     "test_sweep.py",  # ~40
-    "test_trackers.py",  # ~30 s of CPU: an mlflow server start, 4 tiny trainings (80 s at load 8-10, 99 s at 16)
+    "test_trackers.py",  # mlflow server start, 5 tiny trainings, a rerun (4: ~30 s of CPU; 80 s at load 8-10, 99 at 16)
     "test_train.py",  # ~40
 ]
 

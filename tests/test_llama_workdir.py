@@ -2,6 +2,7 @@
 checked against transformers on the same folder (skipped without the `interop` extra)."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -130,3 +131,33 @@ def test_import_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(fol
             reason = "Read-only file system" if name == "read_only" else "No space left on device"
             assert str(target) in line and reason in line
             assert list((tmp_path / name).iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ("nan", "tensor model.layers.1.mlp.up_proj.weight holds 2 NaN or infinite values"),
+        ("int8", "tensor model.layers.1.mlp.up_proj.weight is stored as I8"),
+    ],
+)
+def test_a_weight_holding_nan_or_stored_as_integers_is_one_line_and_writes_nothing(
+    folder, tmp_path, capsys, damage, named
+):
+    """One weight with a NaN and an infinity (a damaged file: it imported, then scored NaN) or rounded to int8 (a
+    quantized tensor, which a cast would silently make another model): one line naming the tensor, no workdir."""
+    from safetensors.numpy import load_file, save_file
+    from test_storage_faults import one_error
+
+    hf = tmp_path / "hf"
+    shutil.copytree(folder / "hf", hf)
+    tensors = load_file(hf / "model.safetensors")
+    weight = tensors["model.layers.1.mlp.up_proj.weight"].copy()
+    if damage == "nan":
+        weight.flat[[3, 7]] = [np.nan, np.inf]
+    else:
+        weight = np.round(weight * 100).astype(np.int8)
+    save_file(tensors | {"model.layers.1.mlp.up_proj.weight": weight}, hf / "model.safetensors")
+    flags = [f"--from={hf}", f"--workdir={tmp_path / 'wd'}", f"--config.data.path={folder / 'text.txt'}"]
+    assert run.main(["import", *flags]) == 2
+    assert named in one_error(capsys)
+    assert not (tmp_path / "wd").exists()

@@ -71,9 +71,14 @@ def window_pattern(layer_types: list) -> str:
 
 
 def _layer_types(hf: Mapping, kind: str) -> list:
-    """config.json's layer_types, or the older configs' rule: every `sliding_window_pattern`-th layer global
-    (Gemma 2: every second)."""
+    """config.json's layer_types (one per layer, as transformers requires: a shorter list is not repeated), or the
+    older configs' rule: every `sliding_window_pattern`-th layer global (Gemma 2: every second)."""
     if hf.get("layer_types"):
+        if len(hf["layer_types"]) != hf["num_hidden_layers"]:
+            raise ValueError(
+                f"config.json: layer_types has {len(hf['layer_types'])} entries for num_hidden_layers="
+                f"{hf['num_hidden_layers']} (one per layer)"
+            )
         return list(hf["layer_types"])
     every = 2 if kind == "gemma2" else int(hf.get("sliding_window_pattern", 6))
     return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(hf["num_hidden_layers"])]

@@ -5,7 +5,9 @@ tokenizer's files. (An encoder-decoder's params are checked against EncoderDecod
 Headers are not believed: the model a config (or GGUF header) describes must fit in memory (check_fits), and the
 converter runs once on the tensors' headers alone (check_headers), before any tensor is read; then the weights,
 `Stored` tensors known by their header, are each read when the converter asks for it (Tensors.get), in their stored
-dtype, and converted to float32 there, so one tensor at a time is in flight. Every problem is a one-line ValueError
+dtype, and converted to float32 there, so one tensor at a time is in flight. A tensor stored as an integer (a
+quantized checkpoint's int8: cast, it would be a different model) is refused by its header, and one holding NaN or
+infinity when it is read (a damaged file would import, then score NaN). Every problem is a one-line ValueError
 naming the file or tensor; writing goes to a temporary folder renamed into place, so a failure leaves nothing at the
 target.
 """
@@ -80,14 +82,19 @@ def integers(hf: Mapping, *names: str) -> None:
             raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
 
 
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # the safetensors dtypes an import converts to float32
+
+
 @dataclass(frozen=True)
 class Stored:
-    """A tensor in a file, known by its header: its shape (NumPy's order), bytes, and how to read it (in its stored
-    dtype; Tensors.get converts it)."""
+    """A tensor in a file, known by its header: its shape (NumPy's order), bytes, how to read it (in its stored
+    dtype; Tensors.get converts it) and its safetensors dtype (None: float once read, as a GGUF tensor, dequantized
+    on purpose)."""
 
     shape: tuple[int, ...]
     nbytes: int
     read: Callable[[], np.ndarray]
+    dtype: str | None = None
 
 
 def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
@@ -109,7 +116,7 @@ def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
 def check_headers(convert: Callable, tensors: Mapping[str, Stored], cfg: ModelConfig) -> None:
     """convert(tensors, cfg) run on the headers alone, abstractly (jax.eval_shape; each tensor a zeros of its
     header's shape): a missing, extra or misshapen tensor is its ValueError before any tensor is read."""
-    headers = {k: Stored(v.shape, 0, lambda s=v.shape: jnp.zeros(s, jnp.float32)) for k, v in tensors.items()}
+    headers = {k: Stored(v.shape, 0, lambda s=v.shape: jnp.zeros(s, jnp.float32), v.dtype) for k, v in tensors.items()}
     jax.eval_shape(lambda: convert(headers, cfg))
 
 
@@ -133,8 +140,9 @@ def read_tensors(folder: Path) -> dict[str, Stored]:
             with safe_open(path, framework="flax") as f:
                 for key in f.keys():
                     header = f.get_slice(key)
-                    shape, size = tuple(header.get_shape()), _DTYPE_BYTES.get(header.get_dtype(), 4)
-                    tensors[key] = Stored(shape, size * math.prod(shape), lambda p=path, k=key: _read(p, k))
+                    shape, dtype = tuple(header.get_shape()), header.get_dtype()
+                    size = _DTYPE_BYTES.get(dtype, 4) * math.prod(shape)
+                    tensors[key] = Stored(shape, size, lambda p=path, k=key: _read(p, k), dtype)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{path}: unreadable safetensors file ({e}); is it complete?") from None
     return tensors
@@ -156,6 +164,7 @@ class Tensors:
     float32; the names used are remembered, so that a tensor nothing asked for is an error too (`finish`)."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray | Stored], prefix: str):
+        self.prefix = prefix
         self.named = {k.removeprefix(prefix): v for k, v in tensors.items()}
         self.used = set()
         stored = sum(v.nbytes for v in self.named.values() if isinstance(v, Stored))
@@ -175,11 +184,24 @@ class Tensors:
         self.used.add(name)
         value = self.named[name]
         if isinstance(value, Stored):
+            if value.dtype not in (None, *FLOAT_DTYPES):  # in check_headers' pass too: before any tensor is read
+                raise ValueError(
+                    f"{WEIGHTS_FILE}: tensor {self.prefix}{name} is stored as {value.dtype}; txjax imports float "
+                    f"tensors ({', '.join(FLOAT_DTYPES)}): dequantize the checkpoint to one of them first"
+                )
             value = value.read()
             if tuple(np.shape(value)) != shape:
                 raise ValueError(f"{WEIGHTS_FILE}: {name} holds shape {np.shape(value)}, its header says {shape}")
             self.bar.update(self.named[name].nbytes)
-        return value if isinstance(value, jax.core.Tracer) else np.asarray(value, np.float32)  # tracer: check_headers
+        if isinstance(value, jax.core.Tracer):  # check_headers' pass
+            return value
+        value = np.asarray(value, np.float32)
+        if not np.isfinite(value).all():
+            raise ValueError(
+                f"tensor {self.prefix}{name} holds {np.count_nonzero(~np.isfinite(value)):,} NaN or infinite values "
+                f"(of {value.size:,}): the checkpoint is damaged; nothing was imported"
+            )
+        return value
 
     def finish(
         self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = (), family: Family = DECODER_LM
