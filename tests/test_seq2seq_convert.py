@@ -128,12 +128,14 @@ def test_greedy_translation_of_a_text_equals_transformers(imported):
 
 def test_export_round_trip(imported, tmp_path):
     """run.py export of each imported workdir: a folder transformers loads (T5's tied head with its d_model^-0.5
-    taken back out of the final norm), with the same logits and special ids."""
+    taken back out of the final norm), with the same logits and special ids, and a tokenizer that writes a text as
+    the imported one did (Marian's: its EOS after, by a post-processor its stand-in tokenizer.json lacked)."""
     hf, workdir = imported
     assert run.main(["export", f"--workdir={workdir}", f"--to={tmp_path / 'out'}"]) == 0
     back = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out").eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert (tok.eos_token_id, tok.pad_token_id) == (hf.config.eos_token_id, hf.config.pad_token_id)
+    assert tok(PAIRS[0][0]).input_ids == reference_tokenizer(workdir)(PAIRS[0][0]).input_ids
     assert back.config.decoder_start_token_id == hf.config.decoder_start_token_id
     src = torch.tensor([[5, 17, 9, 30, hf.config.eos_token_id]])
     tgt = torch.tensor([[hf.config.decoder_start_token_id, 7, 11, 40]])

@@ -30,7 +30,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
-from txjax.data.hf_tokenizer import HFTokenizer, added_around
+from txjax.data.hf_tokenizer import HFTokenizer, added_around, pipeline_adding_around
 from txjax.extras import require
 from txjax.families import DECODER_LM, Family, init_params
 from txjax.model.config import ModelConfig
@@ -282,8 +282,9 @@ def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
 
 
 def write_tokenizer(folder: Path, tokenizer: HFTokenizer, max_len: int) -> None:
-    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads."""
-    tokenizer.tok.save(str(folder / "tokenizer.json"))
+    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads, adding around a text what
+    the tokenizer records (hf_tokenizer.pipeline_adding_around)."""
+    pipeline_adding_around(tokenizer).save(str(folder / "tokenizer.json"))
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_len,

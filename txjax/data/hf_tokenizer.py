@@ -133,3 +133,24 @@ def added_around(pipeline, probe: str = "a, A 0.") -> tuple[list[int], list[int]
         f"tokenizer.json: its post_processor turns {probe!r} ({bare}) into {full}, not the text's tokens with "
         "special tokens around them (txjax reads post-processors that add tokens around a text)"
     )
+
+
+def pipeline_adding_around(tokenizer: HFTokenizer):
+    """The tokenizer's pipeline with a post-processor that adds what it records around a text (its before / after),
+    for an exported folder whose transformers tokenizer then writes a text as txjax reads it: the pipeline itself
+    where its own post-processor does that (a Hugging Face folder's), else a template of the record (a .gguf
+    file's flags, MarianTokenizer's EOS) after its own post-processor when that adds nothing (GPT-2's ByteLevel
+    offsets), instead of it when it adds other ids."""
+    tokenizers = require("tokenizers", "a pretrained model's tokenizer.json")
+    own = added_around(tokenizer.tok)
+    if own == tokenizer.around():
+        return tokenizer.tok
+    before, after = tokenizer.around()
+    template = tokenizers.processors.TemplateProcessing(
+        single=[*map(tokenizer.token, before), "$A", *map(tokenizer.token, after)],
+        special_tokens=[(tokenizer.token(i), i) for i in dict.fromkeys([*before, *after])],
+    )
+    pipeline = tokenizers.Tokenizer.from_str(tokenizer.tok.to_str())
+    keep = pipeline.post_processor is not None and own == ([], [])
+    pipeline.post_processor = tokenizers.processors.Sequence([pipeline.post_processor, template]) if keep else template
+    return pipeline
