@@ -19,6 +19,7 @@ from tiny_hf import save_tiny_decoder  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.llama import load_llama  # noqa: E402
+from txjax.decode.workdir import workdir_prompt  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 30
@@ -53,11 +54,14 @@ def test_import_keeps_params_and_tokenizer(folder, workdir):
     jax.tree.map(np.testing.assert_array_equal, loaded.params, params)
     ref = transformers.AutoTokenizer.from_pretrained(folder / "hf")
     text = "Speak, citizen: hear me."
-    assert loaded.tokenizer.prefix() + loaded.tokenizer.encode(text) == ref(text).input_ids  # BOS first, as HF
+    assert workdir_prompt(loaded, text)[0] == ref(text).input_ids  # generate's prompt: BOS first, as HF
     messages = [{"role": "user", "content": "Speak."}]
     assert loaded.tokenizer.render_chat(messages) == ref.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )
+    # generate --chat's prompt: the template's own BOS once, as apply_chat_template tokenizes the rendered text
+    chat_ids = ref.apply_chat_template(messages, add_generation_prompt=True, return_dict=True).input_ids
+    assert workdir_prompt(loaded, "Speak.", chat=True)[0] == chat_ids and chat_ids.count(ref.bos_token_id) == 1
 
 
 def test_eval_text_equals_transformers_on_the_same_windows(folder, workdir, capsys):

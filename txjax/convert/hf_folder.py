@@ -32,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
-from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.data.hf_tokenizer import HFTokenizer, added_around, pipeline_adding_around
 from txjax.extras import require
 from txjax.families import DECODER_LM, Family, init_params
 from txjax.model.config import ModelConfig
@@ -281,8 +281,8 @@ def _token_text(value) -> str | None:
 
 def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
     """The fast tokenizer of a save_pretrained folder: tokenizer.json, with BOS/EOS/pad and the chat template from
-    tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. The model expects BOS
-    first when the pipeline's own post-processor puts it there."""
+    tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. What goes around a text
+    is what the pipeline's own post-processor adds (hf_tokenizer.added_around: Llama's BOS, BART's <s> ... </s>)."""
     tokenizers = require("tokenizers", "a pretrained model's tokenizer.json")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder}: no tokenizer.json (save the model's fast tokenizer with it)")
@@ -299,16 +299,15 @@ def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
         fallback = fallback[0] if isinstance(fallback, list) else fallback  # Llama 3 lists several EOS ids
         return pipeline.token_to_id(text) if text is not None else fallback
 
-    bos = special("bos")
-    add_bos = bos is not None and pipeline.encode("a").ids[:1] == [bos]
-    return HFTokenizer(
-        pipeline, bos_id=bos, eos_id=special("eos"), pad_id=special("pad"), add_bos=add_bos, chat_template=template
-    )
+    before, after = added_around(pipeline)
+    ids = {f"{name}_id": special(name) for name in ("bos", "eos", "pad")}
+    return HFTokenizer(pipeline, **ids, before=before, after=after, chat_template=template)
 
 
 def write_tokenizer(folder: Path, tokenizer: HFTokenizer, max_len: int) -> None:
-    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads."""
-    tokenizer.tok.save(str(folder / "tokenizer.json"))
+    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads, adding around a text what
+    the tokenizer records (hf_tokenizer.pipeline_adding_around)."""
+    pipeline_adding_around(tokenizer).save(str(folder / "tokenizer.json"))
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_len,

@@ -222,18 +222,19 @@ def stacks_from_hf(t: hf_folder.Tensors, cfg: ModelConfig) -> dict:
 # folders
 
 
-def read_seq2seq_tokenizer(folder: Path, hf: Mapping) -> HFTokenizer:
+def read_seq2seq_tokenizer(folder: Path, hf: Mapping, around: tuple[list[int], list[int]] | None = None) -> HFTokenizer:
     """The folder's tokenizer.json with BOS = decoder_start_token_id (where Marian's targets start: its pad id),
-    EOS and pad from config.json; no BOS before sources."""
+    EOS and pad from config.json; a source's specials `around` it (before, after), by default those its
+    post-processor adds (BART's <s> ... </s>, T5's ... </s>)."""
     if not (folder / "tokenizer.json").is_file() and (folder / "source.spm").is_file():
         raise ValueError(
             f"{folder}: Marian's source.spm/target.spm are not read (MarianTokenizer has no fast form); save a "
             "`tokenizers` pipeline of the same vocabulary as tokenizer.json beside them"
         )
-    pipeline = hf_folder.read_tokenizer(folder, hf).tok
-    return HFTokenizer(
-        pipeline, bos_id=hf["decoder_start_token_id"], eos_id=hf["eos_token_id"], pad_id=hf["pad_token_id"]
-    )
+    read = hf_folder.read_tokenizer(folder, hf)
+    before, after = around or read.around()
+    ids = dict(bos_id=hf["decoder_start_token_id"], eos_id=hf["eos_token_id"], pad_id=hf["pad_token_id"])
+    return HFTokenizer(read.tok, **ids, before=before, after=after)
 
 
 def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
@@ -242,7 +243,9 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     hf = hf_folder.read_config(folder)
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
     hf_folder.check_fits(cfg, folder, FAMILY)
-    tokenizer = read_seq2seq_tokenizer(folder, hf)
+    # MarianTokenizer (SentencePiece, no fast form: the tokenizer.json beside it is a stand-in) ends a source with
+    # EOS and puts nothing before it, whatever the stand-in's post-processor says
+    tokenizer = read_seq2seq_tokenizer(folder, hf, around=([], [hf["eos_token_id"]]))
     tensors = hf_folder.read_tensors(folder)
     hf_folder.check_headers(params_from_hf, tensors, cfg)
     return cfg, params_from_hf(tensors, cfg), tokenizer

@@ -66,13 +66,15 @@ class Family:
         """(prompts, sources or None) of `generate`'s inputs: what the decoder continues, and what it encodes."""
         raise NotImplementedError
 
-    def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
-        """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
-        raise NotImplementedError
-
     # A generation's output is a new text read from a source here; an LM's continues its prompt (decoder_lm.py
-    # overrides these four): it may slide past the context, has no limit of its own, one sequence to look at, and
-    # lm-eval scores it.
+    # overrides these five): its prompt is the text as it is, it may slide past the context, has no limit of its
+    # own, one sequence to look at, and lm-eval scores it.
+    def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
+        """(the ids `generate` takes for `text`, the text its outputs continue; bos: a synthetic LM's BOS first):
+        here the source, the text with the tokenizer's specials around it (txjax's own: then EOS, as the sources of
+        training; an imported model's: as its own tokenizer writes it), and outputs that continue nothing."""
+        return tokenizer.encode_with_specials(text), ""
+
     def slides(self, strategy: dict) -> bool:
         """Whether a generation with these Strategy fields runs past the context (txjax.decode.generate_windowed,
         its prompt cut to the last max_len tokens) rather than within it (txjax.decode.generate)."""

@@ -139,10 +139,6 @@ class PrefixLMFamily(Family):
             raise ValueError("a prefix LM's targets start from BOS: give bos_id")
         return [[*source, bos_id] for source in inputs], list(inputs)
 
-    def read_text(self, tokenizer, text, *, bos=False):
-        """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
-        return tokenizer.encode(text) + [tokenizer.eos_id], ""
-
     def attention_example(self, ids, target_ids):
         """[source ; decoder inputs] as one row, the source its prefix: one map over the row."""
         if not target_ids:
