@@ -164,17 +164,17 @@ def test_untied_t5_exports_its_own_head(imported, tmp_path):
 @pytest.mark.parametrize("imported", ["t5"], indirect=True)
 def test_export_refuses_what_the_family_lacks_in_one_line(imported):
     """A field T5 or BART fixes, changed (as an experiment may): its exporter names it, before anything is
-    written."""
+    written (the folder given is never touched)."""
     _, workdir = imported
     run_ = load_workdir(workdir)
     cases = [
-        (t5.config_to_hf, dataclasses.replace(run_.model.cfg, norm="layernorm"), "model.norm='layernorm'"),
-        (t5.config_to_hf, dataclasses.replace(run_.model.cfg, num_kv_heads=1), "model.num_kv_heads=1"),
-        (lambda cfg, tok: bart.write_bart(None, cfg, {}, tok), run_.model.cfg, "model.positional='relative_buckets'"),
+        (t5.write_t5, dataclasses.replace(run_.model.cfg, norm="layernorm"), "model.norm='layernorm'"),
+        (t5.write_t5, dataclasses.replace(run_.model.cfg, num_kv_heads=1), "model.num_kv_heads=1"),
+        (bart.write_bart, run_.model.cfg, "model.positional='relative_buckets'"),
     ]
     for export, cfg, field in cases:
         with pytest.raises(ValueError, match=re.escape(field)) as e:
-            export(cfg, run_.tokenizer)
+            export(None, cfg, run_.params, run_.tokenizer)
         assert "\n" not in str(e.value)
 
 

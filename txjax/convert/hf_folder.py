@@ -36,7 +36,7 @@ from txjax.data.hf_tokenizer import HFTokenizer, added_around, pipeline_adding_a
 from txjax.extras import require
 from txjax.families import DECODER_LM, Family, init_params
 from txjax.model.config import ModelConfig
-from txjax.model.models import stack_layers, unstack_layers
+from txjax.model.models import stack_layers
 from txjax.ops import storage
 from txjax.ops.memory import device_bytes
 
@@ -215,14 +215,6 @@ class Tensors:
         params = stack_layers(params) if cfg.scan_layers else params
         check_params(params, cfg, family)
         return params
-
-
-def looped_numpy(params: Mapping, cfg: ModelConfig) -> tuple[dict, dict]:
-    """(params, decoder with layers_0 .. layers_{N-1}) as float32 NumPy, checked against DecoderLM(cfg): what the
-    exporters read."""
-    check_params(params, cfg)
-    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
-    return params, unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
 
 
 @functools.lru_cache(maxsize=8)
