@@ -1,7 +1,7 @@
 """Test session setup: 8 simulated CPU devices (for the sharding tests) and XLA:CPU's cheapest code generation, all
 set in XLA_FLAGS before anything imports jax (and inherited by run.py subprocesses); the measured matmul peak
-(txjax.ops.peak) cached in a temporary folder; a per-module persistent compilation cache fixture; a tiny parallel
-corpus.
+(txjax.ops.peak) cached in a temporary folder; one persistent compilation cache for the session's processes; a tiny
+parallel corpus.
 
 The suite compiles some hundred small programs and runs each for a few steps: at LLVM's -O0
 (--xla_backend_optimization_level=0) compiling a toy model's train step takes about a third less time, its few steps
@@ -17,8 +17,10 @@ Every other test runs on the first device as it would on a one-device machine.
 """
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -59,6 +61,18 @@ for _flag, _value in TEST_XLA_FLAGS.items():
 # default multiplies float32 in TF32. Tests that check another precision set it themselves.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
+# One persistent compilation cache for the whole session: jax in every test process (both xdist workers inherit the
+# first process's environment) and every process they start (run.py, Ray trials) load a program that any of them
+# compiled before: the suite trains the same tiny models in many files and processes. Fresh each session (tests of
+# what compiles see no program from an earlier tree) and removed at its end; every program is kept, however quick
+# to compile (min compile time 0). Tests of the cache itself, and the 2-process runs, drop these variables.
+_SESSION_CACHE = "TXJAX_TEST_JAX_CACHE"  # set by the process that made the folder, which removes it at the end
+_MADE_CACHE = _SESSION_CACHE not in os.environ
+if _MADE_CACHE:
+    os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="txjax-test-jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
 
 def xla_flags(devices: int) -> str:
     """XLA_FLAGS for a subprocess with `devices` simulated CPU devices and the suite's code generation level."""
@@ -78,34 +92,6 @@ def peak_cache_dir(tmp_path_factory) -> str:
         del os.environ["TXJAX_CACHE_DIR"]
     else:
         os.environ["TXJAX_CACHE_DIR"] = before
-
-
-@pytest.fixture(scope="session")
-def compilation_cache_dir(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("jax_cache"))
-
-
-@pytest.fixture(scope="module")
-def compilation_cache(compilation_cache_dir):
-    """Runs with equal steps compile them once: a persistent cache shared by the modules that ask for it (with
-    `pytestmark = pytest.mark.usefixtures("compilation_cache")`), also for their `run.py` subprocesses."""
-    import jax  # only now: XLA_FLAGS above must be set first
-
-    directory = compilation_cache_dir
-    options = {
-        "jax_compilation_cache_dir": directory,
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
-        "jax_persistent_cache_min_entry_size_bytes": 0,
-    }
-    before = {name: getattr(jax.config, name) for name in options}
-    for name, value in options.items():
-        jax.config.update(name, value)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
 
 
 @pytest.fixture
@@ -138,6 +124,11 @@ LONGEST_FIRST = [
     "test_trackers.py",  # mlflow server start, 5 tiny trainings, a rerun (4: ~30 s of CPU; 80 s at load 8-10, 99 at 16)
     "test_train.py",  # ~40
 ]
+
+
+def pytest_unconfigure(config):
+    if _MADE_CACHE:
+        shutil.rmtree(os.environ[_SESSION_CACHE], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

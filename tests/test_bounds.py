@@ -22,8 +22,6 @@ from txjax.experiment import TrainedRun
 from txjax.model.models import ModelConfig
 from txjax.ops import memory
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 CFG = ModelConfig(vocab_size=65, max_len=100_000, d_model=64, num_heads=4, d_ff=256, num_layers=2)
 
 

@@ -21,8 +21,6 @@ from txjax.state.train_state import init_state
 from txjax.training import budget
 from txjax.training.stack import train_runs
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 LR, R, S, W = 1e-2, 0.1, 40, 2  # peak, min_lr_ratio, the steps' cap, warmup
 FLAGS = [  # test_optim's toy run, 40 steps at most, every step logged
     f"--config.train.steps={S}",

@@ -16,8 +16,6 @@ from txjax.experiment import load_workdir
 from txjax.state.checkpoint import Checkpointer
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 FLAGS = TINY_FLAGS  # 6 steps, checkpoints at 2, 4, 6
 
 

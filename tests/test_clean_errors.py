@@ -24,7 +24,6 @@ from txjax.training import resume
 from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 TINY = [*TINY_FLAGS, "--config.train.warmup_steps=0"]
 

@@ -16,8 +16,6 @@ from txjax.model.masks import NEG_INF
 from txjax.model.models import DecoderLM, EncoderDecoder
 from txjax.model.positional import POSITIONAL_KINDS
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 VOCAB, EOS, BOS, PAD = 13, 1, 2, 0
 
 

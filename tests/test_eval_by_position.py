@@ -17,8 +17,6 @@ from txjax import config as config_lib
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 
 def run_py(capsys, *argv: str) -> tuple[int, str, str]:
     """run.py's main in this process: (exit status, stdout, stderr)."""

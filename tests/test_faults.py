@@ -26,7 +26,6 @@ from txjax.state.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 # 12 steps, checkpoints at 3, 6, 9, 12, evals of 2 batches at 4 and 8, a final eval of 3 batches (20 examples)
 FLAGS = [

@@ -11,8 +11,6 @@ import shutil
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")

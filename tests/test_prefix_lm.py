@@ -23,8 +23,6 @@ from txjax.model.masks import prefix_mask, segment_mask
 from txjax.ops.metrics_log import read_metrics
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 VOCAB, PAD, EOS, BOS = 13, 0, 1, 2
 SOURCES = [[5, 6, 7, 8, EOS], [9, 4, EOS], [3, 11, 12, 10, 6, 7, EOS]]
 

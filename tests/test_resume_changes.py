@@ -14,8 +14,6 @@ from txjax.ops.metrics_log import read_metrics
 from txjax.state.optim import learning_rate_at
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 FLAGS = ["--config.train.log_every=1", "--config.train.steps=4"]
 
 

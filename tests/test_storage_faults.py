@@ -21,8 +21,6 @@ import txjax.sweep.local
 from txjax.ops.metrics_log import read_metrics
 from txjax.state.checkpoint import Checkpointer
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 
 @contextlib.contextmanager
 def mounted(path, options: str):

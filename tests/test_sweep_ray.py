@@ -23,12 +23,12 @@ from txjax.sweep.spec import expand
 ray = pytest.importorskip("ray", reason="the sweep extra: pip install -e '.[sweep]'")
 from txjax.sweep.ray_launcher import _worker_env, run_on_ray  # noqa: E402 -- needs ray
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("compilation_cache")]
+pytestmark = pytest.mark.ray
 STEPS = {**TINY, "train.steps": 20, "train.eval_every": 4, "train.checkpoint_every": 4}
 
 
 @pytest.fixture(scope="module")
-def cluster(compilation_cache):
+def cluster():
     """One local Ray cluster for the module; its workers inherit the suite's XLA flags and compilation cache."""
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": _worker_env()}, log_to_driver=False)
     yield

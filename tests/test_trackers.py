@@ -29,8 +29,6 @@ from txjax.sweep.local import run_sweep
 from txjax.sweep.spec import load_sweep
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
-
 TINY = {
     "data.max_digits": 4,
     "data.eval_size": 20,
