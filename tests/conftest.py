@@ -108,10 +108,10 @@ def pairs_tsv(tmp_path):
 # on short ones instead of one worker finishing a long file alone while the other idles (xdist's own order, most
 # tests first, put these few-test files last).
 LONGEST_FIRST = [
-    "test_gpu_script.py",  # ~80: benchmarks/gpu.sh --dry-run, 8 stages each a process
+    "test_sweep_ray.py",  # ~115: a local Ray cluster and its trial processes (ASHA's 4 trials ~45)
+    "test_gpu_script.py",  # ~77: benchmarks/gpu.sh --dry-run, 9 stages each a process
     "test_multiprocess.py",  # ~75: two-process jax.distributed runs
     "test_faults.py",  # ~70: signals and kills of run.py processes
-    "test_sweep_ray.py",  # ~70: a local Ray cluster and its trial processes
     "test_gguf.py",  # ~50: SmolLM2-135M against transformers
     "test_expert_parallel.py",  # ~50 s of CPU: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
     "test_decode.py",  # ~50: 21 tests of cached decoding
