@@ -21,8 +21,6 @@ from txjax.families import DECODER_LM, init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import stack_layers
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 LLAMA_SHAPE = [
     "--config.model.positional=rope",
     "--config.model.norm=rmsnorm",
