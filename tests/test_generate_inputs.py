@@ -91,6 +91,7 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
 
     (tmp_path / "run").mkdir()
     config_lib.save(config, tmp_path / "run")
+    # exact by construction: run.py eval's decode_all batches hold the 4 pairs as the batch_size=4 calls above did
     for flags, expected in [([], metrics), (["--config.decode.method=greedy"], greedy)]:
         assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 0
         printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
