@@ -180,6 +180,7 @@ def test_a_tiny_run_learns_and_run_py_eval_gives_bleu_as_the_sweep_probe_does(tm
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 <= metrics["bleu"] <= 100 and metrics["decode"]["method"] == "beam" and metrics["tokens"] > 0
     probed = run_probes(["test_split"], tmp_path / "run")  # a sweep's probe: the same numbers, eval_test.json too
+    # exact by construction: the probe runs split_metrics as run.py eval did, the same compiled programs and batches
     assert probed == {f"test_{k}": v for k, v in metrics.items() if isinstance(v, float)} and "test_bleu" in probed
     assert json.loads((tmp_path / "run" / "eval_test.json").read_text())["bleu"] == metrics["bleu"]
 

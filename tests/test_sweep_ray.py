@@ -36,7 +36,9 @@ def cluster():
 
 
 def same_runs(a, b):
-    """Every run of sweep folder a equals b's: parameters bit for bit, the same logged losses at the same steps."""
+    """Every run of sweep folder a equals b's: parameters bit for bit, the same logged losses at the same steps.
+    Exact by construction: a Ray worker compiles the in-process run's HLO with the same XLA flags (_worker_env) on
+    the same machine, and runs it over the same batches."""
     assert sorted(results(a)) == sorted(results(b))
     for name in results(a):
         for x, y in zip(jax.tree_util.tree_leaves(params_of(a / name)), jax.tree_util.tree_leaves(params_of(b / name))):
