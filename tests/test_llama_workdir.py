@@ -87,6 +87,48 @@ def test_chat_generation_stops_at_eos(workdir, capsys):
     assert "[assistant]" not in capsys.readouterr().out  # the reply alone, not the rendered conversation
 
 
+def _damaged(folder, tmp_path, name: str, change) -> tuple:
+    """A copy of the Hugging Face folder whose file `name` is change(its text)."""
+    copy = tmp_path / "damaged"
+    shutil.copytree(folder / "hf", copy)
+    (copy / name).write_text(change((copy / name).read_text()))
+    return copy, copy / name
+
+
+@pytest.mark.parametrize(
+    "name, change, words",
+    [
+        ("tokenizer.json", lambda text: text[: len(text) // 2], "not valid JSON ("),
+        ("tokenizer.json", lambda text: text.replace('"BPE"', '"Nonesuch"'), "not a tokenizer the tokenizers library"),
+        ("tokenizer_config.json", lambda text: text[:-3], "not valid JSON ("),
+        ("chat_template.jinja", lambda text: text.replace("{% endif %}", ""), "the chat template does not compile"),
+    ],
+    ids=["tokenizer_cut_short", "tokenizer_malformed", "tokenizer_config_cut_short", "chat_template"],
+)
+def test_a_damaged_tokenizer_file_is_one_line_at_import_naming_it(folder, tmp_path, capsys, name, change, words):
+    """Once the tokenizers library's raw exception, or a template that imported fine and then failed at --chat with
+    jinja2's traceback: one line naming the file, and nothing written."""
+    damaged, path = _damaged(folder, tmp_path, name, change)
+    target = tmp_path / "run"
+    flags = [f"--from={damaged}", f"--workdir={target}", f"--config.data.path={folder / 'text.txt'}"]
+    assert run.main(["import", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and words in err and err.count("\n") == 1, err
+    assert "Traceback" not in err and not target.exists()
+
+
+def test_generate_chat_with_a_broken_template_in_the_workdir_is_one_line(workdir, tmp_path, capsys):
+    """A workdir imported before templates were checked (its tokenizer/tokenizer.json edited here): one line."""
+    copy = tmp_path / "llama"
+    shutil.copytree(workdir, copy)
+    saved = json.loads((copy / "tokenizer" / "tokenizer.json").read_text())
+    (copy / "tokenizer" / "tokenizer.json").write_text(json.dumps(saved | {"chat_template": "{% for m in messages %}"}))
+    assert run.main(["generate", f"--workdir={copy}", "--chat", "--prompt=Speak.", "--max_new_tokens=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the workdir's tokenizer/tokenizer.json: the chat template does not compile (line 1")
+    assert "drop --chat" in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
 def test_export_loads_in_transformers_with_equal_logits(folder, workdir, tmp_path, capsys):
     out = tmp_path / "exported"
     assert run.main(["export", f"--workdir={workdir}", f"--to={out}"]) == 0

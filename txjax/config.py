@@ -244,8 +244,8 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
     validate_sequence_axis(config)
     validate_expert_axis(config)
-    refused = unread.refusal(config, defaults or base_config())
-    if refused:
+    families.get(config.family).check(config)  # what the family cannot run
+    if refused := unread.refusal(config, defaults or base_config()):
         raise ConfigError(refused)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from txjax.convert import gguf_gemma
 from txjax.convert.hf_folder import Stored, check_fits, check_headers
 from txjax.convert.llama import config_from_hf, params_from_hf
-from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.data.hf_tokenizer import HFTokenizer, chat_template
 from txjax.extras import require
 from txjax.model.config import ModelConfig
 
@@ -241,6 +241,8 @@ def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
     require(
         "tokenizers", "a .gguf file's tokenizer"
     )  # both pipelines are `tokenizers` ones: said before the file is read
+    if (template := f.get("tokenizer.chat_template")) is not None:  # a broken one refused at import, not at --chat
+        chat_template(template, f"{f.path} (tokenizer.chat_template)", "import a file whose template compiles")
     kind = f.require("tokenizer.ggml.model")
     if kind == "llama":
         pipeline = _sentencepiece(f)
@@ -263,7 +265,7 @@ def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
         pad_id=pad,
         before=[bos] * add_bos,
         after=[eos] * add_eos,
-        chat_template=f.get("tokenizer.chat_template"),
+        chat_template=template,
     )
 
 

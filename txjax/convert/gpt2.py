@@ -19,7 +19,6 @@ names the field; writing goes to a temporary folder renamed into place, so a fai
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -233,7 +232,7 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
         return ByteLevelBPETokenizer.from_files(folder / "vocab.json", folder / "merges.txt")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder}: no GPT-2 tokenizer files (vocab.json + merges.txt, or tokenizer.json)")
-    hf = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    hf = hf_folder.read_json(folder / "tokenizer.json")
     model, pre = hf.get("model") or {}, hf.get("pre_tokenizer") or {}
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
         raise ValueError(

@@ -32,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
-from txjax.data.hf_tokenizer import HFTokenizer, added_around, pipeline_adding_around
+from txjax.data.hf_tokenizer import HFTokenizer, added_around, chat_template, pipeline_adding_around
 from txjax.extras import require
 from txjax.families import DECODER_LM, Family, init_params
 from txjax.model.config import ModelConfig
@@ -50,10 +50,19 @@ def read_config(folder: Path) -> dict:
     path = folder / HF_CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"{folder}: no {HF_CONFIG_FILE} (not a Hugging Face checkpoint folder)")
+    return read_json(path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file of a checkpoint folder (config.json, the tokenizer's files), as a dict; one that is cut
+    short or not JSON is a one-line ValueError naming it."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}): the file is damaged or cut short; download it again") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: a JSON {type(value).__name__}, not an object: download it again")
+    return value
 
 
 def load_decoder_folder(folder, config_from_hf: Callable, params_from_hf: Callable) -> tuple[ModelConfig, dict]:
@@ -276,14 +285,22 @@ def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
     tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. What goes around a text
     is what the pipeline's own post-processor adds (hf_tokenizer.added_around: Llama's BOS, BART's <s> ... </s>)."""
     tokenizers = require("tokenizers", "a pretrained model's tokenizer.json")
-    if not (folder / "tokenizer.json").is_file():
+    path = folder / "tokenizer.json"
+    if not path.is_file():
         raise ValueError(f"{folder}: no tokenizer.json (save the model's fast tokenizer with it)")
-    pipeline = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    read_json(path)  # a file cut short: named here, in Python's words
+    try:
+        pipeline = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception for a pipeline it cannot read
+        raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e}): download it again") from None
     config_path = folder / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    template = tok_config.get("chat_template")
+    tok_config = read_json(config_path) if config_path.is_file() else {}
+    template, template_path = tok_config.get("chat_template"), config_path
     if template is None and (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text()
+        template_path = folder / "chat_template.jinja"
+        template = template_path.read_text()
+    if template is not None:  # compiled now, so a broken one is refused at import, not at the first --chat
+        chat_template(template, str(template_path), "correct it, or remove the chat template to import without one")
 
     def special(name):
         text = _token_text(tok_config.get(f"{name}_token"))

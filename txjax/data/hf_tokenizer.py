@@ -72,23 +72,23 @@ class HFTokenizer(Tokenizer):
         return list(self.before), list(self.after)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to [{"role": ..., "content": ...}, ...] (jinja2, as transformers does)."""
+        """The chat template applied to [{"role": ..., "content": ...}, ...] (jinja2, as transformers does); a template
+        that does not compile or render is a one-line ValueError."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template: drop --chat")
-        require("jinja2", "a chat template (--chat)")
-        import jinja2.sandbox  # installed: require checked
+        where, fix = "the workdir's tokenizer/tokenizer.json", "correct its chat_template there, or drop --chat"
+        template = chat_template(self.chat_template, where, fix)
+        import jinja2  # installed: chat_template required it
 
-        def raise_exception(message):  # templates call it to refuse a conversation
-            raise jinja2.TemplateError(message)
-
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.token(self.bos_id) or "",
-            eos_token=self.token(self.eos_id) or "",
-        )
+        try:
+            return template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.token(self.bos_id) or "",
+                eos_token=self.token(self.eos_id) or "",
+            )
+        except jinja2.TemplateError as e:  # a template's raise_exception refusing the conversation, or its own error
+            raise ValueError(f"the chat template of the workdir's tokenizer fails on this conversation: {e}") from None
 
     def _config(self, directory: Path) -> dict:
         self.tok.save(str(directory / self.FILE))
@@ -154,3 +154,23 @@ def pipeline_adding_around(tokenizer: HFTokenizer):
     keep = pipeline.post_processor is not None and own == ([], [])
     pipeline.post_processor = tokenizers.processors.Sequence([pipeline.post_processor, template]) if keep else template
     return pipeline
+
+
+def chat_template(source: str, where: str, fix: str):
+    """The compiled jinja2 template of a chat template's `source` (in jinja2's sandbox, with transformers' options and
+    its raise_exception); a syntax error is a one-line ValueError naming `where` (the file), the template's line and
+    the `fix`: checked when a model is imported (txjax.convert) and when --chat renders a conversation."""
+    require("jinja2", "a chat template (--chat)")
+    import jinja2.sandbox  # installed: require checked
+
+    def raise_exception(message):  # templates call it to refuse a conversation
+        raise jinja2.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(
+            f"{where}: the chat template does not compile (line {e.lineno} of the template: {e.message}): {fix}"
+        ) from None

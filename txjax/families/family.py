@@ -59,7 +59,7 @@ class Family:
     def scored_logits(self, model, params, tokens_BxL, positions_BxL, mask_Bx1xLxL, scored_BxC):
         """The logits [B, C, V] at the positions scored_BxC (indices into L) of one forward pass over tokens [B, L]
         at explicit positions, attending where mask [B, 1, L, L] allows (and in the causal order of the positions):
-        lm-eval's log-likelihoods (txjax.evaluate.lm_eval_model, after check_lm_eval)."""
+        lm-eval's log-likelihoods (txjax.evaluate.lm_eval_model, after check_scores_text)."""
         raise NotImplementedError
 
     def prompts(self, inputs: list, bos_id: int | None) -> tuple[list, list | None]:
@@ -90,9 +90,15 @@ class Family:
         target (target_ids(): the given one, or the model's own output), or None: the text is the one sequence."""
         return [bos_id, *target_ids()]
 
-    def check_lm_eval(self, where: str) -> None:
-        """A ConfigError unless lm-eval can score the model (the log-likelihood of a text continuing another)."""
-        raise ConfigError(f"{where} is a {self.name} model: lm-eval scores decoder-only LMs")
+    def check(self, config) -> None:
+        """A ConfigError for a setting of a validated config (its model and decode sections) that the family cannot
+        run, naming the field and the fix (txjax.config.validate asks, before anything is written); none here."""
+
+    def check_scores_text(self, where: str, command: str, fix: str = "") -> None:
+        """A ConfigError unless `command` can score the model on a text alone (the log-likelihood of a text, or of a
+        text continuing another): an encoder-decoder's or a prefix LM's output is a new text read from a source, and
+        a text alone is no source. `fix`: what to run instead, ending the line."""
+        raise ConfigError(f"{where} is of family {self.name}: {command} scores decoder-only LMs{fix}")
 
     def attention_example(self, ids: list[int], target_ids: list[int] | None) -> tuple[list, dict]:
         """One example's attention maps (txjax.evaluate.viz): (the model's positional inputs, each of batch 1; for
