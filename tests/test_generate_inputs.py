@@ -100,9 +100,11 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
         }
     assert run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.decode.method=bean"]) == 2
     assert "config.decode.method='bean' is not one of" in capsys.readouterr().err
-    flags = ["--text=unused.txt", "--config.decode.beam_size=8"]  # a decode flag nothing would read
-    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 2
-    assert "--config.decode.beam_size: only a translation split is decoded (--text is scored" in capsys.readouterr().err
+    flags = ["--text=unused.txt", "--config.decode.beam_size=8"]  # an encoder-decoder scores no text alone
+    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 2  # (a decoder's --text: test_passkey)
+    assert "is of family encoder_decoder: --text scores decoder-only LMs" in capsys.readouterr().err
+    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", "--split=valid", "--config.decode.beam_size=0"]) == 2
+    assert "beam_size" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's one line: eval changes the mesh and the decoding only
         run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.train.steps=3"])
     assert "--config.decode.*=VALUE overrides" in capsys.readouterr().err
