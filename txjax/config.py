@@ -224,8 +224,6 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             )
     ranges.check_numbers(config)  # every number in its range (the model's: ModelConfig below)
     t = config.train
-    if t.batch_size % t.grad_accum:
-        raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
     try:
         profiling.parse_steps(t.profile_steps)
     except ValueError as e:
@@ -249,6 +247,7 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
     validate_sequence_axis(config)
     validate_expert_axis(config)
+    ranges.check_batch_split(config)  # after the mesh axes' own checks: it names them
     refused = unread.refusal(config, defaults or base_config())
     if refused:
         raise ConfigError(refused)
