@@ -54,7 +54,7 @@ SKIP = [
 ]  # fmt: skip
 # (pattern, what is appended, reason): every match applies
 SHORTER = [
-    (r"run\.py (train|sweep) --", STEPS, "trains for minutes to hours"),
+    (r"run\.py (train|sweep)\b", STEPS, "trains for minutes to hours"),
     (r"run\.py eval .*--text=", "--max_tokens=2048", "scores a whole text with a 135M model: minutes on a CPU"),
     (r"run\.py lm-eval ", "--limit=4", "every example of its tasks with a 135M model: minutes on a CPU"),
 ]
