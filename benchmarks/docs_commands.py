@@ -49,6 +49,8 @@ SKIP = [
     (r"^srun |^gcloud ", "a Slurm cluster or a Cloud TPU slice of the reader's own"),
     (r"^for .*--process_id=", "jax.distributed processes training for minutes; tests/test_multiprocess.py runs them"),
     (r"(corpus|fineweb|pile|my_dataset)/|corpus/\*|runs/data/corpus", "a corpus of the reader's own"),
+    (r"family_comparison", "the family comparison: its settings' train.steps are the equal-time budget (no "
+     "shorter --config.train.steps), about an hour; experiments/ablations/results/family_comparison*/ are the record"),
     (r"path/to/|runs/qwen_moe", "a checkpoint folder of the reader's own (path/to/...) and the workdir imported "
      "from it"),
 ]  # fmt: skip
@@ -182,7 +184,7 @@ def main():
 
 def run(command: str, root: Path, env: dict, timeout: float, variables: dict, error: str) -> dict:
     """Runs `command` in bash in `root`; an assignment NAME=... sets `variables[NAME]` for the commands after it."""
-    assignment = re.fullmatch(r"([A-Za-z_]\w*)=(.*)", command)
+    assignment = re.fullmatch(r"([A-Za-z_]\w*)=(\$\(.*\)|\S*)", command)  # not NAME=VALUE command (its env)
     script = f'{command}; printf %s "${assignment[1]}"' if assignment else command
     start = time.perf_counter()
     try:
