@@ -16,7 +16,8 @@ What runs is the command as written, except (each change printed and recorded wi
   SETUP     a workdir that a command reads and no earlier command of the docs writes is trained first, briefly;
   SKIPPED   what cannot run here: the network (pip, the Hugging Face hub), a GPU, a corpus or cluster of the
             reader's own ([...] placeholders), the test suite itself (.ci/run runs it), the benchmarks (each is
-            minutes to hours: their figures' result files are the record).
+            minutes to hours: their figures' result files are the record), an import into a workdir an earlier
+            page's command imported (README's and docs/pretrained.md's SmolLM2: a second import there is refused).
 """
 
 from __future__ import annotations
@@ -48,10 +49,14 @@ SKIP = [
     (r"^srun |^gcloud ", "a Slurm cluster or a Cloud TPU slice of the reader's own"),
     (r"^for .*--process_id=", "jax.distributed processes training for minutes; tests/test_multiprocess.py runs them"),
     (r"(corpus|fineweb|pile|my_dataset)/|corpus/\*|runs/data/corpus", "a corpus of the reader's own"),
+    (r"family_comparison", "the family comparison: its settings' train.steps are the equal-time budget (no "
+     "shorter --config.train.steps), about an hour; experiments/ablations/results/family_comparison*/ are the record"),
+    (r"path/to/|runs/qwen_moe", "a checkpoint folder of the reader's own (path/to/...) and the workdir imported "
+     "from it"),
 ]  # fmt: skip
 # (pattern, what is appended, reason): every match applies
 SHORTER = [
-    (r"run\.py (train|sweep) --", STEPS, "trains for minutes to hours"),
+    (r"run\.py (train|sweep)\b", STEPS, "trains for minutes to hours"),
     (r"run\.py eval .*--text=", "--max_tokens=2048", "scores a whole text with a 135M model: minutes on a CPU"),
     (r"run\.py lm-eval ", "--limit=4", "every example of its tasks with a 135M model: minutes on a CPU"),
 ]
@@ -111,6 +116,9 @@ def plan(command: str, made: set[str]) -> tuple[str | None, list[str]]:
     for pattern, reason in SKIP:
         if re.search(pattern, bare):
             return None, [f"SKIPPED: {reason}"]
+    imported = re.search(r"run\.py import .*--workdir=(\S+)", bare)
+    if imported and imported[1] in made:
+        return None, [f"SKIPPED: an earlier command imported {imported[1]}; a second import into it is refused"]
     for pattern, extra, reason in SHORTER:
         if re.search(pattern, bare):
             resumed = "run.py train" in bare and set(re.findall(r"--workdir=(\S+)", bare)) & made
@@ -176,7 +184,7 @@ def main():
 
 def run(command: str, root: Path, env: dict, timeout: float, variables: dict, error: str) -> dict:
     """Runs `command` in bash in `root`; an assignment NAME=... sets `variables[NAME]` for the commands after it."""
-    assignment = re.fullmatch(r"([A-Za-z_]\w*)=(.*)", command)
+    assignment = re.fullmatch(r"([A-Za-z_]\w*)=(\$\(.*\)|\S*)", command)  # not NAME=VALUE command (its env)
     script = f'{command}; printf %s "${assignment[1]}"' if assignment else command
     start = time.perf_counter()
     try:

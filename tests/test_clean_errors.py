@@ -171,6 +171,33 @@ def test_a_setting_the_family_cannot_run_is_one_line_before_anything_is_written(
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize(
+    "mesh, line",
+    [
+        (
+            ["--config.mesh.data=4"],
+            "mesh.data x mesh.fsdp x mesh.expert = 4 (the batch's rows are split over them): "
+            "set --config.train.batch_size=8 (or 4)",
+        ),
+        (["--config.mesh.expert=4", "--config.model.num_experts=4"], "mesh.data x mesh.fsdp x mesh.expert = 4 ("),
+        (
+            ["--config.mesh.fsdp=4", "--config.train.grad_accum=3"],
+            "= 4 (the batch's rows are split over them): set --config.train.batch_size=12",
+        ),
+    ],
+)
+def test_a_batch_that_does_not_split_over_the_mesh_is_one_line_and_writes_nothing(tmp_path, capsys, mesh, line):
+    """The batch's rows split over data x fsdp x expert (sharding.BATCH_AXES): 6 rows on 4 shards is refused when the
+    config is built, whatever the machine's devices (jax's own error came after the checkpoints were written)."""
+    workdir = tmp_path / "run"
+    status, err = _run_py_in_process(
+        capsys, "train", f"--workdir={workdir}", *TINY, "--config.train.batch_size=6", *mesh
+    )
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: config.train.batch_size=6 must be a multiple of ") and line in err, err
+    assert not workdir.exists()
+
+
 def _producers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t is not threading.current_thread() and t.name.endswith("(produce)")]
 

@@ -63,6 +63,7 @@ def test_a_workdir_evaluates_at_a_longer_context_with_another_rope_scaling(tmp_p
     data = ["--config.data.kind=text", "--config.data.tokenizer=byte", f"--config.data.path={corpus}"]
     flags = [*TINY_MODEL, *data, "--config.data.seq_len=8", "--config.model.positional=rope", "--config.train.steps=2"]
     train(config_lib.from_command_line(None, flags), workdir)
+    trained = (workdir / "eval_valid.json").read_bytes()  # the training's final eval, which reports read
 
     def eval_at_16(*changes):
         longer = ["--config.data.seq_len=16", "--config.model.max_len=16", "--by_position=4"]
@@ -90,3 +91,20 @@ def test_a_workdir_evaluates_at_a_longer_context_with_another_rope_scaling(tmp_p
     ]:
         status, _, err = run_py(capsys, "eval", f"--workdir={workdir}", *changes)
         assert status != 0 and line in err and "Traceback" not in err, err
+
+    # each changed model wrote its own eval_valid_<digest>.json, its metrics as printed and its changes, the refused
+    # ones none; the training's eval_valid.json is as it was
+    assert (workdir / "eval_valid.json").read_bytes() == trained
+    written = {}
+    for path in workdir.glob("eval_valid_*.json"):
+        record = json.loads(path.read_text())
+        written[json.dumps(record.pop("changes"), sort_keys=True)] = record
+    longer, linear = {"data.seq_len": 16, "model.max_len": 16}, {"model.rope_scaling": "linear"}
+    for changes, printed in [
+        (longer, plain),
+        ({**longer, **linear}, identity),  # rope_factor=1 is the trained value: no change
+        ({**longer, **linear, "model.rope_factor": 2.0}, scaled),
+    ]:
+        record = written.pop(json.dumps(changes, sort_keys=True))
+        assert {k: v for k, v in record.items() if k != "machine"} == printed
+    assert written == {}

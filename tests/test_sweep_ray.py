@@ -1,17 +1,21 @@
 """Sweeps on Ray Tune (txjax.sweep.ray_launcher) against the in-process sweep, on one local Ray cluster of 2 CPUs
 that the module's tests share (starting one takes seconds): the same runs end bit-identical, a trial whose process
-is SIGKILLed resumes from its checkpoint and ends as if never killed, ASHA stops the worst settings. The search and
-the sweep file's checks need no cluster."""
+is SIGKILLed resumes from its checkpoint and ends as if never killed, ASHA stops the worst settings. The search, the
+sweep file's checks and an --address where no Ray cluster answers need no cluster."""
 
+import http.server
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import jax
 import numpy as np
 import pytest
+from test_clean_errors import REPO
 from test_sweep import TINY, params_of, results, sweep_file
 
 import txjax.sweep.local
@@ -140,3 +144,22 @@ def test_an_optuna_search_in_process_asks_the_same_points_again_and_skips_them(t
 
     monkeypatch.setattr(txjax.sweep.local, "train_runs", no_training)
     assert [r.name for r in run_sweep(sweep, tmp_path / "out", [])] == first
+
+
+def test_an_address_where_a_web_server_answers_is_one_line_within_a_minute(tmp_path):
+    """Something other than Ray's GCS listens at --address (an HTTP server here): TCP connects, so only Ray's own GCS
+    client can tell; ray.init alone would retry past 300 s. The sweep ends in one line, nothing written."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    sweep_file(tmp_path)
+    command = [sys.executable, str(REPO / "run.py"), "sweep", f"--sweep={tmp_path / 'sweep.py'}"]
+    command += [f"--workdir={tmp_path / 'out'}", "--launcher=ray", f"--address={address}"]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=60)
+    finally:
+        server.shutdown()
+    assert done.returncode == 2 and time.monotonic() - start < 60, done.stderr[-2000:]
+    assert done.stderr.startswith(f"error: --address={address}: something answers there, but not a Ray cluster's GCS")
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), done.stderr[-2000:]

@@ -219,8 +219,6 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             )
     ranges.check_numbers(config)  # every number in its range (the model's: ModelConfig below)
     t = config.train
-    if t.batch_size % t.grad_accum:
-        raise ConfigError(f"config.train.batch_size={t.batch_size} must be divisible by grad_accum={t.grad_accum}")
     try:
         profiling.parse_steps(t.profile_steps)
     except ValueError as e:
@@ -245,6 +243,7 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     validate_sequence_axis(config)
     validate_expert_axis(config)
     families.get(config.family).check(config)  # what the family cannot run
+    ranges.check_batch_split(config)  # after the mesh axes' own checks: it names them
     if refused := unread.refusal(config, defaults or base_config()):
         raise ConfigError(refused)
 

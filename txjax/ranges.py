@@ -2,7 +2,8 @@
 when train, eval, generate or lm-eval start, before anything is read or written: a value out of range is one
 ConfigError line naming the field and its range. The model section's ranges are ModelConfig's
 (txjax.model.config), the decode section's the Strategy's (txjax.decode.strategy), the string fields' choices
-config.validate's; mesh.sequence is config.validate_sequence_axis's.
+config.validate's; mesh.sequence is config.validate_sequence_axis's. train.batch_size must split evenly into
+grad_accum's micro-batches and over the mesh axes that split the batch's rows (check_batch_split).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ml_collections
 
 from txjax.decode.strategy import METHOD_OPTIONS, Strategy
 from txjax.errors import ConfigError
+from txjax.parallel.sharding import BATCH_AXES
 
 SEED_MAX = 2**63 - 1  # a seed becomes an int64 (jax.random.key, numpy's generators); a negative one is refused there
 
@@ -82,6 +84,25 @@ def check_numbers(config: ml_collections.ConfigDict) -> None:
             f"config.data.min_digits={config.data.min_digits} must be <= data.max_digits={config.data.max_digits}"
         )
     check_decode(config.decode)
+
+
+def check_batch_split(config: ml_collections.ConfigDict) -> None:
+    """train.batch_size a multiple of grad_accum (its micro-batches) and of the mesh axes that split the batch's
+    rows (sharding.BATCH_AXES: data x fsdp x expert), the train and eval batches alike: jax refuses an uneven split
+    only once a batch is placed, after the workdir is written. The sizes suggested keep both whole."""
+    size, accum = config.train.batch_size, config.train.grad_accum
+    shards = math.prod(config.mesh[axis] for axis in BATCH_AXES)
+    if size % accum:
+        raise ConfigError(f"config.train.batch_size={size} must be divisible by grad_accum={accum}")
+    if size % shards == 0:
+        return
+    unit = math.lcm(shards, accum)
+    below, above = size // unit * unit, (size // unit + 1) * unit
+    axes = " x ".join(f"mesh.{axis}" for axis in BATCH_AXES)
+    raise ConfigError(
+        f"config.train.batch_size={size} must be a multiple of {axes} = {shards} (the batch's rows are split over "
+        f"them): set --config.train.batch_size={above}" + (f" (or {below})" if below else "")
+    )
 
 
 def check_decode(decode: ml_collections.ConfigDict) -> None:

@@ -15,7 +15,7 @@ from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_
 from txjax.config import ConfigError, user_errors
 from txjax.data import KINDS, resolve_path
 from txjax.evaluate.score_text import score_text
-from txjax.evaluate.split import split_metrics, write_metrics
+from txjax.evaluate.split import changed_name, split_metrics, write_metrics
 from txjax.experiment import build_dataset, build_model, load_workdir
 from txjax.families import init_params
 from txjax.ops import storage
@@ -33,8 +33,10 @@ def main(argv: list[str]) -> None:
     feeds any split's prompts N tokens at a time (a long-context task's eval in bounded memory).
     --config.model.FIELD=V and --config.data.seq_len=N evaluate the checkpoint's parameters in a changed model, one
     whose parameters keep their shapes: a longer context (model.max_len with data.seq_len), another RoPE scaling
-    (model.rope_scaling, rope_factor, ...), another attention implementation. --by_position=W also reports the loss
-    per bucket of W positions (txjax.evaluate.split)."""
+    (model.rope_scaling, rope_factor, ...), another attention implementation; such an eval writes
+    DIR/eval_<split>_<digest>.json instead, the changed fields under "changes" (model_changes), and leaves the
+    training's eval_<split>.json as it was. --by_position=W also reports the loss per bucket of W positions
+    (txjax.evaluate.split)."""
     parser = argparse.ArgumentParser(prog="run.py eval", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
@@ -66,9 +68,9 @@ def main(argv: list[str]) -> None:
         task = "--text is scored, not decoded" if args.text else f"a {config.data.kind} task decodes greedily"
         raise ConfigError(f"--config.decode.{choices[0]}: only a translation split is decoded ({task}): drop it")
     strategy = {name: config.decode[name] for name in decode_given}  # over the run's decode section
+    changed, changes = [flag for flag in overrides if flag.startswith(model_flags)], model_changes(saved, config)
     with user_errors():
         run = load_workdir(args.workdir, mesh=mesh, average=args.average)
-        changed = [flag for flag in overrides if flag.startswith(model_flags)]
         if changed:
             run = changed_model(run, config, changed)
         if args.text:  # a missing, short or unencodable text is a one-line error
@@ -84,12 +86,21 @@ def main(argv: list[str]) -> None:
         metrics["averaged_steps"] = list(run.averaged_steps)
     if distributed.is_lead():
         print(json.dumps(metrics))  # first: a workdir that cannot be written still shows the result
+        name = changed_name("text" if args.text else args.split, changes)
         try:
-            write_metrics(args.workdir, "text" if args.text else args.split, metrics)
+            write_metrics(args.workdir, name, {**metrics, "changes": changes} if changes else metrics)
         except OSError as e:
             if storage.cause(e) is None:
                 raise
             print(f"warning: the result above is not saved ({e.filename}: {storage.reason(e)})", file=sys.stderr)
+
+
+def model_changes(saved, config) -> dict:
+    """{"model.FIELD" or "data.seq_len": value} of each field in which `config` (the workdir's `saved` config with
+    the eval's flags) differs from it: the changed model an eval runs in, which names its file (split.changed_name);
+    {} when the flags change nothing."""
+    fields = [("model", name) for name in config.model.keys()] + [("data", "seq_len")]
+    return {f"{s}.{n}": config[s][n] for s, n in fields if config[s][n] != saved[s][n]}
 
 
 def changed_model(run, config, flags: list[str]):

@@ -13,6 +13,7 @@ ties and the float differences of the cached decode path); `txjax.decode` measur
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -205,6 +206,15 @@ GENERATED = {"exact_match": generated_exact_match, "translation": translation_me
 
 def metrics_file(workdir: str | Path, split: str) -> Path:
     return Path(workdir) / f"eval_{split}.json"
+
+
+def changed_name(split: str, changes: dict) -> str:
+    """The name an eval in a changed model writes under (eval_<split>_<digest>.json): `split`, and a short digest of
+    `changes` ({field: value}) when there are any, so that the training's eval_<split>.json, which reports read, stays
+    as it was, and the same changes name the same file whatever the order of their flags."""
+    if not changes:
+        return split
+    return f"{split}_{hashlib.sha256(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:8]}"
 
 
 def read_recorded(workdir: str | Path, split: str) -> dict:

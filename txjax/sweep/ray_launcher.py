@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -104,8 +106,9 @@ def run_on_ray(
 
 
 def connect(ray, address: str | None) -> None:
-    """ray.init: a new local cluster (address None), the one `ray start` left here (auto), or HOST:PORT, which must
-    answer a TCP connection within CONNECT_TIMEOUT_S (ray.init itself would retry for minutes); a cluster not found
+    """ray.init: a new local cluster (address None), the one `ray start` left here (auto), or HOST:PORT, where a Ray
+    GCS must answer within CONNECT_TIMEOUT_S, first a TCP connection, then a request of Ray's own GCS client (ray.init
+    itself would retry for minutes, also where something else listens there, e.g. a web server); a cluster not found
     is one ConfigError line naming the address."""
     fix = "start one with `ray start --head` (on HOST), or drop --address to start one in this command"
     host, _, port = (address or "").rpartition(":")
@@ -117,11 +120,31 @@ def connect(ray, address: str | None) -> None:
             raise config_lib.ConfigError(
                 f"--address={address}: no Ray cluster answers there ({reason}); {fix}"
             ) from None
+        if not _gcs_answers(address):
+            raise config_lib.ConfigError(
+                f"--address={address}: something answers there, but not a Ray cluster's GCS (the port of "
+                f"`ray start --head --port=PORT`, 6379 by default); {fix}"
+            )
     try:
         ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": _worker_env()})
     except ConnectionError as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise config_lib.ConfigError(f"--address={address}: {reason.rstrip('.')}; {fix}") from None
+
+
+def _gcs_answers(address: str) -> bool:
+    """Whether a Ray GCS at HOST:PORT answers Ray's own GCS client (its cluster id) within CONNECT_TIMEOUT_S: asked in
+    a child process, whose stderr takes the client's log line of each failed try (the user sees one line) and which
+    is ended if the client waits longer. The client first waits for two connections (its channel, its pubsub) up to
+    RAY_gcs_rpc_server_connect_timeout_s each (5 s by default), then for the answer: 3 + 3 + 4 s here."""
+    client = f"InnerGcsClient.standalone({address!r}, None, {(CONNECT_TIMEOUT_S - 6) * 1000})"
+    env = {**os.environ, "RAY_gcs_rpc_server_connect_timeout_s": "3"}
+    probe = [sys.executable, "-c", f"from ray._raylet import InnerGcsClient; {client}"]
+    try:
+        done = subprocess.run(probe, capture_output=True, env=env, timeout=2 * CONNECT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
 
 
 def _worker_env() -> dict:

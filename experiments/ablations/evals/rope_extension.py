@@ -6,7 +6,8 @@ original 256: Peng et al. 2023, its attention factor 0.1 ln 4 + 1), the loss rep
 
     python experiments/ablations/evals/rope_extension.py runs/sweeps/local_global/attention_window-0_*
 
-Each workdir is copied first (its evals would otherwise overwrite the eval_valid.json its sweep's report reads);
+Each workdir is copied first (the eval at the trained context, a model unchanged, would otherwise overwrite the
+eval_valid.json its sweep's report reads; the others write eval_valid_<digest>.json: txjax.cli.eval.model_changes);
 writes results.csv (one row per workdir, scaling and bucket), results.md, results.png and results.json (the machine,
 load and command of the first eval: txjax.ops.provenance) into --out.
 """
@@ -24,6 +25,12 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]  # experiments/ablations/evals/: not a sweep file (test_sweep loads those)
+sys.path.insert(0, str(REPO))
+
+from txjax import config as config_lib  # noqa: E402
+from txjax.cli.eval import model_changes  # noqa: E402
+from txjax.evaluate.split import changed_name, metrics_file  # noqa: E402
+
 SCALINGS = {  # name -> (context, the eval's model overrides)
     "trained context (256), none": (256, []),
     "none": (1024, []),
@@ -46,9 +53,11 @@ def evaluate(workdir: Path, context: int, overrides: list[str], bucket: int) -> 
     done = subprocess.run([*command, *overrides], cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1]), json.loads((workdir / "eval_valid.json").read_text())[
-        "machine"
-    ]
+    saved, changed = config_lib.load(workdir), config_lib.load(workdir)
+    for flag in [*longer, *overrides]:
+        config_lib.apply_override(changed, flag)
+    written = metrics_file(workdir, changed_name("valid", model_changes(saved, changed)))
+    return json.loads(done.stdout.strip().splitlines()[-1]), json.loads(written.read_text())["machine"]
 
 
 def main() -> None:
