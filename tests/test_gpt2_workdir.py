@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -102,4 +103,17 @@ def test_folder_without_tokenizer_writes_nothing(tmp_path, capsys):
     save_gpt2(tmp_path / "bare", CFG, random_params(CFG))
     assert run.main(["import", f"--from={tmp_path / 'bare'}", f"--workdir={tmp_path / 'run'}"]) == 2
     assert "tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_vocab_json_is_one_line_naming_it(gpt2, tmp_path, capsys):
+    """Once json's traceback from the tokenizer's reader: one line naming the file, nothing written."""
+    folder, _ = gpt2
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    vocab = damaged / "vocab.json"
+    vocab.write_text(vocab.read_text()[:100])
+    assert run.main(["import", f"--from={damaged}", f"--workdir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {vocab}: not valid JSON (") and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()

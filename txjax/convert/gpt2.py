@@ -229,6 +229,7 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
     """GPT-2's BPE from a Hugging Face folder: vocab.json + merges.txt, or the fast tokenizer's tokenizer.json."""
     folder = Path(folder).expanduser()
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        hf_folder.read_json(folder / "vocab.json")  # cut short or not JSON: one line naming it, not json's traceback
         return ByteLevelBPETokenizer.from_files(folder / "vocab.json", folder / "merges.txt")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder}: no GPT-2 tokenizer files (vocab.json + merges.txt, or tokenizer.json)")
