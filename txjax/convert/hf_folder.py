@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,9 +267,19 @@ def write_atomically(target, write: Callable[[Path], None]) -> Path:
                 target.rmdir()
             os.rename(tmp, target)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
             raise
     return target
+
+
+def _remove(folder: Path, tries: int = 50) -> None:
+    """rmtree until `folder` is gone: after a failed checkpoint save, orbax's other writes (threads the save's error
+    did not stop) may still create files in it for a moment, which a single rmtree would leave behind."""
+    for _ in range(tries):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            return
+        time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
