@@ -89,11 +89,10 @@ class Run:
         self.mesh, self.rows = mesh, process_rows(mesh, self.t.batch_size)
         shardings = state_shardings(model, tx, seed, mesh)
         self.init = jax.jit(lambda: init_state(model, tx, seed), out_shardings=shardings)
-        self.first = self.init
-        if self.t.init_from:  # fine-tuning: another workdir's parameters, fresh moments
-            self.first = lambda: init_from.initial_state(self.t.init_from, tx, mesh, shardings)
-        elif self.ckpt.latest_step() == 0:  # an imported workdir (its parameters alone, at step 0): fresh moments
-            self.first = lambda: init_from.initial_state(self.workdir, tx, mesh, shardings)
+        # fresh moments over another workdir's parameters (train.init_from: fine-tuning), or over this workdir's own
+        # when it holds parameters alone at step 0 (imported); asked when the run starts, after its checkpoints open
+        source = lambda: self.t.init_from or (self.workdir if self.ckpt.latest_step() == 0 else None)
+        self.first = lambda: init_from.initial_state(source(), tx, mesh, shardings) if source() else self.init()
         self.train_step = make_train_step(model, tx, self.t, mesh)
 
     def start(self, step: int):
