@@ -19,10 +19,10 @@ from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_m
 from txjax.families.objective import token_sums
 from txjax.ops import profiling
 from txjax.ops.metrics_log import read_metrics
+from txjax.sections.train import TrainConfig
 from txjax.state.checkpoint import Checkpointer
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state
-from txjax.training.config import TrainConfig
 from txjax.training.loop import train
 from txjax.training.run import Diverged
 from txjax.training.stack import train_runs
