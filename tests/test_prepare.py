@@ -69,7 +69,9 @@ def test_shards_hold_the_in_memory_tokenization(tmp_path, monkeypatch, fmt, toke
     else:
         path = write_text(tmp_path / "corpus.txt", docs)
     out = tmp_path / "shards"
-    prepare([str(path)], out, tokenizer, delimiter="\n\n", vocab_size=320, valid_fraction=0.2, shard_mb=0.002)
+    options = {"delimiter": "\n\n"} if fmt == "text" else {}  # each option where it is read (else refused)
+    options |= {"vocab_size": 320} if tokenizer == "sentencepiece" else {}
+    prepare([str(path)], out, tokenizer, **options, valid_fraction=0.2, shard_mb=0.002)
     tok = load_tokenizer(out / "tokenizer")
     if tokenizer == "char":
         assert tok.chars == sorted(set("".join(docs))) and tok.eos_id == len(tok.chars) + 2

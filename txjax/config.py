@@ -61,6 +61,10 @@ def _parse(text: str, current):
         if text.lower() not in ("true", "false", "1", "0"):
             raise ValueError("expected true or false")
         return text.lower() in ("true", "1")
+    if (
+        text == "None" and isinstance(current, int | float) and not isinstance(current, bool)
+    ):  # a field whose default is None (model.d_head, ...)
+        return None
     if isinstance(current, float):
         return float(text)
     if isinstance(current, int):  # 1e4 is fine, 1e-3 and 1.5 are not

@@ -162,7 +162,7 @@ def load_workdir(
     workdir = Path(workdir)
     config = config_lib.load(workdir)
     try:  # a config.json edited by hand (or written before a range was checked): its field, before anything is read
-        config_lib.validate(config, config)
+        config_lib.validate(config, config, saved=True)
     except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"{workdir / config_lib.CONFIG_FILE}: {e}; correct it there") from None
     model = build_model(config)

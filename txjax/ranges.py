@@ -21,7 +21,9 @@ RANGES = schema.ranges()  # "section.field" -> (whether a value is in range, the
 
 
 def check_numbers(config: ml_collections.ConfigDict) -> None:
-    """ConfigError naming the first field of RANGES out of its range, then the decode section's (check_decode)."""
+    """ConfigError naming every field of RANGES out of its range (one line), then the decode section's
+    (check_decode)."""
+    bad = []
     for name, (ok, words) in RANGES.items():
         section, _, field = name.partition(".")
         value = config[section][field]
@@ -30,7 +32,9 @@ def check_numbers(config: ml_collections.ConfigDict) -> None:
         except TypeError:
             good = False
         if not good or isinstance(value, bool):
-            raise ConfigError(f"config.{name}={value!r} must be {words}")
+            bad.append(f"config.{name}={value!r} must be {words}")
+    if bad:
+        raise ConfigError("; ".join(bad))
     if config.data.min_digits > config.data.max_digits:
         raise ConfigError(
             f"config.data.min_digits={config.data.min_digits} must be <= data.max_digits={config.data.max_digits}"

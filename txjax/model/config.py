@@ -1,7 +1,8 @@
 """The architecture of either model family as one frozen, validated value: ModelConfig.
 
 Every field has a default and a one-line check (`__post_init__`: a bad value is a ValueError naming the field and the
-allowed values); `from_dict` builds one from a config's model section and names close matches of a misspelt key.
+allowed values); `from_dict` builds one from a config's model section and names close matches of a misspelt key. The
+fields declared with `setting()` (txjax.sections.fields) carry what a resume may change and which settings read them.
 The derived sizes (kv_heads, head_dim, encoder_layers) and muP's width multiplier and init scales are properties.
 """
 
@@ -193,7 +194,10 @@ class ModelConfig:
                 f"model.attention_scale_dim={self.attention_scale_dim!r} must be an integer >= 0 (0 = d_k)"
             )
         if self.attention_scale_dim and self.attention_scale == "none":
-            raise ValueError("model.attention_scale_dim is read by attention_scale sqrt or linear, not none: remove it")
+            raise ValueError(
+                "model.attention_scale_dim is read by attention_scale sqrt or linear, not none: set "
+                "model.attention_scale_dim=0 (its default) or another model.attention_scale"
+            )
         if self.norm_offset and self.norm != "rmsnorm":
             raise ValueError("model.norm_offset (gains 1 + w) is an RMSNorm's: set model.norm=rmsnorm")
         if self.parametrization == "mup" and self.attention_scale != "linear":
@@ -237,11 +241,12 @@ class ModelConfig:
             raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
         if self.num_experts == 0:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for name in moe_fields:
-                if getattr(self, name) != defaults[name]:
-                    raise ValueError(
-                        f"model.{name} is read only by an MoE model: set model.num_experts > 0 or remove it"
-                    )
+            if unread := [name for name in moe_fields if getattr(self, name) != defaults[name]]:
+                back = " ".join(f"model.{name}={defaults[name]}" for name in unread)
+                raise ValueError(
+                    f"model.{' and model.'.join(unread)} {'are' if len(unread) > 1 else 'is'} read only by an MoE "
+                    f"model: set {back} (the default{'s' * (len(unread) > 1)}) or model.num_experts > 0"
+                )
             return
         for name in ("experts_per_token", "moe_every", *(("moe_d_ff",) if self.moe_d_ff is not None else ())):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
@@ -258,7 +263,9 @@ class ModelConfig:
         if self.moe_capacity_factor < 0:
             raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must be >= 0 (0 = dropless)")
         if self.moe_norm_topk and self.router == "topk_then_softmax":
-            raise ValueError("model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1; remove it")
+            raise ValueError(
+                "model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1: set model.moe_norm_topk=false"
+            )
         if self.use_bias:
             raise ValueError("model.num_experts > 0 has experts without biases: set model.use_bias=false")
         if self.shared_expert_gate and not self.num_shared_experts:

@@ -29,7 +29,7 @@ def section_fields(section: str) -> list[dataclasses.Field]:
     """The fields of a config section, in order (a nested value's, e.g. TrainConfig.optim, are its own section's)."""
     out = []
     for cls in SECTIONS[section]:
-        out += [f for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(f.type) and f.name != "optim"]
+        out += [f for f in dataclasses.fields(cls) if f.default_factory is dataclasses.MISSING]  # not TrainConfig.optim
     return out
 
 
