@@ -179,6 +179,7 @@ def test_every_data_kind_reads_or_refuses_each_data_setting(family, kind):
             ["model.num_encoder_layers"],
         ),
         (None, ["model.num_layers=2", "model.attention_window=4", "model.window_pattern=LLLG"], []),
+        (None, ["decode.temperature=0.5", "decode.beam_size=2"], ["decode.temperature", "decode.beam_size"]),
     ],
 )
 def test_the_settings_the_issue_found_ignored_are_refused_naming_every_one(experiment, flags, named):
@@ -199,6 +200,16 @@ def test_the_flags_a_refusal_names_make_the_config_valid():
     assert sorted(suggested) == ["--config.data.seq_len=64", "--config.train.b1=0.9", "--config.train.b2=0.99"]
     config = config_lib.from_command_line(None, flags + suggested)
     assert config.train.optimizer == "adafactor"
+
+
+def test_every_bad_choice_and_every_number_out_of_range_is_named_in_one_line():
+    for flags, named in [
+        (["train.optimizer=adam", "train.schedule=cosin"], ["train.optimizer='adam'", "train.schedule='cosin'"]),
+        (["train.b1=1.5", "train.steps=0", "mesh.data=0"], ["train.b1=1.5", "train.steps=0", "mesh.data=0"]),
+    ]:
+        with pytest.raises(config_lib.ConfigError) as e:
+            config_lib.from_command_line(None, [f"--config.{flag}" for flag in flags])
+        assert "\n" not in str(e.value) and all(f"config.{name} " in str(e.value) for name in named), str(e.value)
 
 
 def test_run_py_train_refuses_an_adafactor_b1_in_one_line_before_writing(capsys, tmp_path):

@@ -133,15 +133,17 @@ def validate(
     """Checks every value that can be checked before data is read (model fields included). A field the config's
     settings leave unread (txjax.unread) is refused when its value differs from `defaults`' (what the user did not
     set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it)."""
+    bad = []
     for name, allowed in schema.choices().items():
-        section, _, field = name.rpartition(".")
-        value = config[section][field] if section else config[field]
+        value = unread.setting_value(config, name)
         if value not in allowed:
-            close = difflib.get_close_matches(str(value), allowed, n=1)
-            raise ConfigError(
+            close = difflib.get_close_matches(str(value), list(allowed), n=1)
+            bad.append(
                 f"config.{name}={value!r} is not one of {', '.join(allowed)}"
-                + (f"; did you mean {close[0]!r}?" if close else "")
+                + (f" (did you mean {close[0]!r}?)" if close else "")
             )
+    if bad:  # every one in one line
+        raise ConfigError("; ".join(bad))
     ranges.check_numbers(config)  # every number in its range (the model's: ModelConfig below)
     t = config.train
     try:

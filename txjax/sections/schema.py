@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Collection
 
 from txjax import families
-from txjax.decode.strategy import METHODS, OPTION_DEFAULTS
+from txjax.decode.strategy import METHOD_OPTIONS, METHODS, OPTION_DEFAULTS
 from txjax.model.config import ModelConfig
 from txjax.sections.data import DataConfig
 from txjax.sections.fields import Range, ReadBy, resumable
@@ -83,7 +83,11 @@ def resumable_fields(section: str) -> list[str]:
 
 
 def readers() -> dict[str, tuple[ReadBy, ...]]:
-    """{"section.field": the settings it needs} of every field read only under some settings."""
-    return {
+    """{"section.field": the settings it needs} of every field read only under some settings (a decode option: its
+    method's, txjax.decode.strategy.METHOD_OPTIONS)."""
+    out = {
         f"{s}.{f.name}": f.metadata["read_by"] for s in SECTIONS for f in section_fields(s) if f.metadata.get("read_by")
     }
+    for method, options in METHOD_OPTIONS.items():
+        out |= {f"decode.{name}": (ReadBy("decode.method", (method,), f"{method} reads it"),) for name in options}
+    return out
