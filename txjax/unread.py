@@ -74,24 +74,27 @@ def flag_text(value) -> str:
     return str(value)
 
 
+def _one_of(values) -> str:
+    """'a, b or c'."""
+    words = [str(v) for v in values]
+    return ", ".join(words[:-1]) + " or " * (len(words) > 1) + words[-1]
+
+
 def refusal(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict, saved: bool = False) -> str | None:
     """One line naming every unread field `config` sets to another value than `defaults`' (grouped by the setting
     that leaves them unread), each with the flag that sets it back and the values that would read it; or None.
     `saved`: `defaults` is a workdir's config, not base_config()."""
     groups: dict[tuple, list[str]] = {}
-    for name, (setting, why, values) in unread_fields(config).items():
-        section, field = name.split(".")
-        if config[section][field] != defaults[section][field]:
-            groups.setdefault((setting, why, values), []).append(name)
+    for name, unread in unread_fields(config).items():
+        if setting_value(config, name) != setting_value(defaults, name):
+            groups.setdefault(unread, []).append(name)
     parts = []
     for (setting, why, values), names in groups.items():
-        sets = " and ".join(f"config.{n}={config[n.split('.')[0]][n.split('.')[1]]!r}" for n in names)
-        back = " ".join(f"--config.{n}={flag_text(defaults[n.split('.')[0]][n.split('.')[1]])}" for n in names)
-        whose = ("their" if len(names) > 1 else "its") + (" saved values" if saved else " defaults")
-        whose = whose.removesuffix("s") if len(names) == 1 else whose
-        verb = "are" if len(names) > 1 else "is"
+        many = len(names) > 1
+        sets = " and ".join(f"config.{name}={setting_value(config, name)!r}" for name in names)
+        back = " ".join(f"--config.{name}={flag_text(setting_value(defaults, name))}" for name in names)
+        whose = f"{'their' if many else 'its'} {'saved value' if saved else 'default'}{'s' * many}"
         reader = setting.partition("=")[0]
-        listed = ", ".join(map(str, values[:-1])) + " or " * (len(values) > 1) + str(values[-1]) if values else ""
-        other = f", or use {reader} {listed}" if values and reader != "data.kind" else ""
-        parts.append(f"{sets} {verb} not read by {setting} ({why}): set {back} ({whose}){other}")
+        other = f", or use {reader} {_one_of(values)}" if values and reader != "data.kind" else ""
+        parts.append(f"{sets} {'are' if many else 'is'} not read by {setting} ({why}): set {back} ({whose}){other}")
     return "; ".join(parts) or None

@@ -11,8 +11,8 @@ from txjax.data.kinds import KINDS
 from txjax.data.tokenizers import TOKENIZER_KINDS
 from txjax.sections.fields import ReadBy, at_least, setting, within
 
-SYNTHETIC = ("lm", "seq2seq")  # a synthetic task's forms; its vocabulary is its own
-PAIRS = ("parallel", "shards of pairs")
+_SYNTHETIC = ("lm", "seq2seq")  # a synthetic task's forms; its vocabulary is its own
+_PAIRS = ("parallel", "shards of pairs")
 
 
 def _forms(*forms: str) -> tuple[ReadBy, ...]:
@@ -30,10 +30,10 @@ class DataConfig:
     valid_path: str = setting("", read_by=_forms("parallel"))  # parallel: validation TSV
     test_path: str = setting("", read_by=_forms("parallel"))  # parallel: test TSV
     # synthetic: copy | reverse | sort | add | passkey (max_digits: its context)
-    task: str = setting("reverse", resume=False, read_by=_forms(*SYNTHETIC))
-    min_digits: int = setting(1, bounds=at_least(1), resume=False, read_by=_forms(*SYNTHETIC))
-    max_digits: int = setting(8, bounds=at_least(1), resume=False, read_by=_forms(*SYNTHETIC))
-    eval_size: int = setting(512, bounds=at_least(1), read_by=_forms(*SYNTHETIC))  # examples in valid (and test)
+    task: str = setting("reverse", resume=False, read_by=_forms(*_SYNTHETIC))
+    min_digits: int = setting(1, bounds=at_least(1), resume=False, read_by=_forms(*_SYNTHETIC))
+    max_digits: int = setting(8, bounds=at_least(1), resume=False, read_by=_forms(*_SYNTHETIC))
+    eval_size: int = setting(512, bounds=at_least(1), read_by=_forms(*_SYNTHETIC))  # examples in valid (and test)
     # char | byte | sentencepiece (byte_bpe, hf: from a workdir, run.py import) | task (a synthetic task's own).
     # Shards bring their own tokenizer, yet a shards run may name one: experiments/shakespeare_shards.py inherits
     # shakespeare_char's 'char', which tokenizer/built_with.json records
@@ -57,7 +57,7 @@ class DataConfig:
     val_fraction: float = setting(
         0.1, bounds=within(0, 1, open_lo=True, open_hi=True), resume=False, read_by=_forms("text")
     )
-    max_src_len: int = setting(128, bounds=at_least(1), resume=False, read_by=_forms(*PAIRS))
-    max_tgt_len: int = setting(128, bounds=at_least(1), resume=False, read_by=_forms(*PAIRS))
+    max_src_len: int = setting(128, bounds=at_least(1), resume=False, read_by=_forms(*_PAIRS))
+    max_tgt_len: int = setting(128, bounds=at_least(1), resume=False, read_by=_forms(*_PAIRS))
     # parallel: several pairs per row; shards: documents packed (no attention across)
     pack: bool = setting(False, resume=False, read_by=_forms("parallel", "shards", "shards of pairs"))
