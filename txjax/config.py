@@ -1,8 +1,10 @@
 """Experiment configs, top-level as every wing's settings meet here: `experiments/NAME.py` files, overrides, checks.
 
-An experiment file starts from `base_config()` (every field that exists, with its default) and changes a few; the
-ConfigDict is locked, so a misspelt field fails in the file as on the command line. Everything a user can get wrong
-is checked here, before any data is read or anything compiles, and reported as one `ConfigError` line.
+An experiment file starts from `base_config()` (every field that exists, with its default: each section's schema,
+txjax.sections) and changes a few; the ConfigDict is locked, so a misspelt field fails in the file as on the command
+line. Everything a user can get wrong is checked here, before any data is read or anything compiles, and reported as
+one `ConfigError` line. A run fine-tuning another workdir (train.init_from) takes that workdir's model section here,
+with the flags that keep its parameters' shapes (adopt_source_model), before it is validated.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def validate(
 ) -> None:
     """Checks every value that can be checked before data is read (model fields included). A field the config's
     settings leave unread (txjax.unread) is refused when its value differs from `defaults`' (what the user did not
-    set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it)."""
+    set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it, `saved` true,
+    which the refusal's line says); every such field, bad choice and number out of range is named in one line."""
     bad = []
     for name, allowed in schema.choices().items():
         value = unread.setting_value(config, name)
