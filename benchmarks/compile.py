@@ -23,9 +23,9 @@ from train import SHAPES, build_config, lm_batches
 
 from txjax.experiment import build_model
 from txjax.families import param_roles
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state
-from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 

@@ -37,9 +37,9 @@ from txjax.experiment import build_model
 from txjax.families import param_roles
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import global_batch
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state, state_shardings
-from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 GB = 2**30

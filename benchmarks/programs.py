@@ -33,9 +33,9 @@ from txjax.experiment import build_model
 from txjax.families import param_roles
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state
-from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 

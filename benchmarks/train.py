@@ -38,9 +38,9 @@ from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.model.attention import resolve_impl
 from txjax.ops.summary import train_flops_per_batch
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state
-from txjax.training.config import TrainConfig
 from txjax.training.step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"

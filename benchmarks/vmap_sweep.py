@@ -23,9 +23,9 @@ import numpy as np
 from txjax import config as config_lib
 from txjax.experiment import build_model
 from txjax.families import param_roles
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import make_optimizer
 from txjax.state.train_state import init_state, run_keys
-from txjax.training.config import TrainConfig
 from txjax.training.stack import stack
 from txjax.training.step import train_step_function
 

@@ -15,6 +15,7 @@ from txjax.convert.hf_folder import read_tokenizer
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.extras import MissingExtra
+from txjax.sections import schema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def test_every_decoding_option_has_a_config_default_and_a_generate_flag_of_its_t
 def test_a_saved_tokenizer_of_every_kind_is_loadable_and_an_unknown_kind_is_one_line(tmp_path):
     from txjax.data import tokenizers
 
-    assert set(tokenizers.TOKENIZER_KINDS) <= set(config_lib.TOKENIZERS)
+    assert set(tokenizers.TOKENIZER_KINDS) <= set(schema.choices()["data.tokenizer"])
     classes = [c for c in vars(tokenizers).values() if isinstance(c, type) and issubclass(c, tokenizers.Tokenizer)]
     assert {c.kind for c in classes if c is not tokenizers.Tokenizer} == set(tokenizers.TOKENIZER_KINDS)
     (tmp_path / "tokenizer.json").write_text('{"kind": "wordpiece"}')

@@ -69,7 +69,9 @@ def test_shards_hold_the_in_memory_tokenization(tmp_path, monkeypatch, fmt, toke
     else:
         path = write_text(tmp_path / "corpus.txt", docs)
     out = tmp_path / "shards"
-    prepare([str(path)], out, tokenizer, delimiter="\n\n", vocab_size=320, valid_fraction=0.2, shard_mb=0.002)
+    options = {"delimiter": "\n\n"} if fmt == "text" else {}  # each option where it is read (else refused)
+    options |= {"vocab_size": 320} if tokenizer == "sentencepiece" else {}
+    prepare([str(path)], out, tokenizer, **options, valid_fraction=0.2, shard_mb=0.002)
     tok = load_tokenizer(out / "tokenizer")
     if tokenizer == "char":
         assert tok.chars == sorted(set("".join(docs))) and tok.eos_id == len(tok.chars) + 2
@@ -270,3 +272,43 @@ def test_a_vocabulary_past_65536_ids_gets_uint32_shards(tmp_path):
     prepare([str(write_text(tmp_path / "c.txt", docs))], tmp_path / "out", str(tmp_path), delimiter="\n\n")
     assert read_index(tmp_path / "out")["dtype"] == "uint32"
     assert_partition([tokenizer.encode(d) + [tokenizer.eos_id] for d in docs], tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("suffix", "flags", "line"),
+    [
+        (
+            ".txt",
+            ["--field=body", "--vocab_size=100"],
+            "error: --field=body is read by --format jsonl, parquet, arrow, jsonl.gz, jsonl.zst, not --format=text; "
+            "--vocab_size=100 is read by --tokenizer sentencepiece or bpe, not --tokenizer=char: leave them out "
+            "(--field=text --vocab_size=8000, the defaults)",
+        ),
+        (
+            ".parquet",
+            ["--delimiter=\\n\\n"],
+            "error: --delimiter='\\n\\n' is read by --format text, not --format=parquet: leave it out "
+            "(--delimiter='', the default)",
+        ),
+        (
+            ".txt",
+            ["--tokenizer=byte", "--sample_mb=1"],
+            "error: --sample_mb=1.0 is read by --tokenizer sentencepiece or bpe, not --tokenizer=byte: leave it out "
+            "(--sample_mb=64.0, the default)",
+        ),
+    ],
+)
+def test_an_option_the_format_or_tokenizer_does_not_read_is_refused_in_one_line(tmp_path, capsys, suffix, flags, line):
+    """--field off the formats with fields, --delimiter off text files, --vocab_size and --sample_mb with a tokenizer
+    that is not trained: applied or refused (all in one line), never ignored; nothing is written."""
+    import run
+
+    path = tmp_path / f"input{suffix}"
+    if suffix == ".parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"text": random_documents()}), path)
+    else:
+        write_text(path, random_documents())
+    assert run.main(["prepare", f"--input={path}", f"--output={tmp_path / 'out'}", *flags]) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert not list(tmp_path.glob("out*"))

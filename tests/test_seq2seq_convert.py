@@ -38,6 +38,7 @@ from txjax.decode.workdir import workdir_prompt  # noqa: E402
 from txjax.experiment import build_tokenizer, load_workdir  # noqa: E402
 from txjax.families import build, init_params  # noqa: E402
 from txjax.model.positional import relative_bucket, sinusoidal_halves  # noqa: E402
+from txjax.sections import schema  # noqa: E402
 from txjax.training import init_from  # noqa: E402
 
 BIBLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bible"  # ../shared of the repo root
@@ -248,7 +249,7 @@ def test_init_from_takes_the_imported_model_and_tokenizer(imported, tmp_path):
         config_lib.apply_override(config, flag)
     init_from.adopt_model(config, tmp_path / "tuned")
     model, want = config.model.to_dict(), config_lib.load(workdir).model.to_dict()
-    kept = set(config_lib.RESUMABLE_CHANGES)  # the run's own: dropout, dtype, ...
+    kept = set(schema.resumable_fields("model"))  # the run's own: dropout, dtype, ...
     assert {k: v for k, v in model.items() if k not in kept} == {k: v for k, v in want.items() if k not in kept}
     assert config.model.positional == "sinusoidal_halves"
     tokenizer = build_tokenizer(config, tmp_path / "tuned")

@@ -18,9 +18,9 @@ from txjax.families import param_roles
 from txjax.families.objective import forward, params_shardings, token_sums
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import batch_sharding, global_batch, on_mesh
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import make_optimizer
 from txjax.state.train_state import init_state, state_shardings
-from txjax.training.config import TrainConfig
 from txjax.training.loop import train
 from txjax.training.step import make_train_step
 

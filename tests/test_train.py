@@ -19,10 +19,10 @@ from txjax.experiment import build_dataset, build_model, build_tokenizer, fill_m
 from txjax.families.objective import token_sums
 from txjax.ops import profiling
 from txjax.ops.metrics_log import read_metrics
+from txjax.sections.train import TrainConfig
 from txjax.state.checkpoint import Checkpointer
 from txjax.state.optim import OptimConfig, make_optimizer
 from txjax.state.train_state import init_state
-from txjax.training.config import TrainConfig
 from txjax.training.loop import train
 from txjax.training.run import Diverged
 from txjax.training.stack import train_runs
@@ -91,8 +91,22 @@ def test_bad_values_are_one_line_errors():
 
 
 @pytest.mark.parametrize("experiment", sorted(p.name for p in (REPO / "experiments").glob("*.py")))
-def test_every_experiment_file_validates(experiment):
-    config = config_lib.from_command_line(str(REPO / "experiments" / experiment), [])
+def test_every_experiment_file_validates(experiment, tmp_path):
+    """Each experiment validates as shipped; one that starts from train.init_from (a workdir `run.py import` makes)
+    is refused in one line naming that workdir while it is absent, and validates over a source of its family."""
+    path = str(REPO / "experiments" / experiment)
+    source = config_lib.load_config(path).train.init_from
+    flags = []
+    if source:
+        if not (REPO / source / config_lib.CONFIG_FILE).is_file():
+            with pytest.raises(config_lib.ConfigError, match=f"^train.init_from='{source}': no config.json in "):
+                config_lib.from_command_line(path, [])
+        stub = config_lib.from_command_line(None, [f"--config.family={config_lib.load_config(path).family}"])
+        stub.model.update(vocab_size=64, max_len=512)
+        (tmp_path / "source").mkdir()
+        config_lib.save(stub, tmp_path / "source")
+        flags = [f"--config.train.init_from={tmp_path / 'source'}"]
+    config = config_lib.from_command_line(path, flags)
     assert config.family in families.FAMILIES and config.train.steps > 0
 
 

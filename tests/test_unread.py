@@ -5,6 +5,8 @@ import pytest
 
 import run
 from txjax import config as config_lib
+from txjax.sections import schema
+from txjax.sections.fields import ReadBy
 from txjax.training import resume
 
 PAIRS = ["--config.family=encoder_decoder", "--config.data.kind=parallel", "--config.data.path=pairs.tsv"]
@@ -18,35 +20,35 @@ KINDS = {  # kind: (its flags, every field it reads set, an unread flag, the lin
         {"task": "sort", "min_digits": 2, "max_digits": 5, "eval_size": 16},
         "--config.data.seq_len=100000",
         "config.data.seq_len=100000 is not read by data.kind='synthetic' (it reads data.task, min_digits, max_digits,"
-        " eval_size): remove it",
+        " eval_size): set --config.data.seq_len=64 (its default)",
     ),
     "text": (
         ["--config.data.kind=text", "--config.data.path=corpus.txt"],
         {"tokenizer": "sentencepiece", "vocab_size": 100, "seq_len": 128, "val_fraction": 0.2},
         "--config.data.max_digits=4",
         "config.data.max_digits=4 is not read by data.kind='text' (it reads data.path, tokenizer, vocab_size, seq_len,"
-        " val_fraction): remove it",
+        " val_fraction): set --config.data.max_digits=8 (its default)",
     ),
     "parallel": (
         PAIRS,
         {"valid_path": "v.tsv", "test_path": "t.tsv", "max_src_len": 32, "max_tgt_len": 48, "pack": True},
         "--config.data.val_fraction=0.2",
         "config.data.val_fraction=0.2 is not read by data.kind='parallel' (it reads data.path, valid_path, test_path,"
-        " tokenizer, max_src_len, max_tgt_len, pack): remove it",
+        " tokenizer, vocab_size, max_src_len, max_tgt_len, pack): set --config.data.val_fraction=0.1 (its default)",
     ),
     "shards": (
         SHARDS,
-        {"seq_len": 32, "pack": True, "tokenizer": "char"},  # data.tokenizer: not refused (txjax.unread)
+        {"seq_len": 32, "pack": True, "tokenizer": "char"},  # data.tokenizer: recorded (txjax.sections.data)
         "--config.data.max_src_len=32",
         "config.data.max_src_len=32 is not read by data.kind='shards' with family='decoder_lm' (it reads data.path,"
-        " seq_len, pack): remove it",
+        " tokenizer, seq_len, pack): set --config.data.max_src_len=128 (its default)",
     ),
     "shards of pairs": (
         SHARDS_OF_PAIRS,
         {"max_src_len": 32, "max_tgt_len": 48, "pack": True},
         "--config.data.seq_len=32",
         "config.data.seq_len=32 is not read by data.kind='shards' with family='encoder_decoder' (it reads data.path,"
-        " max_src_len, max_tgt_len, pack): remove it",
+        " tokenizer, max_src_len, max_tgt_len, pack): set --config.data.seq_len=64 (its default)",
     ),
 }
 
@@ -83,22 +85,24 @@ def test_run_py_train_prints_the_refusal_as_one_line(capsys, tmp_path):
                 "--config.data.vocab_size=100",
             ],
             "config.data.vocab_size=100 is not read by data.tokenizer='char' (only sentencepiece is trained to a"
-            " vocabulary size): remove it",
+            " vocabulary size): set --config.data.vocab_size=8000 (its default), or use data.tokenizer sentencepiece",
         ),
         (
             ["--config.train.decay_fraction=0.5"],
             "config.train.decay_fraction=0.5 is not read by train.schedule='cosine' (only wsd decays over a fraction of"
-            " the steps): remove it",
+            " the steps): set --config.train.decay_fraction=0.2 (its default), or use train.schedule wsd",
         ),
         (
             ["--config.train.schedule=constant", "--config.train.min_lr_ratio=0.0"],
             "config.train.min_lr_ratio=0.0 is not read by train.schedule='constant' (it stays at"
-            " train.learning_rate): remove it",
+            " train.learning_rate): set --config.train.min_lr_ratio=0.1 (its default), or use train.schedule cosine,"
+            " linear or wsd",
         ),
         (
             ["--config.train.optimizer=schedule_free_adamw", "--config.train.schedule=wsd"],
             "config.train.schedule='wsd' is not read by train.optimizer='schedule_free_adamw' (it keeps the learning"
-            " rate constant after the warmup): remove it",
+            " rate constant after the warmup): set --config.train.schedule=cosine (its default), or use"
+            " train.optimizer adamw, lion, adafactor or muon",
         ),
     ],
 )
@@ -158,9 +162,9 @@ def test_run_py_eval_validates_a_config_saved_before_the_rule(tmp_path, monkeypa
         txjax.cli.eval.main([f"--workdir={workdir}"])
 
 
-def test_a_new_data_kind_is_one_entry_in_data_kinds(monkeypatch):
-    """A kind added by its entry in txjax.data.KINDS (and the form a family reads it in) is validated, built and its
-    unread fields refused by name, as the shipped kinds are."""
+def test_a_new_data_kind_is_its_entry_in_kinds_and_its_form_in_the_fields_it_reads(monkeypatch):
+    """A kind added by its entry in txjax.data.KINDS, the form a family reads it in and that form in the read_by of
+    the fields it reads is validated, built and its unread fields refused by name, as the shipped kinds are."""
     from txjax import experiment, families
     from txjax.data import kinds
 
@@ -170,11 +174,17 @@ def test_a_new_data_kind_is_one_entry_in_data_kinds(monkeypatch):
         built.append((d.seq_len, split, form))
         return "the dataset"
 
-    monkeypatch.setitem(kinds.KINDS, "copies", kinds.DataKind({"copy": kinds.Form(build, ("seq_len",))}, files=None))
+    monkeypatch.setitem(kinds.KINDS, "copies", kinds.DataKind({"copy": build}, files=None))
     monkeypatch.setitem(families.get("decoder_lm").data_kinds, "copies", "copy")
+    readers = schema.readers()  # the form's name in the read_by of the field it reads (txjax.sections.data)
+    seq_len = ReadBy("data.form", (*readers["data.seq_len"][0].values, "copy"), "")
+    monkeypatch.setattr(schema, "readers", lambda: readers | {"data.seq_len": (seq_len,)})
     config = config_lib.from_command_line(None, ["--config.data.kind=copies", "--config.data.seq_len=64"])
     assert experiment.build_dataset(config, None, "valid") == "the dataset"
     assert built == [(64, "valid", "copy")]
-    line = r"^config.data.task='sort' is not read by data.kind='copies' \(it reads data.seq_len\): remove it$"
+    line = (
+        r"^config.data.task='sort' is not read by data.kind='copies' \(it reads data.seq_len\): set "
+        r"--config.data.task=reverse \(its default\)$"
+    )
     with pytest.raises(config_lib.ConfigError, match=line):
         config_lib.from_command_line(None, ["--config.data.kind=copies", "--config.data.task=sort"])

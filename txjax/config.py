@@ -1,112 +1,43 @@
 """Experiment configs, top-level as every wing's settings meet here: `experiments/NAME.py` files, overrides, checks.
 
-An experiment file starts from `base_config()` (every field that exists, with its default) and changes a few; the
-ConfigDict is locked, so a misspelt field fails in the file as on the command line. Everything a user can get wrong
-is checked here, before any data is read or anything compiles, and reported as one `ConfigError` line.
+An experiment file starts from `base_config()` (every field that exists, with its default: each section's schema,
+txjax.sections) and changes a few; the ConfigDict is locked, so a misspelt field fails in the file as on the command
+line. Everything a user can get wrong is checked here, before any data is read or anything compiles, and reported as
+one `ConfigError` line. A run fine-tuning another workdir (train.init_from) takes that workdir's model section here,
+with the flags that keep its parameters' shapes (adopt_source_model), before it is validated.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import dataclasses
 import difflib
 import importlib.util
 import json
 from pathlib import Path
 
+import jax
 import ml_collections
 
 from txjax import families, ranges, unread
-from txjax.data import kinds, tokenizers
-from txjax.decode.strategy import METHODS, OPTION_DEFAULTS
+from txjax.data import kinds
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.ops import profiling
 from txjax.ops.provenance import REPO
 from txjax.ops.trackers import TRACKERS
+from txjax.sections import schema
 from txjax.state import optim
 
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
-TOKENIZERS = (*tokenizers.TOKENIZER_KINDS, "task")  # byte_bpe, hf: from the workdir (import); task: synthetic
 CONFIG_FILE = "config.json"
 HISTORY = "history"  # config.json's list of the settings resumed runs changed (txjax.training.resume)
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every field an experiment can set, with its default (README.md, "Experiments")."""
-    model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
-    model |= {"vocab_size": 0, "max_len": 0}  # 0: filled in from the tokenizer and the data's longest sequence
-    config = ml_collections.ConfigDict(
-        {
-            "family": families.DECODER_LM.name,
-            "model": model,
-            "data": {
-                "kind": "synthetic",
-                "path": "",  # text / parallel training file, or the shards folder; relative: see resolve_data_path
-                "valid_path": "",  # parallel: validation TSV
-                "test_path": "",  # parallel: test TSV
-                "task": "reverse",  # synthetic: copy | reverse | sort | add | passkey (max_digits: its context)
-                "min_digits": 1,
-                "max_digits": 8,
-                "eval_size": 512,  # synthetic: examples in the valid (and test) set
-                "tokenizer": "task",  # char | byte | sentencepiece | task (synthetic); shards bring their own
-                "vocab_size": 8000,  # sentencepiece
-                "seq_len": 64,  # text: tokens per training window
-                "val_fraction": 0.1,  # text: the last 10% of the file is the valid split (nanoGPT)
-                "max_src_len": 128,
-                "max_tgt_len": 128,
-                "pack": False,  # parallel: several pairs per row; shards: documents packed (no attention across)
-            },
-            "train": {
-                "steps": 1000,  # optimizer steps; with decay_start="budget" the most the budget may take
-                "batch_size": 32,  # examples per optimizer step (split into grad_accum micro-batches)
-                "grad_accum": 1,
-                "learning_rate": 1e-3,
-                "optimizer": "adamw",  # adamw | lion | adafactor | muon | schedule_free_adamw (txjax.state.optim)
-                "schedule": "cosine",  # cosine | linear | constant | wsd, each after a linear warmup
-                "decay_fraction": 0.2,  # wsd: the last 20% of the steps after warmup decay linearly
-                "decay_start": "steps",  # wsd: "budget" decays over the last decay_fraction of max_minutes (budget)
-                "min_lr_ratio": 0.1,  # the schedule ends at learning_rate * min_lr_ratio
-                "warmup_steps": 100,
-                "weight_decay": 0.1,
-                "b1": 0.9,
-                "b2": 0.99,
-                "grad_clip": 1.0,  # global-norm clipping; 0 disables it
-                "label_smoothing": 0.0,
-                "z_loss": 0.0,  # coefficient of logsumexp(z)^2 in the objective (PaLM's 1e-4); 0 = off
-                "moe_aux_weight": 0.01,  # MoE (model.num_experts > 0): the balance loss's weight (Switch's 0.01)
-                "moe_z_weight": 0.0,  # MoE: the router z-loss's weight (ST-MoE's 1e-3); 0 = off
-                "moe_bias_rate": 0.0,  # MoE, router 'sigmoid': DeepSeek-V3's bias balancing step (its 1e-3); 0 = off
-                "seed": 0,
-                "log_every": 50,
-                "eval_every": 500,  # 0: only at the end
-                "eval_batches": 20,  # batches of the valid split per periodic eval; the final eval reads it all
-                "checkpoint_every": 500,
-                "keep_checkpoints": 3,
-                "max_minutes": 0.0,  # training-time budget (evals and saves not counted); 0 = none. Stops cleanly:
-                # checkpoint + final eval
-                "eval_every_minutes": 0.0,  # also evaluate every this many minutes of training time; 0 = by steps only
-                "profile_steps": "",  # "A:B": a jax.profiler trace of steps A+1..B in WORKDIR/profile (ops.profiling)
-                "eval_generation": False,  # evals also decode the valid split: BLEU/chrF (greedy) or exact match
-                "init_from": "",  # a workdir (run.py import) whose parameters, model and tokenizer start this run
-                "trackers": ["jsonl", "tensorboard"],  # + wandb | mlflow (txjax.ops.trackers); jsonl always
-            },
-            "mesh": {
-                "data": 1,
-                "fsdp": 1,
-                "sequence": 1,
-                "tensor": 1,
-                "expert": 1,  # expert parallelism: the experts split over it, the batch rows too (model.num_experts)
-            },  # txjax.parallel.sharding; sequence: ring attention
-            "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
-                "method": "greedy",
-                "max_new_tokens": 64,
-                **OPTION_DEFAULTS,  # the options of each method (METHOD_OPTIONS) and their defaults, defined there
-                "prefill_chunk": 0,  # feed the prompt this many tokens per call (0 = all at once): long prompts
-            },
-        }
-    )
+    """Every field an experiment can set, with its default (README.md, "Experiments"; each section's schema:
+    txjax.sections)."""
+    config = ml_collections.ConfigDict(schema.base_values())
     config.lock()
     return config
 
@@ -132,6 +63,10 @@ def _parse(text: str, current):
         if text.lower() not in ("true", "false", "1", "0"):
             raise ValueError("expected true or false")
         return text.lower() in ("true", "1")
+    if (
+        text == "None" and isinstance(current, int | float) and not isinstance(current, bool)
+    ):  # a field whose default is None (model.d_head, ...)
+        return None
     if isinstance(current, float):
         return float(text)
     if isinstance(current, int):  # 1e4 is fine, 1e-3 and 1.5 are not
@@ -194,29 +129,24 @@ def model_config(model: dict) -> ModelConfig:
         raise ConfigError(str(e)) from None
 
 
-def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict | None = None) -> None:
+def validate(
+    config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict | None = None, saved: bool = False
+) -> None:
     """Checks every value that can be checked before data is read (model fields included). A field the config's
     settings leave unread (txjax.unread) is refused when its value differs from `defaults`' (what the user did not
-    set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it)."""
-    choices = {
-        "family": (config.family, tuple(families.FAMILIES)),
-        "data.kind": (
-            config.data.kind,
-            tuple(dict.fromkeys(k for f in families.FAMILIES.values() for k in f.data_kinds)),
-        ),
-        "data.tokenizer": (config.data.tokenizer, TOKENIZERS),
-        "decode.method": (config.decode.method, METHODS),
-        "train.optimizer": (config.train.optimizer, optim.OPTIMIZERS),
-        "train.schedule": (config.train.schedule, optim.SCHEDULES),
-        "train.decay_start": (config.train.decay_start, ("steps", "budget")),
-    }
-    for name, (value, allowed) in choices.items():
+    set: base_config() by default, a workdir's saved config for a run resumed or evaluated from it, `saved` true,
+    which the refusal's line says); every such field, bad choice and number out of range is named in one line."""
+    bad = []
+    for name, allowed in schema.choices().items():
+        value = unread.setting_value(config, name)
         if value not in allowed:
-            close = difflib.get_close_matches(str(value), allowed, n=1)
-            raise ConfigError(
+            close = difflib.get_close_matches(str(value), list(allowed), n=1)
+            bad.append(
                 f"config.{name}={value!r} is not one of {', '.join(allowed)}"
-                + (f"; did you mean {close[0]!r}?" if close else "")
+                + (f" (did you mean {close[0]!r}?)" if close else "")
             )
+    if bad:  # every one in one line
+        raise ConfigError("; ".join(bad))
     ranges.check_numbers(config)  # every number in its range (the model's: ModelConfig below)
     t = config.train
     try:
@@ -232,9 +162,6 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
             f"not {t.optimizer!r}"
         )
     validate_trackers(t.trackers)
-    for name in ("moe_aux_weight", "moe_z_weight", "moe_bias_rate"):
-        if t[name] < 0:
-            raise ConfigError(f"config.train.{name}={t[name]} must be >= 0 (0 = off)")
     if config.data.kind not in families.get(config.family).data_kinds:  # its kinds are kinds.KINDS'
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     if kinds.KINDS[config.data.kind].files and not config.data.path:
@@ -244,7 +171,7 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     validate_expert_axis(config)
     families.get(config.family).check(config)  # what the family cannot run
     ranges.check_batch_split(config)  # after the mesh axes' own checks: it names them
-    if refused := unread.refusal(config, defaults or base_config()):
+    if refused := unread.refusal(config, defaults or base_config(), saved):
         raise ConfigError(refused)
 
 
@@ -320,39 +247,71 @@ def from_command_line(
     config = load(workdir) if from_workdir else load_config(experiment)
     for flag in overrides:
         apply_override(config, flag)
-    validate(config, load(workdir) if from_workdir else None)
+    defaults = load(workdir) if from_workdir else None
+    if not from_workdir and (source := adopt_source_model(config)) is not None:  # a fine-tune's flags on its model
+        defaults = base_config()
+        defaults.model.update(source.model.to_dict())
+        defaults.data.tokenizer = source.data.tokenizer
+    validate(config, defaults, saved=from_workdir)
     return config
 
 
-RESUMABLE_CHANGES = (
-    "dtype",
-    "dropout",
-    "attention_dropout",
-    "attention_impl",
-    "attention_block_q",
-    "attention_block_kv",
-    "matmul_precision",
-    "remat",
-)  # the state's shapes stay
-# what batch k is (data, seed, batch shape) and what the optimizer state holds (optimizer, a budget's plan): a resumed
-# run with other values would not continue the run it resumes
-RESUME_FIXED = {
-    "data": (
-        "kind",
-        "path",
-        "task",
-        "min_digits",
-        "max_digits",
-        "tokenizer",
-        "vocab_size",
-        "seq_len",
-        "val_fraction",
-        "max_src_len",
-        "max_tgt_len",
-        "pack",
-    ),
-    "train": ("seed", "batch_size", "grad_accum", "optimizer", "decay_start", "init_from"),
-}  # every other field applies from the resume step (txjax.training.resume)
+def source_workdir(config: ml_collections.ConfigDict) -> Path:
+    """train.init_from's workdir, or a ConfigError naming how to make one."""
+    path = Path(config.train.init_from).expanduser()
+    if not (path / CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"train.init_from={config.train.init_from!r}: no {CONFIG_FILE} in {path.resolve()} (create "
+            "it with `run.py import --from=CHECKPOINT --workdir=DIR`, or point it at a trained run's workdir)"
+        )
+    return path
+
+
+def adopt_source_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
+    """train.init_from=WORKDIR: config.model and data.tokenizer become the source's, but for the run's own values of
+    the fields a resume may change (dtype, dropout, remat, ...) and of every model field the run sets (its value
+    is not base_config's) that leaves the parameters' shapes alone (rope_scaling for a longer context, a window,
+    ...), as a resume applies them. Returns the source's config (None without init_from); a ConfigError names the
+    fields that would change the shapes, or a source of another family than config.family."""
+    if not config.train.init_from:
+        return None
+    src = source_workdir(config)
+    saved = load(src)
+    if saved.family != config.family:  # the experiment's data are the run's family's: never switched under them
+        kinds_read = ", ".join(families.get(saved.family).data_kinds)
+        raise ConfigError(
+            f"train.init_from={config.train.init_from!r} holds a {saved.family} model ({src / CONFIG_FILE}), this "
+            f"run is config.family={config.family!r}: fine-tune it with --config.family={saved.family} and data it "
+            f"reads (data.kind {kinds_read}), or start from a workdir of family {config.family}"
+        )
+    defaults, source = base_config().model, saved.model.to_dict()
+    own = {k: config.model[k] for k in schema.resumable_fields("model")}
+    sets = {k: v for k, v in config.model.items() if k not in own and v not in (defaults[k], source[k])}
+    base = _param_shapes(config.family, source)
+    if _param_shapes(config.family, source | sets) != base:
+        alone = {k: _param_shapes(config.family, source | {k: sets[k]}, failed=base) for k in sets}
+        shaping = [k for k, shapes in alone.items() if shapes != base] or list(sets)  # or only together
+        raise ConfigError(
+            f"train.init_from={config.train.init_from!r} starts from its parameters, whose shapes "
+            + " and ".join(f"config.model.{k}={sets[k]!r}" for k in shaping)
+            + f" would change: set {' '.join(f'--config.model.{k}={unread.flag_text(source[k])}' for k in shaping)} "
+            "(the source's), or train without train.init_from"
+        )
+    config.model.update(source | sets | own)
+    config.data.tokenizer = saved.data.tokenizer
+    model_config(config.model.to_dict())
+    return saved
+
+
+def _param_shapes(family: str, model: dict, failed=...):
+    """The parameters' shapes of a model section (`failed` where it is no valid model, else its ConfigError)."""
+    try:
+        module = families.build(family, model_config(model))
+    except ConfigError:
+        if failed is ...:
+            raise
+        return failed
+    return jax.tree.map(lambda a: a.shape, jax.eval_shape(lambda: families.init_params(module, jax.random.key(0))))
 
 
 def save(config: ml_collections.ConfigDict, workdir: Path, history: list | None = None) -> None:

@@ -113,7 +113,7 @@ def _data_kind_dataset(config: ml_collections.ConfigDict, tokenizer: data.Tokeni
         raise config_lib.ConfigError(f"unknown split {split!r}; choose one of {', '.join(data.SPLITS)}")
     kind = data.KINDS[config.data.kind]
     path = lambda: data_folder(config) if kind.files == "folder" else data_file(config, split)
-    return kind.forms[form].build(config.data, split, form, tokenizer, path)
+    return kind.forms[form](config.data, split, form, tokenizer, path)
 
 
 def fill_model_sizes(config: ml_collections.ConfigDict, tokenizer: data.Tokenizer, train_data) -> None:
@@ -162,7 +162,7 @@ def load_workdir(
     workdir = Path(workdir)
     config = config_lib.load(workdir)
     try:  # a config.json edited by hand (or written before a range was checked): its field, before anything is read
-        config_lib.validate(config, config)
+        config_lib.validate(config, config, saved=True)
     except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"{workdir / config_lib.CONFIG_FILE}: {e}; correct it there") from None
     model = build_model(config)

@@ -32,8 +32,9 @@ EVALS = 5  # valid loss at 5 points of each run's budget, for the curves
 
 def comparison(experiment: str, budget_steps: float, decoder_only_step_time: float, sizes: dict) -> dict:
     """The sweep of the three settings on `experiment`: `sizes` {field: (encoder-decoder's value, the two decoder-only
-    stacks')} (their matched parameter counts); the encoder-decoder trains `budget_steps` steps, the decoder-only
-    stacks the steps of the same time (each step `decoder_only_step_time` encoder-decoder steps long)."""
+    stacks')} (their matched parameter counts; num_encoder_layers None in the prefix LMs, which have no encoder); the
+    encoder-decoder trains `budget_steps` steps, the decoder-only stacks the steps of the same time (each step
+    `decoder_only_step_time` encoder-decoder steps long)."""
     steps = [round(budget_steps / t / EVALS) * EVALS for t in (1.0, decoder_only_step_time, decoder_only_step_time)]
     zipped = {
         "family": ["encoder_decoder", "prefix_lm", "prefix_lm"],
@@ -61,4 +62,9 @@ def comparison(experiment: str, budget_steps: float, decoder_only_step_time: flo
 
 def get_sweep():
     budget = BUDGET_MINUTES * ENCODER_DECODER_STEPS_PER_MINUTE
-    return comparison("experiments/bible_en_es.py", budget, DECODER_ONLY_STEP_TIME, {"model.num_layers": (3, 7)})
+    return comparison(
+        "experiments/bible_en_es.py",
+        budget,
+        DECODER_ONLY_STEP_TIME,
+        {"model.num_layers": (3, 7), "model.num_encoder_layers": (3, None)},
+    )

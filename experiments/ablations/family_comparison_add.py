@@ -20,6 +20,6 @@ def get_sweep():
         "experiments/add_seq2seq.py",
         2000,
         DECODER_ONLY_STEP_TIME,
-        {"model.num_layers": (2, 5), "model.d_ff": (512, 464)},
+        {"model.num_layers": (2, 5), "model.num_encoder_layers": (2, None), "model.d_ff": (512, 464)},
     )
     return sweep | {"metrics": ["valid_loss", "test_loss", "test_exact_match", "test_generated_exact_match"]}

@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     saved, config = config_lib.load(args.workdir), config_lib.load(args.workdir)
     for flag in overrides:
         config_lib.apply_override(config, flag)
-    config_lib.validate(config, saved)  # a bad decode field is one line here, not a traceback from the decoder
+    config_lib.validate(config, saved, saved=True)  # a bad decode field is one line here, not a decoder traceback
     if args.text:  # an encoder-decoder or a prefix LM writes a new text from a source: a text alone has no meaning
         fix = " (a text alone is no source for it): evaluate its pairs with --split=valid or --split=test"
         families.get(config.family).check_scores_text(args.workdir, "--text", fix)

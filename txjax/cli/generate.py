@@ -13,7 +13,7 @@ from txjax.decode.strategy import METHOD_OPTIONS, METHODS
 from txjax.decode.stream import stream_from_workdir, streams
 from txjax.experiment import load_workdir
 from txjax.families import family_of
-from txjax.ranges import SEED_MAX
+from txjax.sections.train import SEED_MAX
 
 OPTIONS = ("max_new_tokens", *(name for method in METHODS for name in METHOD_OPTIONS[method]))  # the flags of Strategy
 

@@ -1,6 +1,6 @@
-"""The data kinds (config.data.kind): what each reads (txjax.unread refuses the rest) and how it builds one split's
-dataset. A new kind is its
-dataset's module and one entry in KINDS (and the form its families read it in: Family.data_kinds).
+"""The data kinds (config.data.kind): how each builds one split's dataset. A new kind is its dataset's module, one
+entry in KINDS, the form its families read it in (Family.data_kinds) and that form's name in the `read_by` of the
+config.data fields it reads (txjax.sections.data.DataConfig; txjax.unread refuses the rest).
 
 A kind builds each form its families read it in (Family.data_kinds: a synthetic task's 'lm' or 'seq2seq', shards'
 documents or 'shards of pairs'); a builder `(data, split, form, tokenizer, path)` gets the config's data section, the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from txjax.data.parallel import ParallelDataset
 from txjax.data.shard_pairs import ShardPairsDataset
@@ -25,11 +25,7 @@ from txjax.errors import ConfigError
 _EVAL_SEEDS = {"train": 2**31 - 3, "valid": 2**31 - 1, "test": 2**31 - 2}  # synthetic eval sets
 
 
-class Form(NamedTuple):
-    """One form of a kind's examples: how a split's dataset is built, and the config.data fields that reads."""
-
-    build: Callable[..., Any]  # (data section, split, form, tokenizer, path) -> the dataset
-    reads: tuple[str, ...]
+Form = Callable[..., Any]  # one form of a kind's examples: (data section, split, form, tokenizer, path) -> dataset
 
 
 @dataclass(frozen=True)
@@ -78,21 +74,12 @@ def _shard_pairs(d, split, form, tokenizer, path):
     return ShardPairsDataset(path(), tokenizer, d.max_src_len, d.max_tgt_len, split, d.pack and split == "train")
 
 
-_TASK = Form(_synthetic, ("task", "min_digits", "max_digits", "eval_size"))  # a task's vocabulary is its own
-_PAIRS = ("path", "valid_path", "test_path", "tokenizer", "vocab_size", "max_src_len", "max_tgt_len", "pack")
 KINDS = {
-    "synthetic": DataKind({"lm": _TASK, "seq2seq": _TASK}, files=None, bos_first=True, exact_match=True),
-    "text": DataKind(
-        {"text": Form(_text, ("path", "tokenizer", "vocab_size", "seq_len", "val_fraction"))},
-        files="file",
-        windows=True,
-    ),
-    "parallel": DataKind({"parallel": Form(_parallel, _PAIRS)}, files="files", pairs=True, translates=True),
+    "synthetic": DataKind({"lm": _synthetic, "seq2seq": _synthetic}, files=None, bos_first=True, exact_match=True),
+    "text": DataKind({"text": _text}, files="file", windows=True),
+    "parallel": DataKind({"parallel": _parallel}, files="files", pairs=True, translates=True),
     "shards": DataKind(
-        {
-            "shards": Form(_shard_documents, ("path", "seq_len", "pack")),  # a decoder LM's documents
-            "shards of pairs": Form(_shard_pairs, ("path", "max_src_len", "max_tgt_len", "pack")),  # TSV pairs
-        },
+        {"shards": _shard_documents, "shards of pairs": _shard_pairs},  # a decoder LM's documents; TSV pairs
         files="folder",
         tokenizer=load_shards_tokenizer,
         windows=True,

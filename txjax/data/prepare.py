@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import inspect
 import json
 import multiprocessing
 import os
@@ -77,6 +78,9 @@ def prepare(
         )
     tokenizer_dir = _tokenizer_dir(tokenizer)
     trained = tokenizer in RECIPES and RECIPES[tokenizer].trained
+    given = {"delimiter": delimiter, "field": field, "vocab_size": vocab_size, "sample_mb": sample_mb}
+    if refused := unread_options(fmt, tokenizer, trained, given):
+        raise ValueError(refused)
     options = {
         "format": fmt,
         "delimiter": delimiter if fmt == "text" else "",
@@ -121,6 +125,27 @@ def prepare(
         "tokens_per_s": tokens / seconds,
         "workers": index["workers"],
     }
+
+
+def unread_options(fmt: str, tokenizer: str, trained: bool, given: dict) -> str | None:
+    """One line naming every option of `given` that the format or the tokenizer leaves unread and that is set to
+    another value than prepare's default (each is applied or refused, never ignored), or None."""
+    defaults = {name: p.default for name, p in inspect.signature(prepare).parameters.items()}
+    with_field = [name for name, f in readers.FORMATS.items() if f.field]
+    by_recipe = [name for name, kind in RECIPES.items() if kind.trained]
+    reads = {  # option: (whether it is read, by what, the setting that leaves it unread)
+        "delimiter": (fmt == "text", "--format text", f"--format={fmt}"),
+        "field": (readers.FORMATS[fmt].field, f"--format {', '.join(with_field)}", f"--format={fmt}"),
+        "vocab_size": (trained, f"--tokenizer {' or '.join(by_recipe)}", f"--tokenizer={tokenizer}"),
+        "sample_mb": (trained, f"--tokenizer {' or '.join(by_recipe)}", f"--tokenizer={tokenizer}"),
+    }
+    unread = [name for name, value in given.items() if not reads[name][0] and value != defaults[name]]
+    if not unread:
+        return None
+    shown = lambda name, value: repr(value) if name == "delimiter" else value  # a delimiter's \n as typed
+    each = "; ".join(f"--{n}={shown(n, given[n])} is read by {reads[n][1]}, not {reads[n][2]}" for n in unread)
+    back = " ".join(f"--{n}={shown(n, defaults[n])}" for n in unread)
+    return f"{each}: leave {'them' if len(unread) > 1 else 'it'} out ({back}, the default{'s' * (len(unread) > 1)})"
 
 
 def _tokenizer_dir(tokenizer: str) -> Path | None:

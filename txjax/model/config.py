@@ -1,7 +1,8 @@
 """The architecture of either model family as one frozen, validated value: ModelConfig.
 
 Every field has a default and a one-line check (`__post_init__`: a bad value is a ValueError naming the field and the
-allowed values); `from_dict` builds one from a config's model section and names close matches of a misspelt key.
+allowed values); `from_dict` builds one from a config's model section and names close matches of a misspelt key. The
+fields declared with `setting()` (txjax.sections.fields) carry what a resume may change and which settings read them.
 The derived sizes (kv_heads, head_dim, encoder_layers) and muP's width multiplier and init scales are properties.
 """
 
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 from txjax.model import positional, precision
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.attention import ATTENTION_IMPLS
+from txjax.sections.fields import ReadBy, setting
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -32,6 +34,19 @@ _CHOICES = {
     "prefix_attention": ("bidirectional", "causal"),  # txjax.families.prefix_lm
 }
 
+# the settings a field needs (txjax.unread refuses it set without them); a field with setting()'s metadata but no
+# read_by is one a resumed run may change (txjax.training.resume)
+_ROPE = (ReadBy("model.positional", ("rope",), "only RoPE rotates"),)
+_BUCKETS = (ReadBy("model.positional", ("relative_buckets",), "only T5's relative buckets have a table"),)
+_LOCAL = ReadBy("model.attention_window", lambda w: w > 0, "every layer is global")
+_MUP = ReadBy("model.parametrization", ("mup",), "only muP scales by a width")
+_ENCODER = ReadBy("family", ("encoder_decoder",), "only an encoder-decoder has an encoder of its own")
+_PREFIX = ReadBy("family", ("prefix_lm",), "only a prefix LM has a prefix")
+
+
+def _scaled(*scalings: str) -> tuple[ReadBy, ...]:
+    return (*_ROPE, ReadBy("model.rope_scaling", scalings, "another scaling's parameter"))
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -44,7 +59,7 @@ class ModelConfig:
     d_head: int | None = None  # None: d_model // num_heads; set when a checkpoint fixes it apart (Qwen2, Mistral)
     d_ff: int = 512
     num_layers: int = 4  # decoder layers (and encoder layers unless num_encoder_layers is set)
-    num_encoder_layers: int | None = None
+    num_encoder_layers: int | None = setting(None, resume=False, read_by=(_ENCODER,))
     max_len: int = 256  # context length; the size of the learned position table
     positional: str = "learned"
     norm: str = "layernorm"
@@ -54,21 +69,25 @@ class ModelConfig:
     share_embeddings: bool = True  # encoder-decoder: one table for source and target tokens
     use_bias: bool = False
     qkv_bias: bool = False  # biases on the query/key/value projections only (Qwen2), whatever use_bias says
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    dtype: str = "float32"  # matmul/attention dtype; parameters, the residual stream and norms stay float32
-    attention_impl: str = "auto"  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
-    attention_block_q: int = (
-        256  # attention_impl='blockwise': queries per block (txjax.model.blockwise), and keys/values
-    )
-    attention_block_kv: int = 256  # per block (benchmarks/attention_time.py compares sizes)
-    matmul_precision: str = "highest"  # of float32 matmuls (txjax.model.precision): 'high'/'default' allow TF32 on GPUs
+    dropout: float = setting(0.0)  # a resumed run may change these (setting: the state's shapes stay)
+    attention_dropout: float = setting(0.0)
+    dtype: str = setting("float32")  # matmul/attention dtype; parameters, the residual stream and norms stay float32
+    attention_impl: str = setting(
+        "auto"
+    )  # attention.resolve_impl: cuDNN's fused kernel on NVIDIA GPUs, else the reference
+    attention_block_q: int = setting(256)  # attention_impl='blockwise': queries per block (txjax.model.blockwise),
+    attention_block_kv: int = setting(256)  # and keys/values per block (benchmarks/attention_time.py compares sizes)
+    matmul_precision: str = setting(
+        "highest"
+    )  # of float32 matmuls (txjax.model.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
+    remat: bool = setting(
+        False
+    )  # recompute each block's activations in the backward pass; saves memory with scan_layers
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
-    rope_base: float = 10000.0
+    rope_base: float = setting(10000.0, resume=False, read_by=_ROPE)
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, sec. 3.4)
     qk_norm: bool = False  # RMSNorm of q and k per head before the scores
     qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_head] (OLMoE)
@@ -78,27 +97,41 @@ class ModelConfig:
     norm_offset: bool = False  # RMSNorm gains as 1 + w, w stored and zero at init (Gemma's; txjax.model.norms)
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
-    base_width: int = 128  # mup: the d_model its hyperparameters were tuned at
+    base_width: int = setting(128, resume=False, read_by=(_MUP,))  # mup: the d_model its hyperparameters were tuned at
     # pretrained encoder-decoders (txjax.convert.marian, .bart, .t5)
     final_logits_bias: bool = False  # a learned bias [vocab] added to the logits (Marian/BART's final_logits_bias)
     embed_norm: bool = False  # a norm of each stack's input embeddings (BART's layernorm_embedding)
-    relative_buckets: int = 32  # positional='relative_buckets' (T5): buckets of its table [buckets, heads]
-    relative_max_distance: int = 128  # ... and the distance from which on all share its last bucket
+    relative_buckets: int = setting(
+        32, resume=False, read_by=_BUCKETS
+    )  # positional='relative_buckets' (T5): buckets of its table [buckets, heads]
+    relative_max_distance: int = setting(
+        128, resume=False, read_by=_BUCKETS
+    )  # ... and the distance from which on all share its last bucket
     # local attention (txjax.model.masks.window_mask): a local layer's query sees itself and the window - 1 keys before
     # it; its KV cache is a ring buffer of window slots. Causal self-attention only (decoder layers)
     attention_window: int = 0  # 0 = every layer global
     window_pattern: str = ""  # 'L' local / 'G' global per decoder layer, repeated ('LLLLLG': Gemma 3); '' = all local
     # RoPE's frequency scaling for long contexts (txjax.model.positional.Rope: transformers' rope_type and parameters)
-    rope_scaling: str = "none"  # none | linear | llama3 | yarn
-    rope_factor: float = 1.0  # linear, llama3, yarn: the context extension factor
-    rope_low_freq_factor: float = 1.0  # llama3
-    rope_high_freq_factor: float = 4.0  # llama3
-    rope_original_max_len: int = 0  # llama3, yarn: the pretraining context (original_max_position_embeddings)
-    rope_beta_fast: float = 32.0  # yarn
-    rope_beta_slow: float = 1.0  # yarn
-    rope_attention_factor: float = 0.0  # yarn: multiplies cos and sin; 0 = 0.1 ln(factor) + 1
-    rope_fraction: float = 1.0  # the share of each head's channels rotated (partial rotary; the first ones)
-    rope_local_base: float = 0.0  # > 0: local layers' own unscaled RoPE base (Gemma 3's rope_local_base_freq)
+    rope_scaling: str = setting("none", resume=False, read_by=_ROPE)  # none | linear | llama3 | yarn
+    rope_factor: float = setting(
+        1.0, resume=False, read_by=_scaled("linear", "llama3", "yarn")
+    )  # linear, llama3, yarn: the context extension factor
+    rope_low_freq_factor: float = setting(1.0, resume=False, read_by=_scaled("llama3"))  # llama3
+    rope_high_freq_factor: float = setting(4.0, resume=False, read_by=_scaled("llama3"))  # llama3
+    rope_original_max_len: int = setting(
+        0, resume=False, read_by=_scaled("llama3", "yarn")
+    )  # llama3, yarn: the pretraining context (original_max_position_embeddings)
+    rope_beta_fast: float = setting(32.0, resume=False, read_by=_scaled("yarn"))  # yarn
+    rope_beta_slow: float = setting(1.0, resume=False, read_by=_scaled("yarn"))  # yarn
+    rope_attention_factor: float = setting(
+        0.0, resume=False, read_by=_scaled("yarn")
+    )  # yarn: multiplies cos and sin; 0 = 0.1 ln(factor) + 1
+    rope_fraction: float = setting(
+        1.0, resume=False, read_by=_ROPE
+    )  # the share of each head's channels rotated (partial rotary; the first ones)
+    rope_local_base: float = setting(
+        0.0, resume=False, read_by=(*_ROPE, _LOCAL)
+    )  # > 0: local layers' own unscaled RoPE base (Gemma 3's rope_local_base_freq)
     # mixture of experts (txjax.model.moe): 0 experts = the dense FFN in every layer
     num_experts: int = 0  # routed experts per MoE layer
     experts_per_token: int = 2  # top-k
@@ -110,7 +143,7 @@ class ModelConfig:
     moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
     shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x w_g), one gate per token (Qwen2-MoE)
     # family prefix_lm: the source read both ways (T5's prefix LM) or causally (T5's decoder-only "LM" baseline)
-    prefix_attention: str = "bidirectional"
+    prefix_attention: str = setting("bidirectional", resume=False, read_by=(_PREFIX,))
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -161,7 +194,10 @@ class ModelConfig:
                 f"model.attention_scale_dim={self.attention_scale_dim!r} must be an integer >= 0 (0 = d_k)"
             )
         if self.attention_scale_dim and self.attention_scale == "none":
-            raise ValueError("model.attention_scale_dim is read by attention_scale sqrt or linear, not none: remove it")
+            raise ValueError(
+                "model.attention_scale_dim is read by attention_scale sqrt or linear, not none: set "
+                "model.attention_scale_dim=0 (its default) or another model.attention_scale"
+            )
         if self.norm_offset and self.norm != "rmsnorm":
             raise ValueError("model.norm_offset (gains 1 + w) is an RMSNorm's: set model.norm=rmsnorm")
         if self.parametrization == "mup" and self.attention_scale != "linear":
@@ -174,6 +210,12 @@ class ModelConfig:
             )
         if self.window_pattern and not self.attention_window:
             raise ValueError(f"model.window_pattern={self.window_pattern!r} needs model.attention_window > 0")
+        if len(self.window_pattern) > self.num_layers:  # its letters past the stack would never be read
+            raise ValueError(
+                f"model.window_pattern={self.window_pattern!r} has {len(self.window_pattern)} letters for "
+                f"model.num_layers={self.num_layers}: give at most {self.num_layers} (the pattern repeats), e.g. "
+                f"model.window_pattern={self.window_pattern[: self.num_layers]}"
+            )
         if self.rope_scaling not in positional.ROPE_SCALINGS:
             raise ValueError(
                 f"model.rope_scaling={self.rope_scaling!r} is not one of {', '.join(positional.ROPE_SCALINGS)}"
@@ -199,11 +241,12 @@ class ModelConfig:
             raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
         if self.num_experts == 0:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for name in moe_fields:
-                if getattr(self, name) != defaults[name]:
-                    raise ValueError(
-                        f"model.{name} is read only by an MoE model: set model.num_experts > 0 or remove it"
-                    )
+            if unread := [name for name in moe_fields if getattr(self, name) != defaults[name]]:
+                back = " ".join(f"model.{name}={defaults[name]}" for name in unread)
+                raise ValueError(
+                    f"model.{' and model.'.join(unread)} {'are' if len(unread) > 1 else 'is'} read only by an MoE "
+                    f"model: set {back} (the default{'s' * (len(unread) > 1)}) or model.num_experts > 0"
+                )
             return
         for name in ("experts_per_token", "moe_every", *(("moe_d_ff",) if self.moe_d_ff is not None else ())):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
@@ -220,7 +263,9 @@ class ModelConfig:
         if self.moe_capacity_factor < 0:
             raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must be >= 0 (0 = dropless)")
         if self.moe_norm_topk and self.router == "topk_then_softmax":
-            raise ValueError("model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1; remove it")
+            raise ValueError(
+                "model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1: set model.moe_norm_topk=false"
+            )
         if self.use_bias:
             raise ValueError("model.num_experts > 0 has experts without biases: set model.use_bias=false")
         if self.shared_expert_gate and not self.num_shared_experts:

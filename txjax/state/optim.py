@@ -39,39 +39,13 @@ import jax.numpy as jnp
 import optax
 import optax.contrib
 
+from txjax.sections.fields import Range, ReadBy, at_least, setting, within
+
 HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2")  # traced, vmappable
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 _STATIC = ("steps", "grad_clip", "optimizer", "schedule", "decay_fraction")  # part of the compiled program
 BUDGET_PLAN = ("decay_from", "decay_steps", "trained_s")  # decay_start="budget": injected, set by txjax.training.budget
 MUP_OPTIMIZERS = ("adamw", "lion")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    """config.train's optimizer and schedule settings (validated by txjax.config.validate). The HYPERPARAMS are
-    numbers, or traced arrays where stacked runs build their optimizers under jax.vmap (dataclasses.replace)."""
-
-    learning_rate: float
-    warmup_steps: int
-    min_lr_ratio: float
-    weight_decay: float
-    b1: float
-    b2: float
-    steps: int
-    grad_clip: float
-    optimizer: str
-    schedule: str
-    decay_fraction: float
-    decay_start: str
-
-    @classmethod
-    def of(cls, t) -> OptimConfig:
-        """From a validated config.train section."""
-        return cls(**{f.name: t[f.name] for f in dataclasses.fields(cls)})
-
-    def hyperparams(self) -> dict:
-        """The injected settings (HYPERPARAMS) by name: a resumed run writes these into its restored state."""
-        return {name: getattr(self, name) for name in HYPERPARAMS}
 
 
 def learning_rate_at(
@@ -186,6 +160,56 @@ BUILDERS = {
     "schedule_free_adamw": _schedule_free_adamw,
 }
 OPTIMIZERS = tuple(BUILDERS)
+
+
+_SCHEDULED = tuple(name for name in OPTIMIZERS if name != "schedule_free_adamw")
+_CONSTANT_AFTER_WARMUP = "it keeps the learning rate constant after the warmup"
+_BY_SCHEDULE = ReadBy("train.optimizer", _SCHEDULED, _CONSTANT_AFTER_WARMUP)
+# train.b1 and b2: Adafactor's moments are its own (a factored second moment decaying as 1 - t^-0.8, no first one)
+_MOMENTS = ReadBy(
+    "train.optimizer", tuple(name for name in OPTIMIZERS if name != "adafactor"), "Adafactor's moments are its own"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """config.train's optimizer and schedule settings (their schema: txjax.sections.fields; validated by
+    txjax.config.validate). The HYPERPARAMS are numbers, or traced arrays where stacked runs build their optimizers
+    under jax.vmap (dataclasses.replace)."""
+
+    steps: int = setting(1000, bounds=at_least(1))  # optimizer steps; decay_start="budget": the most it may take
+    learning_rate: float = setting(1e-3, bounds=at_least(0))  # inf is allowed: the run diverges and says so
+    optimizer: str = setting("adamw", choices=OPTIMIZERS, resume=False)
+    schedule: str = setting("cosine", choices=SCHEDULES, read_by=(_BY_SCHEDULE,))  # each after a linear warmup
+    decay_fraction: float = setting(  # wsd: the last 20% of the steps after warmup decay linearly
+        0.2,
+        bounds=within(0, 1, open_lo=True),
+        read_by=(_BY_SCHEDULE, ReadBy("train.schedule", ("wsd",), "only wsd decays over a fraction of the steps")),
+    )
+    # wsd: "budget" decays over the last decay_fraction of max_minutes (txjax.training.budget)
+    decay_start: str = setting("steps", choices=("steps", "budget"), resume=False)
+    min_lr_ratio: float = setting(  # the schedule ends at learning_rate * min_lr_ratio
+        0.1,
+        bounds=within(0, 1),
+        read_by=(
+            _BY_SCHEDULE,
+            ReadBy("train.schedule", ("cosine", "linear", "wsd"), "it stays at train.learning_rate"),
+        ),
+    )
+    warmup_steps: int = setting(100, bounds=at_least(0))
+    weight_decay: float = setting(0.1, bounds=at_least(0))
+    b1: float = setting(0.9, bounds=within(0, 1, open_hi=True), read_by=(_MOMENTS,))
+    b2: float = setting(0.99, bounds=within(0, 1, open_hi=True), read_by=(_MOMENTS,))
+    grad_clip: float = setting(1.0, bounds=Range(lambda v: v >= 0, ">= 0 (0 = off)"))  # of the global norm
+
+    @classmethod
+    def of(cls, t) -> OptimConfig:
+        """From a validated config.train section."""
+        return cls(**{f.name: t[f.name] for f in dataclasses.fields(cls)})
+
+    def hyperparams(self) -> dict:
+        """The injected settings (HYPERPARAMS) by name: a resumed run writes these into its restored state."""
+        return {name: getattr(self, name) for name in HYPERPARAMS}
 
 
 def _optimizer(

@@ -3,7 +3,6 @@
 Below it: the objective (txjax.families.objective); the optimizer, the train state and its checkpoints (txjax.state).
 
 init_from.py   train.init_from=WORKDIR: another workdir's parameters with a fresh optimizer (fine-tuning)
-config.py      TrainConfig: config.train as a frozen value, made once from the validated section
 step.py        the pure train step, jitted on a mesh or vmapped over runs
 edge.py        RunSpec: a run's config resolved against its workdir once (tokenizer, data, model sizes), frozen
 run.py         Run: one run's checkpoints, logs, evaluations and program from its RunSpec, as the loop drives it

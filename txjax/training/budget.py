@@ -24,9 +24,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import BUDGET_PLAN
 from txjax.state.train_state import with_hyperparams
-from txjax.training.config import TrainConfig
 
 
 class BudgetPlan:

@@ -24,22 +24,12 @@ from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
 from txjax.model.config import ModelConfig
 from txjax.ops import trackers
 from txjax.parallel.distributed import barrier, is_lead
+from txjax.sections.mesh import MeshShape
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import HYPERPARAMS
 from txjax.training import init_from
-from txjax.training.config import TrainConfig
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshShape:
-    """config.mesh: the sizes of the run's (data, fsdp, sequence, tensor, expert) mesh (distributed.run_mesh)."""
-
-    data: int
-    fsdp: int
-    sequence: int
-    tensor: int
-    expert: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """What a resumed run may change: every field of the config that differs from the saved run's is either refused or
 applied, never silently ignored.
 
-    refused   the family and every model field but config.RESUMABLE_CHANGES (the state's shapes), and
-              config.RESUME_FIXED (what batch k is, what the optimizer state holds, the tokenizer's data): one
+    refused   the family, every model field but the few whose schema lets a resume change them (the state's
+              shapes stay: dtype, dropout, remat, ...), and the fields marked resume=False (what batch k is, what
+              the optimizer state holds, the tokenizer's data): txjax.sections.schema.resume_refused. One
               ConfigError line naming each, raised before config.json is overwritten. A field the saved run did
               not read (txjax.unread; a config saved before those were refused may hold one) is applied instead
     applied   every other field, from the resume step: the optimizer's injected hyperparameters (optim.HYPERPARAMS)
@@ -25,6 +26,7 @@ import ml_collections
 
 from txjax import config as config_lib
 from txjax import unread
+from txjax.sections.schema import resume_refused
 
 
 def differences(saved: ml_collections.ConfigDict, config: str) -> dict[str, list]:
@@ -41,16 +43,6 @@ def differences(saved: ml_collections.ConfigDict, config: str) -> dict[str, list
     return {name: [old.get(name), value] for name, value in new.items() if old.get(name) != value}
 
 
-def refused(name: str) -> bool:
-    """Whether a resumed run may not change the field `name` ("section.field")."""
-    section, _, field = name.partition(".")
-    if section == "family":
-        return True
-    if section == "model":
-        return field not in config_lib.RESUMABLE_CHANGES
-    return field in config_lib.RESUME_FIXED.get(section, ())
-
-
 def resumed_changes(config: str, workdir: Path, start: int = 0) -> dict[str, list]:
     """The changes a run of the config (its JSON) resuming from `workdir`'s checkpoints at step `start` applies to
     the one saved there ({field: [old, new]}); a ConfigError naming the refused ones when there are any, or when
@@ -64,7 +56,9 @@ def resumed_changes(config: str, workdir: Path, start: int = 0) -> dict[str, lis
         )
     changes, ignored = differences(saved, config), unread.unread_fields(saved)  # changing one changes nothing
     bad = [
-        f"{name} {old!r} -> {new!r}" for name, (old, new) in changes.items() if refused(name) and name not in ignored
+        f"{name} {old!r} -> {new!r}"
+        for name, (old, new) in changes.items()
+        if resume_refused(name) and name not in ignored
     ]
     if bad:
         raise config_lib.ConfigError(

@@ -24,9 +24,9 @@ from txjax.families.objective import forward, moe_sums, token_sums
 from txjax.model import moe
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding, on_mesh
+from txjax.sections.train import TrainConfig
 from txjax.state.optim import current_learning_rate
 from txjax.state.train_state import TrainState, run_keys, state_shardings
-from txjax.training.config import TrainConfig
 
 
 def make_train_step(model, tx: optax.GradientTransformation, t: TrainConfig, mesh: Mesh | None = None):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from txjax.training.config import TrainConfig
+from txjax.sections.train import TrainConfig
 
 
 @runtime_checkable
