@@ -238,6 +238,22 @@ def test_a_sentencepiece_vocab_the_corpus_cannot_fill_is_one_line_and_writes_not
     assert not (tmp_path / "run").exists()
 
 
+def test_a_translation_run_without_its_valid_file_is_one_line_and_leaves_no_workdir(tmp_path, pairs_tsv, capsys):
+    """Refused after its tokenizer was built into the new workdir (the valid split is read next): the half-made
+    workdir is removed, and a workdir that existed keeps what it held."""
+    pairs = ["--config.family=encoder_decoder", "--config.data.kind=parallel", f"--config.data.path={pairs_tsv}"]
+    for existing in (False, True):
+        workdir = tmp_path / f"run_{existing}"
+        if existing:
+            workdir.mkdir()
+            (workdir / "notes.txt").write_text("mine")
+        status, err = _run_py_in_process(
+            capsys, "train", f"--workdir={workdir}", *TINY_MODEL, *pairs, "--config.data.tokenizer=char"
+        )
+        assert status == 2 and err == "error: no valid split: set --config.data.valid_path=FILE\n", err
+        assert (workdir / "notes.txt").read_text() == "mine" if existing else not workdir.exists()
+
+
 def test_invalid_utf8_names_the_file_line_and_byte(tmp_path):
     corpus = tmp_path / "latin1.txt"
     corpus.write_bytes("first line\nsecond line\nna\u00efve".encode("latin-1") + b"\n" * 40)

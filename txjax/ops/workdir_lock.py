@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -113,3 +114,11 @@ def _describe(text: str) -> str:
         return f"pid {h['pid']} on host {h['host']}, since {h['started']}: {h['command']}"
     except (ValueError, KeyError, TypeError):
         return "a process that has not yet written its pid"
+
+
+def clear(workdir: Path) -> None:
+    """Removes what a refused run wrote into the workdir it created (all but the held lock, which hold's exit
+    removes with the then empty folder)."""
+    for entry in workdir.iterdir():
+        if entry.name != LOCK_FILE:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()

@@ -30,10 +30,11 @@ from time import monotonic
 import ml_collections
 
 from txjax.data import prefetch
+from txjax.errors import ConfigError
 from txjax.evaluate.split import eval_batches, evaluate, generation_metrics, make_eval_step
 from txjax.ops import preemption, storage, workdir_lock
 from txjax.ops.profiling import StepProfiler
-from txjax.parallel.distributed import InFlight, agree
+from txjax.parallel.distributed import InFlight, agree, is_lead
 from txjax.state.optim import eval_params
 from txjax.training import budget, edge
 from txjax.training.run import Run, common_step
@@ -56,12 +57,18 @@ def drive(
     against its workdir at the edge (txjax.training.edge.prepare_run), under the workdir's lock, into a Run, and
     `together(runs)` the Trainee the loop drives (txjax.training.trainee: a Run, or stacked runs,
     txjax.training.stack.StackedRuns); its outcome (Run.finish)."""
+    created = [Path(workdir) for workdir in workdirs if not Path(workdir).exists()]
     with contextlib.ExitStack() as held:  # one writer per workdir; SIGTERM/SIGINT stop with a checkpoint
         for workdir in workdirs:
             held.enter_context(workdir_lock.hold(Path(workdir)))
         held.enter_context(preemption.watch())
         held.enter_context(storage.writing("the workdir", "free space or make it writable, then rerun to resume"))
-        prepared = [edge.prepare_run(config, Path(workdir)) for config, workdir in zip(configs, workdirs)]
+        try:
+            prepared = [edge.prepare_run(config, Path(workdir)) for config, workdir in zip(configs, workdirs)]
+        except ConfigError:  # refused before training (a split without its file): no half-made workdir is left
+            for workdir in created if is_lead() else ():
+                workdir_lock.clear(workdir)
+            raise
         run, data = together([Run(spec) for spec, _ in prepared]), prepared[0][1]  # stacked runs share data
         ckpts = run.open_checkpoints()
         try:
