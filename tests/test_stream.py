@@ -35,6 +35,18 @@ def test_the_stream_is_what_generate_returns_past_the_context_too(new, strategy)
 STOP = 6  # a stop token that ends the sampled rows below at different steps
 
 
+class Clock:
+    """search.time's stand-in: every compiled call of a stream seems to take 1 ms, so CHUNK_SECONDS = 0.003 sizes
+    each chunk at 3x the last (1, 3, 9, ... steps) whatever the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-3
+        return self.now
+
+
 @pytest.mark.parametrize("family", ["lm", "seq2seq"])
 def test_a_batch_streams_its_rows_chunk_by_chunk_and_returns_what_generate_does(family, monkeypatch):
     """Rows of different lengths that stop at different steps (EOS, then pad; one LM row never stops and runs past
@@ -46,7 +58,8 @@ def test_a_batch_streams_its_rows_chunk_by_chunk_and_returns_what_generate_does(
     expected = decode.generate(model, params, inputs, **run)
     assert len({len(ids) for ids in expected.ids}) == 3  # the rows stop at different steps
     assert expected.steps > 64 if family == "lm" else expected.steps < 100
-    monkeypatch.setattr(search, "CHUNK_SECONDS", float("inf"))  # chunks of 1, 4, 16 steps: not one per step
+    monkeypatch.setattr(search, "time", Clock())
+    monkeypatch.setattr(search, "CHUNK_SECONDS", 0.003)  # chunks of 1, 3, 9, ... steps, each cut at a bucket's end
     steps = decode.generation_steps(model, params, inputs, stream=True, **run)
     chunks = []
     while True:
@@ -64,8 +77,8 @@ def test_a_batch_streams_its_rows_chunk_by_chunk_and_returns_what_generate_does(
 
 def test_tokens_come_a_chunk_a_call_and_closing_stops_the_loop(monkeypatch):
     """The host runs the loop (no thread): with chunks of one step, the first five tokens are out after the prefill
-    and four calls; closing the stream runs no more; a fresh one gives the same tokens. Chunks grow 4x a call at
-    most, and each is one compiled call of at least one step."""
+    and four calls; closing the stream runs no more; a fresh one gives the same tokens. The first call runs one
+    step, the next ones as many as take CHUNK_SECONDS at the last call's pace."""
     model, params = lm("rope")
     calls, run_steps = [], search._run_steps
 
@@ -84,10 +97,11 @@ def test_tokens_come_a_chunk_a_call_and_closing_stops_the_loop(monkeypatch):
     tokens.close()
     assert len(calls) == 4
     assert first == decode.generate(model, params, [LM_PROMPTS[0]], max_new_tokens=5).ids[0]
-    monkeypatch.setattr(search, "CHUNK_SECONDS", float("inf"))
+    monkeypatch.setattr(search, "time", Clock())
+    monkeypatch.setattr(search, "CHUNK_SECONDS", 0.003)
     calls.clear()
     assert list(generate_stream(model, params, LM_PROMPTS[0], max_new_tokens=20))[:5] == first
-    assert calls == [1, 4, 14]  # 19 steps after the first choice: 1, 4, then the 14 left (not 16)
+    assert calls == [1, 3, 9, 6]  # 19 steps after the first choice: each chunk 3x the last, the last cut at 20
 
 
 def test_run_py_generate_prints_as_it_goes_and_says_when_it_passes_the_context(monkeypatch, capsys):

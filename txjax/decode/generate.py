@@ -80,7 +80,7 @@ def _results(strategy: Strategy, tokens_CxT, scores_C, steps) -> Generation:
     return Generation(ids=ids, scores=np.asarray(scores_C), stopped=stopped, steps=int(steps))
 
 
-def finish(steps: Generator):
+def _run_to_end(steps: Generator):
     """What a generator returns, run to its end (its yields dropped): generate and generate_windowed from their
     streaming forms."""
     while True:
@@ -100,7 +100,7 @@ def generate(model, params, inputs: Sequence[Sequence[int]], **kwargs) -> Genera
     best hypothesis per input; sampling num_samples per input. A scanned model is decoded with its layers unrolled
     (`for_decoding`; pass its result to skip that copy).
     """
-    return finish(generation_steps(model, params, inputs, **kwargs))
+    return _run_to_end(generation_steps(model, params, inputs, **kwargs))
 
 
 def generation_steps(
@@ -162,9 +162,9 @@ def generate_windowed(model: DecoderLM, params, prompt: Sequence[int], **kwargs)
     generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
     with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
     which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the continuations
-    (num_samples of them when sampling; ids, cut at EOS). Chunks after the first have one shape: at most three
+    (num_samples of them when sampling; ids, cut at EOS). Windows after the first have one shape: at most three
     compilations. `kwargs`: windowed_steps' (max_new_tokens, keep, seed, pad_id) and the fields of Strategy."""
-    return finish(windowed_steps(model, params, prompt, **kwargs))
+    return _run_to_end(windowed_steps(model, params, prompt, **kwargs))
 
 
 def windowed_steps(

@@ -168,10 +168,10 @@ _run_steps = jax.jit(run_steps, static_argnums=(0, 2, 3, 5), donate_argnums=4)
 def stream_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengths_B, source, rng, first_bucket=64):
     """generate_ids' generation (greedy or sampling) as a generator: yields each chunk of the chosen tokens
     ([C, n] numpy, n >= 1; a stopped row's are pad_id) as soon as its compiled call ends, and returns what
-    generate_ids returns. The same `begin` and `run_steps` compiled apart, each call running the steps that took
-    about CHUNK_SECONDS at the last call's pace (at most 4x as many as the last call's), so tokens come out a few
-    times a second and the host's work between calls is a small part of the time. Closing it leaves nothing
-    running: each call's tokens are read back before the next one starts."""
+    generate_ids returns. The same `begin` and `run_steps` compiled apart: the first call runs one step, each next
+    one the steps that took about CHUNK_SECONDS at the last call's pace (or until the cache's bucket is full), so
+    tokens come out many times a second and the host's work between calls is a small part of the time. Closing it
+    leaves nothing running: each call's tokens are read back before the next one starts."""
     if strategy.method == "beam":
         raise ValueError("a beam search's tokens are known at its end: stream greedy or sampled tokens")
     loop = _begin(model, params, strategy, pad_id, prompt_BxP, lengths_B, source, rng, first_bucket=first_bucket)
@@ -187,7 +187,10 @@ def stream_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengt
             began, shown = time.perf_counter(), step
             loop = _run_steps(model, params, strategy, pad_id, loop, length, shown + chunk)
             tokens_CxT, step, done = jax.device_get((loop.state.tokens_CxT, loop.state.step, loop.state.done))
+            # the next call: the steps that take CHUNK_SECONDS at this call's pace (its dispatch included: an
+            # underestimate; after a call that compiled, a few steps, then the true pace); the reader's time after
+            # the yield is not the loop's
+            pace = (step - shown) / max(time.perf_counter() - began, 1e-9)  # steps a second
+            chunk = max(1, int(min(strategy.max_new_tokens, pace * CHUNK_SECONDS)))
             yield tokens_CxT[:, shown:step]
-            pace = CHUNK_SECONDS / max(time.perf_counter() - began, 1e-6)  # a first call's compilation: slow, once
-            chunk = max(1, int(min(4 * chunk, (step - shown) * pace)))
     return _outputs(strategy, loop.state)
