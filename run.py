@@ -16,7 +16,6 @@ nothing was lost (exit 0)" (txjax.ops.preemption.complete, .after_work).
 """
 
 import importlib
-import os
 import signal
 import sys
 
@@ -114,13 +113,4 @@ def _run(argv: list[str], received: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:], exiting=True)
-    if status > 128 and sys.argv[1:2] == ["generate"]:  # a generation stopped by a signal, its line printed: end
-        # without the interpreter's teardown, which XLA's callback threads of the stopped compiled loop, still calling
-        # back into Python, aborted after the line now and then ("FATAL: exception not rethrown" on jax 0.10,
-        # SIGSEGV on 0.12; 3 of 10 runs of tests/test_processes.py) although the stream is closed and its thread
-        # joined. Only generate: the other commands' teardown is what cleans up after them (prepare's worker pool).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    sys.exit(main(sys.argv[1:], exiting=True))

@@ -101,7 +101,7 @@ def test_sigterm_ends_any_other_command_with_one_line(monkeypatch, capsys, comma
         raise AssertionError("SIGTERM did not stop the command")
 
     module = types.SimpleNamespace(main=main)
-    monkeypatch.setattr(run.importlib, "import_module", lambda name: module)
+    monkeypatch.setattr(run, "importlib", types.SimpleNamespace(import_module=lambda name: module))
     before = signal.getsignal(signal.SIGTERM)
     assert run.main([command]) == 128 + signal.SIGTERM
     assert capsys.readouterr().err.splitlines() == [
@@ -121,7 +121,9 @@ def test_a_signal_after_the_work_is_complete_ends_with_0_and_says_so(monkeypatch
         time.sleep(0.1)  # the handler runs in here, and returns
         print('{"workdir": "w"}')
 
-    monkeypatch.setattr(run.importlib, "import_module", lambda name: types.SimpleNamespace(main=main))
+    monkeypatch.setattr(
+        run, "importlib", types.SimpleNamespace(import_module=lambda name: types.SimpleNamespace(main=main))
+    )
     assert run.main([command]) == 0
     out, err = capsys.readouterr()
     assert out == '{"workdir": "w"}\n'
@@ -193,7 +195,9 @@ def test_a_signal_inside_a_gc_callback_or_finalizer_still_stops_the_command(monk
         time.sleep(60)  # the signal comes again and is raised out of this
         raise AssertionError("the signal did not stop the command")
 
-    monkeypatch.setattr(run.importlib, "import_module", lambda name: types.SimpleNamespace(main=main))
+    monkeypatch.setattr(
+        run, "importlib", types.SimpleNamespace(import_module=lambda name: types.SimpleNamespace(main=main))
+    )
     began = time.monotonic()
     assert run.main(["lm-eval"]) == 128 + signum and sent == [signum]
     name = signal.Signals(signum).name

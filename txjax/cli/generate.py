@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 
@@ -68,11 +67,8 @@ def main(argv: list[str]) -> None:
             return
         if strategy["max_new_tokens"] >= run.model.cfg.max_len:
             print(past_context(run.model.cfg.max_len, strategy["max_new_tokens"]), file=sys.stderr, flush=True)
-        # closed as the command ends (a signal included), so that the generating thread has stopped before the
-        # interpreter's teardown, which would kill it inside a host callback of the compiled loop
-        with contextlib.closing(stream_from_workdir(run, prompt, seed=seed, chat=chat, **args)) as pieces:
-            for piece in pieces:
-                print(piece, end="", flush=True)
+        for piece in stream_from_workdir(run, prompt, seed=seed, chat=chat, **args):
+            print(piece, end="", flush=True)
     print()
 
 

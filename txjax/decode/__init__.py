@@ -9,13 +9,15 @@ The Flax wmt/lm1b split, one job per file:
   finished hypotheses per row (the t5x / Flax wmt formulation);
 - cache.py: the KV cache (`init_cache`, one cached call `extend`, row gathers for beams and samples, growth
   through bucketed lengths);
-- search.py: `generate_ids`, the family's encode and the prompts' prefill, then one `lax.while_loop` per cache
-  length around the one `tokens_to_logits` closure (no host round trip per token, one compilation whatever the
-  length);
+- search.py: the loop written once, `begin` (the family's encode, the prompts' prefill, the first choice) and
+  `run_steps` (one `lax.while_loop` of cached steps per cache length); `generate_ids` compiles them into one call
+  (no host round trip per token, one compilation whatever the length), `stream_ids` runs them a chunk of steps a
+  call for streaming;
 - generate.py: the host side, one `generate` for both families (an encoder-decoder's inputs are sources: translation
-  is generation with a source), `decode_all` (whole splits), `generate_windowed` (past the context);
+  is generation with a source), `decode_all` (whole splits), `generate_windowed` (past the context), each with its
+  streaming form (`generation_steps`, `windowed_steps`);
 - workdir.py: generation from a training workdir (`run.py generate`);
-- stream.py: the same loops' tokens as they are produced (`generate_stream`, `stream_steps`; `run.py generate`).
+- stream.py: one row's tokens as the loop produces them (`generate_stream`; `run.py generate`).
 
 Prompts of different lengths are left-padded: pad slots get segment id 0 (no query attends to them, the cache stores
 them as empty) and positions start at 0 at each row's first real token, so each row generates exactly what it
@@ -36,7 +38,16 @@ from txjax.decode.cache import (
     init_cache,
     tile_rows,
 )
-from txjax.decode.generate import Generation, check_inputs, decode_all, generate, generate_windowed, pad_batch
+from txjax.decode.generate import (
+    Generation,
+    check_inputs,
+    decode_all,
+    generate,
+    generate_windowed,
+    generation_steps,
+    pad_batch,
+    windowed_steps,
+)
 from txjax.decode.sampling import (
     SampleState,
     choose_tokens,
@@ -46,9 +57,9 @@ from txjax.decode.sampling import (
     top_k_filter,
     top_p_filter,
 )
-from txjax.decode.search import generate_ids, search
+from txjax.decode.search import begin, generate_ids, run_steps, stream_ids
 from txjax.decode.strategy import Strategy
-from txjax.decode.stream import generate_stream, stream_steps
+from txjax.decode.stream import generate_stream
 from txjax.decode.workdir import generate_from_workdir, strategy_from_config
 
 __all__ = [
@@ -57,6 +68,7 @@ __all__ = [
     "SampleState",
     "Strategy",
     "beam_update",
+    "begin",
     "bucket_lengths",
     "check_inputs",
     "choose_tokens",
@@ -69,6 +81,7 @@ __all__ = [
     "generate_ids",
     "generate_stream",
     "generate_windowed",
+    "generation_steps",
     "greedy_tokens",
     "grow",
     "init_beam_state",
@@ -76,11 +89,12 @@ __all__ = [
     "init_sample_state",
     "length_penalty",
     "pad_batch",
+    "run_steps",
     "sample_update",
-    "search",
-    "stream_steps",
+    "stream_ids",
     "strategy_from_config",
     "tile_rows",
     "top_k_filter",
     "top_p_filter",
+    "windowed_steps",
 ]

@@ -8,14 +8,15 @@ the prompts it continues; an encoder-decoder's are sources it encodes once, each
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import jax
 import numpy as np
 
 from txjax.decode.cache import for_decoding
-from txjax.decode.search import generate_ids, listener_key
+from txjax.decode.search import generate_ids, stream_ids
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 from txjax.model.models import DecoderLM
@@ -79,18 +80,19 @@ def _results(strategy: Strategy, tokens_CxT, scores_C, steps) -> Generation:
     return Generation(ids=ids, scores=np.asarray(scores_C), stopped=stopped, steps=int(steps))
 
 
-def generate(
-    model,
-    params,
-    inputs: Sequence[Sequence[int]],
-    *,
-    bos_id: int | None = None,
-    pad_id: int | None = None,
-    length: int | None = None,
-    seed: int = 0,
-    **strategy,
-) -> Generation:
-    """Generate from each input (a list of ids); `strategy`: the fields of Strategy.
+def _run_to_end(steps: Generator):
+    """What a generator returns, run to its end (its yields dropped): generate and generate_windowed from their
+    streaming forms."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def generate(model, params, inputs: Sequence[Sequence[int]], **kwargs) -> Generation:
+    """Generate from each input (a list of ids); `kwargs`: generation_steps' (bos_id, pad_id, length, seed) and the
+    fields of Strategy.
 
     A DecoderLM continues its inputs (prompts, left-padded); an EncoderDecoder reads them as sources (ending with
     EOS as in training; right-padded) and generates each target from `bos_id`. The inputs are padded to `length`
@@ -98,6 +100,24 @@ def generate(
     best hypothesis per input; sampling num_samples per input. A scanned model is decoded with its layers unrolled
     (`for_decoding`; pass its result to skip that copy).
     """
+    return _run_to_end(generation_steps(model, params, inputs, **kwargs))
+
+
+def generation_steps(
+    model,
+    params,
+    inputs: Sequence[Sequence[int]],
+    *,
+    stream: bool = False,
+    bos_id: int | None = None,
+    pad_id: int | None = None,
+    length: int | None = None,
+    seed: int = 0,
+    **strategy,
+) -> Generator[np.ndarray, None, Generation]:
+    """`generate` as a generator returning its Generation: without `stream`, one compiled call (generate_ids) and
+    no yield; with it (greedy or sampling), every chunk of tokens [C, n] as the compiled loop chooses them
+    (search.stream_ids), EOS and the pad after a row stopped included."""
     strategy = Strategy(**strategy)
     cfg = model.cfg
     prompts, sources = family_of(model).prompts(inputs, bos_id)
@@ -109,9 +129,8 @@ def generate(
     check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
     model, params = for_decoding(model, params, len(inputs) * strategy.rows_per_prompt)
-    rng, key = jax.random.key(seed), listener_key()  # key: the stream (txjax.decode.stream) this thread feeds
-    stream = {} if key is None else {"stream": True, "listener": np.int32(key)}
-    out = generate_ids(model, params, strategy, pad_id, prompt_BxP, lengths_B, source, rng, **stream)
+    args = (model, params, strategy, pad_id, prompt_BxP, lengths_B, source, jax.random.key(seed))
+    out = (yield from stream_ids(*args)) if stream else generate_ids(*args)
     return _results(strategy, *out)
 
 
@@ -138,41 +157,48 @@ def decode_all(model, params, inputs: Sequence[Sequence[int]], *, batch_size: in
     return Generation(ids=ids, scores=scores, stopped=stopped, steps=max(out.steps for _, out in outs))
 
 
-def generate_windowed(
+def generate_windowed(model: DecoderLM, params, prompt: Sequence[int], **kwargs) -> list[list[int]]:
+    """Sampling beyond the model's context (nanoGPT's sample.py crops the sequence to its last max_len tokens):
+    generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
+    with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
+    which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the continuations
+    (num_samples of them when sampling; ids, cut at EOS). Windows after the first have one shape: at most three
+    compilations. `kwargs`: windowed_steps' (max_new_tokens, keep, seed, pad_id) and the fields of Strategy."""
+    return _run_to_end(windowed_steps(model, params, prompt, **kwargs))
+
+
+def windowed_steps(
     model: DecoderLM,
     params,
     prompt: Sequence[int],
     *,
     max_new_tokens: int,
+    stream: bool = False,
     keep: int | None = None,
     seed: int = 0,
     pad_id: int | None = None,
     **strategy,
-) -> list[list[int]]:
-    """Sampling beyond the model's context (nanoGPT's sample.py crops the sequence to its last max_len tokens):
-    generate until the sequence fills the context, then restart from its last `keep` tokens (default max_len // 2)
-    with a fresh cache, and so on; every token sees at least `keep` tokens of context (all of them while they fit,
-    which is plain `generate`). A longer prompt is cropped to its last max_len tokens. Returns the continuations
-    (num_samples of them when sampling; ids, cut at EOS). Chunks after the first have one shape: at most three
-    compilations."""
+) -> Generator[np.ndarray, None, list[list[int]]]:
+    """`generate_windowed` as a generator returning its continuations; with `stream`, yields each window's chunks
+    of tokens [C, n] as generation_steps does (a row that stopped in an earlier window: what it would add, dropped
+    from the result)."""
     max_len = model.cfg.max_len
     keep = keep or max_len // 2
     if not 0 < keep < max_len:
         raise ValueError(f"keep={keep} must be in [1, {max_len - 1}] (the context is max_len={max_len})")
     prompt = list(prompt)[-max_len:]
     model, params = for_decoding(model, params, Strategy(max_new_tokens, **strategy).rows_per_prompt)
+    window = functools.partial(generation_steps, model, params, stream=stream, pad_id=pad_id)
     new = min(max_new_tokens, max_len - len(prompt) + 1)
-    out = generate(model, params, [prompt], max_new_tokens=new, seed=seed, pad_id=pad_id, **strategy)
-    one_each = {k: v for k, v in strategy.items() if k != "num_samples"}  # later chunks: one row per sample
+    out = yield from window([prompt], max_new_tokens=new, seed=seed, **strategy)
+    one_each = {k: v for k, v in strategy.items() if k != "num_samples"}  # later windows: one row per sample
     seqs, stopped, generated = [prompt + ids for ids in out.ids], list(out.stopped), [list(ids) for ids in out.ids]
-    for chunk in itertools.count(1):
+    for index in itertools.count(1):
         remaining = max_new_tokens - max(map(len, generated))
         if remaining <= 0 or all(stopped):
             break
         new = min(remaining, max_len - keep + 1)
-        out = generate(
-            model, params, [s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + chunk, pad_id=pad_id, **one_each
-        )
+        out = yield from window([s[-keep:] for s in seqs], max_new_tokens=new, seed=seed + index, **one_each)
         for i, ids in enumerate(out.ids):
             if not stopped[i]:  # a stopped row's continuation is computed (fixed shapes) and dropped
                 seqs[i] = (seqs[i] + ids)[-keep:]

@@ -79,8 +79,9 @@ def init_sample_state(strategy: Strategy, n: int, pad_id: int, rng) -> SampleSta
 
 
 def sample_update(strategy: Strategy, pad_id: int, state: SampleState, logits_CxV, cache):
-    """Choose one token per row (pad once the row has stopped) and record it."""
-    rng, key = jax.random.split(state.rng)
+    """Choose one token per row (pad once the row has stopped) and record it. Greedy draws no key: a loop whose
+    state leaves its compiled call (a stream's chunk) would otherwise split the key at every step for nothing."""
+    rng, key = (state.rng, None) if strategy.method == "greedy" else jax.random.split(state.rng)
     token_C = jnp.where(state.stopped_C, pad_id, choose_tokens(strategy, logits_CxV, key))
     logp_C = jnp.take_along_axis(jax.nn.log_softmax(logits_CxV), token_C[:, None], axis=-1)[:, 0]
     stopped_C = state.stopped_C | is_eos(strategy, token_C)

@@ -1,24 +1,27 @@
 """The compiled generation loop: prefill, then feed-and-choose inside lax.while_loops, one per cache length.
 
-A pure `tokens_to_logits(tokens_C, positions_C, cache) -> (logits_CxV, cache)` closure (Flax wmt/lm1b style) runs
-for the whole generation (no host round trip per token, one compilation whatever the length). The cache starts at
-the smallest of a few bucketed lengths that holds the prompt and grows to the next when full
-(`cache.bucket_lengths`), so a step's attention reads about the filled slots, not the whole capacity; a strategy's
-`update(state, logits_CxV, cache) -> (state, cache)` picks the next tokens (sampling.sample_update or
-beam.beam_update). Both stop a row at `eos_id` and leave the loop early once every row has stopped.
+A pure `tokens_to_logits` step (Flax wmt/lm1b style: one cached `extend` call) runs for the whole generation (no
+host round trip per token, one compilation whatever the length). The cache starts at the smallest of a few bucketed
+lengths that holds the prompt and grows to the next when full (`cache.bucket_lengths`), so a step's attention reads
+about the filled slots, not the whole capacity; a strategy's `update(state, logits_CxV, cache) -> (state, cache)`
+picks the next tokens (sampling.sample_update or beam.beam_update). Both stop a row at `eos_id` and leave the loop
+early once every row has stopped.
+
+The loop is written once as `begin` (prefill and the first choice) and `run_steps` (feed-and-choose in one cache
+length until a given step); `generate_ids` compiles them into one program, `stream_ids` calls them compiled apart,
+a chunk of steps a call, and hands each chunk's tokens to the host as it ends (streaming, txjax.decode.stream).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
+import time
+from typing import Any
 
 import einops
+import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.experimental import io_callback
 
 from txjax.decode.beam import beam_update, init_beam_state
 from txjax.decode.cache import bucket_lengths, extend, filled, gather_rows, grow, init_cache, tile_rows
@@ -26,56 +29,84 @@ from txjax.decode.sampling import init_sample_state, sample_update
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 
-_listeners: dict[int, object] = {}  # key -> the function a streamed loop's steps go to (txjax.decode.stream)
-_thread = threading.local()  # .key: the listener of the generations this thread runs
+CHUNK_SECONDS = 0.05  # stream_ids: each call runs the steps that took about this long at the last call's pace
 
 
-@contextlib.contextmanager
-def listening(listener):
-    """The loops this thread runs inside (generate_ids(stream=True)) call listener(tokens_C) with every step's
-    tokens, one per row, as they are produced (an ordered host callback, told the key of its listener)."""
-    key = max(_listeners, default=0) + 1
-    _listeners[key], _thread.key = listener, key
-    try:
-        yield
-    finally:
-        del _listeners[key]
-        _thread.key = None
+@flax.struct.dataclass
+class Loop:
+    """What the loop carries from step to step (and, streaming, from one compiled call to the next): the strategy's
+    state, the cache, the family's context tiled to the C = B*W rows and each row's first generated position."""
+
+    state: Any
+    cache: Any
+    context_C: Any
+    start_C: jax.Array
 
 
-def listener_key() -> int | None:
-    """The key of this thread's listener (None: not streaming)."""
-    return getattr(_thread, "key", None)
+def _update(strategy: Strategy, pad_id: int):
+    if strategy.method == "beam":
+        return functools.partial(beam_update, strategy)
+    return functools.partial(sample_update, strategy, pad_id)
 
 
-def _emit(key, tokens_C) -> None:
-    _listeners[int(key)](np.asarray(tokens_C))
+def fed_length(prompt_len: int, chunk: int | None) -> int:
+    """The cache slots the prefill fills: the prompt's length padded to a multiple of `chunk` (pad_to_chunks)."""
+    return prompt_len + (-prompt_len % chunk if chunk and chunk < prompt_len else 0)
 
 
-def search(tokens_to_logits, update, state, first_logits_CxV, cache, start_positions_C, max_new_tokens: int, lengths):
-    """Choose from the prefill logits, then feed-and-choose until max_new_tokens or `done`: one lax.while_loop per
-    cache length in `lengths` (ascending, the first at least the cache's; a cache that never grows: its own length
-    alone), the cache grown to each before its loop.
+def cache_lengths(strategy: Strategy, prompt_len: int, first_bucket: int) -> tuple[int, ...]:
+    """The cache lengths a generation from prompts of `prompt_len` tokens runs through, one loop each."""
+    fed = fed_length(prompt_len, strategy.prefill_chunk)
+    return bucket_lengths(fed, fed + strategy.max_new_tokens - 1, first_bucket)
 
-    The token chosen at step s (0-based) sits at position start + s; it is fed back only if another is needed.
-    """
-    state, cache = update(state, first_logits_CxV, cache)
+
+def begin(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengths_B, source, rng, first_bucket) -> Loop:
+    """The family's encode, the prompts' prefill into a cache of the first bucket's length, the cache tiled to W
+    rows per input (beams or samples) and the first choice, from the prefill's logits.
+
+    The prompts fill the cache in one call (positions start at 0 at each row's first real token and pad slots are
+    segment 0, stored as empty, so each row generates what it would alone)."""
+    (b, p), w = prompt_BxP.shape, strategy.rows_per_prompt
+    context = family_of(model).encode(model, params, source)
+    first_real_B = p - lengths_B
+    positions_BxP = jnp.maximum(jnp.arange(p)[None, :] - first_real_B[:, None], 0)
+    segment_ids_BxP = (jnp.arange(p)[None, :] >= first_real_B[:, None]).astype(jnp.int32)
+    fed = pad_to_chunks((prompt_BxP, positions_BxP, segment_ids_BxP), strategy.prefill_chunk)
+    length = cache_lengths(strategy, p, first_bucket)[0]
+    cache = init_cache(model, b, length, None if source is None else source[0].shape[1])
+    first_logits_BxV, cache = prefill_in_chunks(model, params, cache, fed, context, strategy.prefill_chunk)
+    if w > 1:
+        cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
+    if strategy.method == "beam":
+        state = init_beam_state(strategy, b, pad_id)
+    else:
+        state = init_sample_state(strategy, b * w, pad_id, rng)
+    state, cache = _update(strategy, pad_id)(state, tile_rows(first_logits_BxV, w), cache)
+    context_C = jax.tree_util.tree_map(lambda x: tile_rows(x, w), context)
+    return Loop(state=state, cache=cache, context_C=context_C, start_C=tile_rows(lengths_B, w))
+
+
+def run_steps(model, params, strategy: Strategy, pad_id: int, loop: Loop, length: int, until) -> Loop:
+    """Feed-and-choose in one lax.while_loop until `until` tokens are chosen, every row has stopped or the cache (of
+    `length` slots: grow it first) is full. The token chosen at step s (0-based) sits at position start + s; it is
+    fed back only if another is needed."""
+    update = _update(strategy, pad_id)
 
     def body(carry):
         state, cache = carry
-        logits_CxV, cache = tokens_to_logits(state.last_C, start_positions_C + state.step - 1, cache)
+        positions_C = loop.start_C + state.step - 1
+        logits_CxV, cache = extend(
+            model, params, cache, state.last_C[:, None], positions_C[:, None], context=loop.context_C
+        )
         return update(state, logits_CxV, cache)
 
-    for length in lengths:
-        cache = grow(cache, length)
+    def cond(carry):
+        state, cache = carry
+        room = filled(cache) < length  # a free slot for the token fed next
+        return (state.step < until) & ~state.done & room
 
-        def cond(carry, length=length):
-            state, cache = carry
-            room = filled(cache) < length  # a free slot for the token fed next
-            return (state.step < max_new_tokens) & ~state.done & room
-
-        state, cache = jax.lax.while_loop(cond, body, (state, cache))
-    return state
+    state, cache = jax.lax.while_loop(cond, body, (loop.state, loop.cache))
+    return loop.replace(state=state, cache=cache)
 
 
 def pad_to_chunks(fed, chunk: int | None):
@@ -106,71 +137,60 @@ def prefill_in_chunks(model, params, cache, fed, context, chunk: int | None):
     return logits_NxBxV[-1], cache
 
 
-def _emitting(update, listener, state, logits_CxV, cache):
-    state, cache = update(state, logits_CxV, cache)
-    io_callback(_emit, None, listener, state.last_C, ordered=True)
-    return state, cache
+def _outputs(strategy: Strategy, state):
+    """(tokens [C', T], scores [C'], steps) of a finished loop: every sampled row, or each input's best beam."""
+    if strategy.method != "beam":
+        return state.tokens_CxT, state.logp_C, state.step
+    return state.finished_BxWxT[:, 0], state.finished_score_BxW[:, 0], state.step
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3), static_argnames=("first_bucket", "stream"))
-def generate_ids(
-    model,
-    params,
-    strategy: Strategy,
-    pad_id: int,
-    prompt_BxP,
-    lengths_B,
-    source,
-    rng,
-    first_bucket=64,
-    stream=False,
-    listener=0,
-):
+@functools.partial(jax.jit, static_argnums=(0, 2, 3), static_argnames=("first_bucket",))
+def generate_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengths_B, source, rng, first_bucket=64):
     """Left-padded prompts [B, P] (real tokens last) with their lengths [B], and the sources the family encodes
     ((right-padded ids [B, S], lengths [B]); an LM: None) -> (tokens [B*W', T], scores [B*W'], steps) in one
     compiled call, W' = num_samples for sampling and 1 (the best hypothesis) for beam search; steps: loop steps taken.
 
-    The prompts fill the cache in one call (positions start at 0 at each row's first real token and pad slots are
-    segment 0, stored as empty, so each row generates what it would alone); the cache is tiled to W rows per input
-    (beams or samples); then `search` runs with the one `tokens_to_logits` closure, growing the cache from
-    `first_bucket` slots. stream (sampling and greedy): each step's tokens also go to the `listening` listener of
-    key `listener` (traced: one compilation for every stream) as they are chosen.
-    """
-    (b, p), w = prompt_BxP.shape, strategy.rows_per_prompt
-    context = family_of(model).encode(model, params, source)
-    first_real_B = p - lengths_B
-    positions_BxP = jnp.maximum(jnp.arange(p)[None, :] - first_real_B[:, None], 0)
-    segment_ids_BxP = (jnp.arange(p)[None, :] >= first_real_B[:, None]).astype(jnp.int32)
-    fed = pad_to_chunks((prompt_BxP, positions_BxP, segment_ids_BxP), strategy.prefill_chunk)
-    filled_p = fed[0].shape[1]
-    lengths = bucket_lengths(filled_p, filled_p + strategy.max_new_tokens - 1, first_bucket)
-    cache = init_cache(model, b, lengths[0], None if source is None else source[0].shape[1])
-    first_logits_BxV, cache = prefill_in_chunks(model, params, cache, fed, context, strategy.prefill_chunk)
-    if w > 1:
-        cache = gather_rows(cache, jnp.repeat(jnp.arange(b), w))
-    context_C = jax.tree_util.tree_map(lambda x: tile_rows(x, w), context)
+    `begin`, then `run_steps` in each cache length (`cache_lengths`, from `first_bucket` slots), the cache grown to
+    each before its loop."""
+    loop = begin(model, params, strategy, pad_id, prompt_BxP, lengths_B, source, rng, first_bucket)
+    for length in cache_lengths(strategy, prompt_BxP.shape[1], first_bucket):
+        loop = loop.replace(cache=grow(loop.cache, length))
+        loop = run_steps(model, params, strategy, pad_id, loop, length, strategy.max_new_tokens)
+    return _outputs(strategy, loop.state)
 
-    def tokens_to_logits(tokens_C, positions_C, cache):
-        return extend(model, params, cache, tokens_C[:, None], positions_C[:, None], context=context_C)
 
-    if strategy.method != "beam":
-        update = functools.partial(sample_update, strategy, pad_id)
-        state = init_sample_state(strategy, b * w, pad_id, rng)
-        if stream:
-            update = functools.partial(_emitting, update, listener)
-    else:
-        update = functools.partial(beam_update, strategy)
-        state = init_beam_state(strategy, b, pad_id)
-    state = search(
-        tokens_to_logits,
-        update,
-        state,
-        tile_rows(first_logits_BxV, w),
-        cache,
-        tile_rows(lengths_B, w),
-        strategy.max_new_tokens,
-        lengths,
-    )
-    if strategy.method != "beam":
-        return state.tokens_CxT, state.logp_C, state.step
-    return state.finished_BxWxT[:, 0], state.finished_score_BxW[:, 0], state.step
+_begin = jax.jit(begin, static_argnums=(0, 2, 3), static_argnames=("first_bucket",))
+_grow = jax.jit(lambda loop, length: loop.replace(cache=grow(loop.cache, length)), static_argnums=1)
+# `until` traced: one compilation per cache length whatever the chunks; the carry donated: updated in place
+_run_steps = jax.jit(run_steps, static_argnums=(0, 2, 3, 5), donate_argnums=4)
+
+
+def stream_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengths_B, source, rng, first_bucket=64):
+    """generate_ids' generation (greedy or sampling) as a generator: yields each chunk of the chosen tokens
+    ([C, n] numpy, n >= 1; a stopped row's are pad_id) as soon as its compiled call ends, and returns what
+    generate_ids returns. The same `begin` and `run_steps` compiled apart: the first call runs one step, each next
+    one the steps that took about CHUNK_SECONDS at the last call's pace (or until the cache's bucket is full), so
+    tokens come out many times a second and the host's work between calls is a small part of the time. Closing it
+    leaves nothing running: each call's tokens are read back before the next one starts."""
+    if strategy.method == "beam":
+        raise ValueError("a beam search's tokens are known at its end: stream greedy or sampled tokens")
+    loop = _begin(model, params, strategy, pad_id, prompt_BxP, lengths_B, source, rng, first_bucket=first_bucket)
+    fed = fed_length(prompt_BxP.shape[1], strategy.prefill_chunk)
+    tokens_CxT, step, done = jax.device_get((loop.state.tokens_CxT, loop.state.step, loop.state.done))
+    yield tokens_CxT[:, :step]
+    chunk = 1
+    for length in cache_lengths(strategy, prompt_BxP.shape[1], first_bucket):
+        if step == strategy.max_new_tokens or done:
+            break
+        loop = _grow(loop, length)
+        while step < strategy.max_new_tokens and not done and fed + step - 1 < length:  # filled slots < length
+            began, shown = time.perf_counter(), step
+            loop = _run_steps(model, params, strategy, pad_id, loop, length, shown + chunk)
+            tokens_CxT, step, done = jax.device_get((loop.state.tokens_CxT, loop.state.step, loop.state.done))
+            # the next call: the steps that take CHUNK_SECONDS at this call's pace (its dispatch included: an
+            # underestimate; after a call that compiled, a few steps, then the true pace); the reader's time after
+            # the yield is not the loop's
+            pace = (step - shown) / max(time.perf_counter() - began, 1e-9)  # steps a second
+            chunk = max(1, int(min(strategy.max_new_tokens, pace * CHUNK_SECONDS)))
+            yield tokens_CxT[:, shown:step]
+    return _outputs(strategy, loop.state)

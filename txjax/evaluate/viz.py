@@ -1,7 +1,7 @@
 """Attention maps: the probabilities softmax(mask(q k^T * scale)) that the model's own attention computed.
 
 A model built with sow_weights=True sows each layer's weights [B, H, Lq, Lk] into the 'intermediates' collection
-(`MultiHeadAttention._attend`); `capture_attention` collects them per attention kind as [layers, H, Lq, Lk] for one
+(`MultiHeadAttention.attend`); `capture_attention` collects them per attention kind as [layers, H, Lq, Lk] for one
 example, and `plot_attention` draws a grid of heatmaps (rows = queries, columns = keys, token labels on the axes):
 one panel per head of one layer, or one per layer with its heads averaged.
 """

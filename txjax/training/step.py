@@ -3,7 +3,7 @@
 train_step(state, batch, dropout_key) -> (state, metrics):
     g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
                                                        lax.scan before the one division: the full batch's gradient
-    theta, opt_state <- AdamW(clip(g))                 (txjax.state.train_state)
+    theta, opt_state <- opt(clip(g))                   train.optimizer, the global norm clipped (txjax.state.optim)
     b <- b + gamma sign(mean n - n)                    an MoE sigmoid router's bias (train.moe_bias_rate)
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
