@@ -30,6 +30,8 @@ _CHOICES = {
     "parametrization": ("standard", "mup"),
     "router": ("topk_then_softmax", "softmax_then_topk", "sigmoid"),  # txjax.model.moe
     "prefix_attention": ("bidirectional", "causal"),  # txjax.families.prefix_lm
+    # what the backward pass keeps of each block (txjax.model.models.remat_policy); the rest is recomputed
+    "remat": ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload"),
 }
 
 
@@ -65,7 +67,9 @@ class ModelConfig:
     matmul_precision: str = "highest"  # of float32 matmuls (txjax.model.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    remat: bool = False  # recompute each block's activations in the backward pass; saves memory with scan_layers
+    remat: str = "none"  # none | full: recompute each block in the backward pass | dots_saveable,
+    # dots_with_no_batch_dims_saveable: keep the matmuls' outputs (those without a batch dimension), recompute the
+    # rest | offload: those outputs kept in host memory (jax.checkpoint_policies); true/false read as full/none
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
@@ -113,6 +117,8 @@ class ModelConfig:
     prefix_attention: str = "bidirectional"
 
     def __post_init__(self):
+        if str(self.remat).lower() in ("true", "false"):  # model.remat's values when it was a bool (True, "false")
+            object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
