@@ -9,7 +9,10 @@ command to resume" and exit status 75 (txjax.ops.preemption.EXIT_STATUS, EX_TEMP
 Every other command stopped by SIGTERM or Ctrl-C ends with one line saying what was kept ("stopped by SIGINT;
 nothing written", txjax.ops.preemption.KEPT) and exit status 128 + the signal (130 for SIGINT, 143 for SIGTERM),
 wherever it arrives: while the command's modules import (recorded, acted on after), or inside a garbage-collection
-callback or finalizer (acted on just after it: txjax.ops.preemption.stop_on_signals).
+callback or finalizer (acted on just after it: txjax.ops.preemption.stop_on_signals). A signal after the work is done
+(import, export and prepare once their output is in place; any command once it returned status 0, during the
+interpreter's teardown) ends with status 0 and the line "SIGTERM arrived after run.py import completed its work;
+nothing was lost (exit 0)" (txjax.ops.preemption.complete, .after_work).
 """
 
 import importlib
@@ -32,7 +35,9 @@ COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
 }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], exiting: bool = False) -> int:
+    """The command's exit status; `exiting` (run.py as a script: the process ends after it): a status 0 is kept
+    whatever signal arrives in the teardown after it (preemption.after_work)."""
     if not argv or argv[0] not in COMMANDS:
         print(
             f"usage: python run.py {{{','.join(COMMANDS)}}} [flags]   (python run.py COMMAND --help)", file=sys.stderr
@@ -42,11 +47,18 @@ def main(argv: list[str]) -> int:
     before = {
         s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)
     }
+    status = None
     try:
-        return _run(argv, received)
+        status = _run(argv, received)
+        return status
     finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+        if exiting and status == 0:
+            from txjax.ops.preemption import after_work
+
+            after_work(argv[0])
+        else:
+            for s, handler in before.items():
+                signal.signal(s, handler)
 
 
 def _run(argv: list[str], received: list[int]) -> int:
@@ -57,7 +69,15 @@ def _run(argv: list[str], received: list[int]) -> int:
     from txjax.errors import check_symlink_loops, symlink_loop_line
     from txjax.extras import MissingExtra
     from txjax.ops.memory import out_of_memory_line
-    from txjax.ops.preemption import EXIT_STATUS, Preempted, Stopped, recorded_signal, stop_on_signals
+    from txjax.ops.preemption import (
+        EXIT_STATUS,
+        Preempted,
+        Stopped,
+        after_work_line,
+        recorded_signal,
+        stop_on_signals,
+        work_complete,
+    )
     from txjax.training.run import Diverged
 
     if argv[0] in COMPILING_COMMANDS:
@@ -68,7 +88,9 @@ def _run(argv: list[str], received: list[int]) -> int:
                 raise Stopped(received[0])
             check_symlink_loops(argv[1:])
             importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
-            if (signum := recorded_signal()) is not None:  # a library caught the Stopped: the command still stops
+            if (signum := recorded_signal()) is not None and work_complete():
+                print(after_work_line(signum, argv[0]), file=sys.stderr)
+            elif signum is not None:  # a library caught the Stopped: the command still stops
                 raise Stopped(signum)
     except (ConfigError, Diverged, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -93,7 +115,7 @@ def _run(argv: list[str], received: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:])
+    status = main(sys.argv[1:], exiting=True)
     if status > 128 and sys.argv[1:2] == ["generate"]:  # a generation stopped by a signal, its line printed: end
         # without the interpreter's teardown, which XLA's callback threads of the stopped compiled loop, still calling
         # back into Python, aborted after the line now and then ("FATAL: exception not rethrown" on jax 0.10,

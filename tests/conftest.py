@@ -1,7 +1,7 @@
 """Test session setup: 8 simulated CPU devices (for the sharding tests) and XLA:CPU's cheapest code generation, all
 set in XLA_FLAGS before anything imports jax (and inherited by run.py subprocesses); the measured matmul peak
-(txjax.ops.peak) cached in a temporary folder; a per-module persistent compilation cache fixture; a tiny parallel
-corpus.
+(txjax.ops.peak) cached in a temporary folder; one persistent compilation cache for the session's processes; a tiny
+parallel corpus.
 
 The suite compiles some hundred small programs and runs each for a few steps: at LLVM's -O0
 (--xla_backend_optimization_level=0) compiling a toy model's train step takes about a third less time, its few steps
@@ -17,8 +17,10 @@ Every other test runs on the first device as it would on a one-device machine.
 """
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -59,6 +61,18 @@ for _flag, _value in TEST_XLA_FLAGS.items():
 # default multiplies float32 in TF32. Tests that check another precision set it themselves.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
+# One persistent compilation cache for the whole session: jax in every test process (both xdist workers inherit the
+# first process's environment) and every process they start (run.py, Ray trials) load a program that any of them
+# compiled before: the suite trains the same tiny models in many files and processes. Fresh each session (tests of
+# what compiles see no program from an earlier tree) and removed at its end; every program is kept, however quick
+# to compile (min compile time 0). Tests of the cache itself, and the 2-process runs, drop these variables.
+_SESSION_CACHE = "TXJAX_TEST_JAX_CACHE"  # set by the process that made the folder, which removes it at the end
+_MADE_CACHE = _SESSION_CACHE not in os.environ
+if _MADE_CACHE:
+    os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="txjax-test-jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
 
 def xla_flags(devices: int) -> str:
     """XLA_FLAGS for a subprocess with `devices` simulated CPU devices and the suite's code generation level."""
@@ -80,34 +94,6 @@ def peak_cache_dir(tmp_path_factory) -> str:
         os.environ["TXJAX_CACHE_DIR"] = before
 
 
-@pytest.fixture(scope="session")
-def compilation_cache_dir(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("jax_cache"))
-
-
-@pytest.fixture(scope="module")
-def compilation_cache(compilation_cache_dir):
-    """Runs with equal steps compile them once: a persistent cache shared by the modules that ask for it (with
-    `pytestmark = pytest.mark.usefixtures("compilation_cache")`), also for their `run.py` subprocesses."""
-    import jax  # only now: XLA_FLAGS above must be set first
-
-    directory = compilation_cache_dir
-    options = {
-        "jax_compilation_cache_dir": directory,
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
-        "jax_persistent_cache_min_entry_size_bytes": 0,
-    }
-    before = {name: getattr(jax.config, name) for name in options}
-    for name, value in options.items():
-        jax.config.update(name, value)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
-
-
 @pytest.fixture
 def pairs_tsv(tmp_path):
     """Four English-Spanish pairs in data.kind=parallel's format (source TAB target, one pair per line)."""
@@ -122,10 +108,10 @@ def pairs_tsv(tmp_path):
 # on short ones instead of one worker finishing a long file alone while the other idles (xdist's own order, most
 # tests first, put these few-test files last).
 LONGEST_FIRST = [
-    "test_gpu_script.py",  # ~80: benchmarks/gpu.sh --dry-run, 8 stages each a process
+    "test_sweep_ray.py",  # ~115: a local Ray cluster and its trial processes (ASHA's 4 trials ~45)
+    "test_gpu_script.py",  # ~77: benchmarks/gpu.sh --dry-run, 9 stages each a process
     "test_multiprocess.py",  # ~75: two-process jax.distributed runs
     "test_faults.py",  # ~70: signals and kills of run.py processes
-    "test_sweep_ray.py",  # ~70: a local Ray cluster and its trial processes
     "test_gguf.py",  # ~50: SmolLM2-135M against transformers
     "test_expert_parallel.py",  # ~50 s of CPU: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
     "test_decode.py",  # ~50: 21 tests of cached decoding
@@ -135,9 +121,14 @@ LONGEST_FIRST = [
     "test_sharded_training.py",  # ~45
     "test_ring_attention.py",  # ~40
     "test_sweep.py",  # ~40
-    "test_trackers.py",  # ~30 s of CPU: an mlflow server start, 4 tiny trainings (80 s at load 8-10, 99 s at 16)
+    "test_trackers.py",  # mlflow server start, 5 tiny trainings, a rerun (4: ~30 s of CPU; 80 s at load 8-10, 99 at 16)
     "test_train.py",  # ~40
 ]
+
+
+def pytest_unconfigure(config):
+    if _MADE_CACHE:
+        shutil.rmtree(os.environ[_SESSION_CACHE], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

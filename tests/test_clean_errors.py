@@ -24,7 +24,6 @@ from txjax.training import resume
 from txjax.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 TINY = [*TINY_FLAGS, "--config.train.warmup_steps=0"]
 
@@ -111,6 +110,65 @@ def test_command_line_values_out_of_range_and_a_looping_workdir_are_one_line(tmp
     for argv, line in cases:
         status, err = _run_py_in_process(capsys, *argv)
         assert status == 2 and err.startswith(line) and err.count("\n") == 1, (argv, err)
+
+
+def _workdir_config(folder, flags: list[str]) -> str:
+    """A workdir holding only the config.json of `flags` (all that the refusals below read)."""
+    folder.mkdir()
+    config_lib.save(config_lib.from_command_line(None, flags), folder)
+    return str(folder)
+
+
+PREFIX_LM = ["--config.family=prefix_lm", "--config.data.kind=parallel", "--config.data.tokenizer=char"]
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (  # a local window, blockwise attention: refused with the config, not at compile time after config.json
+            ["train", *PREFIX_LM, "--config.model.attention_window=4"],
+            "error: config.model.attention_window=4: family prefix_lm has no local attention",
+        ),
+        (
+            ["train", *PREFIX_LM, "--config.model.attention_impl=blockwise"],
+            "error: config.model.attention_impl='blockwise': family prefix_lm attends with a dense mask",
+        ),
+        (  # else trained, then `run.py eval --split=test` traced back in the decoder
+            ["train", *PREFIX_LM, "--config.decode.prefill_chunk=8"],
+            "error: config.decode.prefill_chunk=8: family prefix_lm reads its whole source in one prefill",
+        ),
+        (  # a source of another family than the experiment's (its data): once a KeyError 'parallel'
+            ["train", f"--config={REPO / 'experiments/bible_en_es.py'}", "--config.train.init_from={lm}"],
+            "error: train.init_from='{lm}' holds a decoder_lm model",
+        ),
+        (  # a text alone is no source: once a KeyError 'src' / 'prefix'
+            ["eval", "--workdir={encoder_decoder}", "--text={pairs}"],
+            "error: {encoder_decoder} is of family encoder_decoder: --text scores decoder-only LMs",
+        ),
+        (
+            ["eval", "--workdir={prefix_lm}", "--text={pairs}"],
+            "error: {prefix_lm} is of family prefix_lm: --text scores",
+        ),
+    ],
+    ids=["window", "blockwise", "prefill_chunk", "init_from", "text_encoder_decoder", "text_prefix_lm"],
+)
+def test_a_setting_the_family_cannot_run_is_one_line_before_anything_is_written(
+    argv, line, tmp_path, pairs_tsv, capsys
+):
+    """Each was a traceback (some after config.json or checkpoints were written): now one line naming the field and
+    the fix; a new workdir is not created, an existing one is left as it was."""
+    paths = {"pairs": str(pairs_tsv), "lm": _workdir_config(tmp_path / "lm", TINY)}  # an imported LM's family
+    for family in ("encoder_decoder", "prefix_lm"):
+        pairs = [f"--config.family={family}", "--config.data.kind=parallel", f"--config.data.path={pairs_tsv}"]
+        paths[family] = _workdir_config(tmp_path / family, [*TINY_MODEL, *pairs, "--config.data.tokenizer=char"])
+    argv = [arg.format(**paths) for arg in argv]
+    if argv[0] == "train":
+        argv += [f"--workdir={tmp_path / 'run'}", *TINY_MODEL, f"--config.data.path={pairs_tsv}"]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    status, err = _run_py_in_process(capsys, *argv)
+    assert status == 2 and err.startswith(line.format(**paths)) and err.count("\n") == 1, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def _producers() -> list[threading.Thread]:

@@ -186,8 +186,9 @@ def render_chat_without_jinja2():
     return tokenizer.render_chat([{"role": "user", "content": "hi"}])
 
 
-def tiny_gguf(path):
-    """A .gguf file with a Llama config and a 4-token vocab, no tensors: enough to reach its tokenizer."""
+def tiny_gguf(path, chat_template: str | None = None):
+    """A .gguf file with a Llama config and a 4-token vocab (and `chat_template`), no tensors: enough to reach its
+    tokenizer."""
     gguf = pytest.importorskip("gguf")
     w = gguf.GGUFWriter(str(path), "llama")
     for add, value in [("context_length", 32), ("embedding_length", 8), ("feed_forward_length", 16)]:
@@ -198,6 +199,8 @@ def tiny_gguf(path):
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["a", "b", "c", "d"])
     w.add_token_merges([])
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -20,8 +20,6 @@ from txjax.data import (
     task_tokenizer,
 )
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 SHARED = Path(__file__).parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared corpora absent: {SHARED}")
 

@@ -17,8 +17,6 @@ from txjax import config as config_lib
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 
 def run_py(capsys, *argv: str) -> tuple[int, str, str]:
     """run.py's main in this process: (exit status, stdout, stderr)."""
@@ -78,8 +76,11 @@ def test_a_workdir_evaluates_at_a_longer_context_with_another_rope_scaling(tmp_p
     assert buckets["from"] == [0, 4, 8, 12] and sum(buckets["tokens"]) == plain["tokens"]
     mean = sum(loss * n for loss, n in zip(buckets["loss"], buckets["tokens"])) / plain["tokens"]
     assert mean == pytest.approx(plain["loss"], rel=1e-6)
-    # a model trained 2 steps barely reads positions: the scaled one's loss moves in the 5th digit, the identity's not
-    assert identity["by_position"] == buckets and scaled["loss"] != plain["loss"]
+    # linear scaling by 1 is another program (its frequencies made on the host: model/positional.py), equal to
+    # float32 rounding (a bucket's loss 5.504029083 against 5.504029036 on an Intel Xeon); a model trained 2 steps
+    # barely reads positions, yet scaling by 2 moves its loss by 2.4e-6 of itself (5.5201305 to 5.5201435), past that
+    assert identity["by_position"] == {**buckets, "loss": pytest.approx(buckets["loss"], rel=1e-6)}
+    assert scaled["loss"] != pytest.approx(plain["loss"], rel=1e-6)
     assert jax.tree.structure(scaled) == jax.tree.structure(plain)
 
     for changes, line in [

@@ -31,7 +31,6 @@ from txjax.training.loop import train
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),
-    pytest.mark.usefixtures("compilation_cache"),
 ]
 
 STEPS = 3

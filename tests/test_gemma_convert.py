@@ -5,11 +5,11 @@ folder and gives the same logits, and a config txjax cannot represent is one lin
 the `interop` extra)."""
 
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
-
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -66,6 +66,26 @@ def test_export_round_trip(imported):
     assert reloaded.config.model_type == kind
     ids = tokens(model.config.vocab_size)
     np.testing.assert_allclose(torch_logits(reloaded, ids), torch_logits(model, ids), atol=1e-5, rtol=0)
+
+
+def test_layer_types_not_one_per_layer_are_one_line_as_transformers_refuses_them(imported, tmp_path, capsys):
+    """config.json's layer_types cut to a third (2 entries for Gemma 3's 6 layers, 1 for Gemma 2's 2): transformers
+    refuses the folder, and so does the import, in one line naming the field and both counts, before writing."""
+    kind, _, _, root = imported
+    folder = tmp_path / "hf"
+    shutil.copytree(root / "hf", folder)
+    hf = json.loads((folder / "config.json").read_text())
+    layers, hf["layer_types"] = hf["num_hidden_layers"], hf["layer_types"][: hf["num_hidden_layers"] // 3 or 1]
+    (folder / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(Exception, match=rf"\({layers}\) must be equal to the number of `layer_types`"):
+        transformers.AutoConfig.from_pretrained(folder)  # huggingface_hub's StrictDataclassClassValidationError
+    assert run.main(["import", f"--from={folder}", f"--workdir={tmp_path / 'wd'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"error: config.json: layer_types has {len(hf['layer_types'])} entries for num_hidden_layers={layers} "
+        "(one per layer)"
+    ]
+    assert not (tmp_path / "wd").exists()
 
 
 def test_layer_types_become_the_shortest_window_pattern():

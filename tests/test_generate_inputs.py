@@ -91,6 +91,7 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
 
     (tmp_path / "run").mkdir()
     config_lib.save(config, tmp_path / "run")
+    # exact by construction: run.py eval's decode_all batches hold the 4 pairs as the batch_size=4 calls above did
     for flags, expected in [([], metrics), (["--config.decode.method=greedy"], greedy)]:
         assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 0
         printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -99,9 +100,11 @@ def test_run_py_generate_and_translation_bleu(tmp_path, pairs_tsv, monkeypatch, 
         }
     assert run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.decode.method=bean"]) == 2
     assert "config.decode.method='bean' is not one of" in capsys.readouterr().err
-    flags = ["--text=unused.txt", "--config.decode.beam_size=8"]  # a decode flag nothing would read
-    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 2
-    assert "--config.decode.beam_size: only a translation split is decoded (--text is scored" in capsys.readouterr().err
+    flags = ["--text=unused.txt", "--config.decode.beam_size=8"]  # an encoder-decoder scores no text alone
+    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", *flags]) == 2  # (a decoder's --text: test_passkey)
+    assert "is of family encoder_decoder: --text scores decoder-only LMs" in capsys.readouterr().err
+    assert run.main(["eval", f"--workdir={tmp_path / 'run'}", "--split=valid", "--config.decode.beam_size=0"]) == 2
+    assert "beam_size" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's one line: eval changes the mesh and the decoding only
         run.main(["eval", f"--workdir={tmp_path / 'run'}", "--config.train.steps=3"])
     assert "--config.decode.*=VALUE overrides" in capsys.readouterr().err
@@ -130,6 +133,36 @@ def test_the_config_the_flags_and_the_api_agree_on_the_method(flags, expected):
     strategy = decode.strategy_from_config(config_lib.base_config().decode, 7, **flags)
     assert strategy == {"max_new_tokens": 64, "eos_id": 7, **expected}
     assert decode.Strategy(**strategy).method == expected["method"]  # the API takes exactly what they give
+
+
+def test_the_api_and_run_py_take_one_set_of_defaults(monkeypatch):
+    """An option left out of `decode.generate` (the Python API's Strategy) and the config's decode section that
+    run.py decodes with resolve to the same values: both come from strategy.OPTION_DEFAULTS, so moving a default
+    there moves both (a second definition of one, in the config or the API, fails here)."""
+    from txjax import config as config_lib
+    from txjax.decode import strategy as strategy_lib
+
+    def resolved():  # {method: (the API's options, run.py's options)}
+        config = config_lib.base_config().decode
+        return {
+            method: tuple(
+                [s.option(name) for name in options]
+                for s in (
+                    decode.Strategy(max_new_tokens=64, method=method, eos_id=7),
+                    decode.Strategy(**decode.strategy_from_config(config, 7, method=method)),
+                )
+            )
+            for method, options in strategy_lib.METHOD_OPTIONS.items()
+        }
+
+    for api, run_py in resolved().values():
+        assert api == run_py
+    moved = {k: v + 1 if isinstance(v, int) else v / 2 for k, v in strategy_lib.OPTION_DEFAULTS.items()}
+    for name, value in moved.items():
+        monkeypatch.setitem(strategy_lib.OPTION_DEFAULTS, name, value)
+    for method, (api, run_py) in resolved().items():
+        want = [moved[name] for name in strategy_lib.METHOD_OPTIONS[method]]
+        assert api == run_py == want, method
 
 
 def test_an_option_of_another_method_is_an_error_not_ignored():

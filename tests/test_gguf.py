@@ -14,8 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -216,3 +214,15 @@ def test_headers_that_describe_too_much_are_one_line_before_any_tensor_is_read(b
         assert err.startswith("error: ") and message in err and "\n" not in err, err
         assert not workdir.exists()
     assert read == []  # every header checked before any tensor is read
+
+
+def test_a_chat_template_that_does_not_compile_is_one_line_at_import(tmp_path, capsys):
+    """A GGUF file's tokenizer.chat_template is compiled at import (it imported fine, then `generate --chat` was
+    jinja2's traceback): one line naming the file and the key, nothing written."""
+    from test_conventions import tiny_gguf
+
+    source = tiny_gguf(tmp_path / "model.gguf", chat_template="{% for m in messages %}{{ m['content'] }}")
+    assert run.main(["import", f"--from={source}", f"--workdir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {source} (tokenizer.chat_template): the chat template does not compile (line 1")
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists(), err

@@ -12,8 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -165,7 +163,8 @@ def test_what_txjax_cannot_represent_is_one_line(tmp_path, capsys, arch, changes
 
 def test_run_py_imports_a_quantized_gemma_file_and_exports_it(spm, tmp_path):
     """`run.py import` of a Q8_0 Gemma 2 file writes a workdir (tokenizer included) whose `run.py export` folder
-    transformers loads as gemma2 with the workdir's logits."""
+    transformers loads as gemma2 with the workdir's logits, and with a tokenizer that writes a text as transformers'
+    tokenizer of the file does (<bos> first: llama.cpp's rule for a SentencePiece vocabulary)."""
     model = random_decoder("gemma2", vocab_size=len(spm["tokens"]))
     scale = model.config.query_pre_attn_scalar**-0.5
     path = write_gguf(tmp_path / "m.gguf", model, spm, "gemma2", gguf.GGMLQuantizationType.Q8_0, attention_scale=scale)
@@ -176,6 +175,9 @@ def test_run_py_imports_a_quantized_gemma_file_and_exports_it(spm, tmp_path):
     trained = load_workdir(tmp_path / "wd")
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert reloaded.config.model_type == "gemma2" and reloaded.config.query_pre_attn_scalar == 24
+    want_ids = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")(TEXT).input_ids
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out")(TEXT).input_ids == want_ids
+    assert want_ids[0] == trained.tokenizer.bos_id
     ids = np.random.default_rng(1).integers(0, len(spm["tokens"]), (1, 24))
     with torch.no_grad():
         want = reloaded(torch.as_tensor(ids)).logits.numpy()

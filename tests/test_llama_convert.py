@@ -8,8 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

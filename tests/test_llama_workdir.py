@@ -2,12 +2,11 @@
 checked against transformers on the same folder (skipped without the `interop` extra)."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
 import pytest
-
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -18,6 +17,7 @@ from tiny_hf import save_tiny_decoder  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.llama import load_llama  # noqa: E402
+from txjax.decode.workdir import workdir_prompt  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 30
@@ -52,11 +52,14 @@ def test_import_keeps_params_and_tokenizer(folder, workdir):
     jax.tree.map(np.testing.assert_array_equal, loaded.params, params)
     ref = transformers.AutoTokenizer.from_pretrained(folder / "hf")
     text = "Speak, citizen: hear me."
-    assert loaded.tokenizer.prefix() + loaded.tokenizer.encode(text) == ref(text).input_ids  # BOS first, as HF
+    assert workdir_prompt(loaded, text)[0] == ref(text).input_ids  # generate's prompt: BOS first, as HF
     messages = [{"role": "user", "content": "Speak."}]
     assert loaded.tokenizer.render_chat(messages) == ref.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )
+    # generate --chat's prompt: the template's own BOS once, as apply_chat_template tokenizes the rendered text
+    chat_ids = ref.apply_chat_template(messages, add_generation_prompt=True, return_dict=True).input_ids
+    assert workdir_prompt(loaded, "Speak.", chat=True)[0] == chat_ids and chat_ids.count(ref.bos_token_id) == 1
 
 
 def test_eval_text_equals_transformers_on_the_same_windows(folder, workdir, capsys):
@@ -82,6 +85,48 @@ def test_chat_generation_stops_at_eos(workdir, capsys):
     flags = ["--chat", "--prompt=Speak.", "--max_new_tokens=20", "--method=greedy"]
     assert run.main(["generate", f"--workdir={workdir}", *flags]) == 0
     assert "[assistant]" not in capsys.readouterr().out  # the reply alone, not the rendered conversation
+
+
+def _damaged(folder, tmp_path, name: str, change) -> tuple:
+    """A copy of the Hugging Face folder whose file `name` is change(its text)."""
+    copy = tmp_path / "damaged"
+    shutil.copytree(folder / "hf", copy)
+    (copy / name).write_text(change((copy / name).read_text()))
+    return copy, copy / name
+
+
+@pytest.mark.parametrize(
+    "name, change, words",
+    [
+        ("tokenizer.json", lambda text: text[: len(text) // 2], "not valid JSON ("),
+        ("tokenizer.json", lambda text: text.replace('"BPE"', '"Nonesuch"'), "not a tokenizer the tokenizers library"),
+        ("tokenizer_config.json", lambda text: text[:-3], "not valid JSON ("),
+        ("chat_template.jinja", lambda text: text.replace("{% endif %}", ""), "the chat template does not compile"),
+    ],
+    ids=["tokenizer_cut_short", "tokenizer_malformed", "tokenizer_config_cut_short", "chat_template"],
+)
+def test_a_damaged_tokenizer_file_is_one_line_at_import_naming_it(folder, tmp_path, capsys, name, change, words):
+    """Once the tokenizers library's raw exception, or a template that imported fine and then failed at --chat with
+    jinja2's traceback: one line naming the file, and nothing written."""
+    damaged, path = _damaged(folder, tmp_path, name, change)
+    target = tmp_path / "run"
+    flags = [f"--from={damaged}", f"--workdir={target}", f"--config.data.path={folder / 'text.txt'}"]
+    assert run.main(["import", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and words in err and err.count("\n") == 1, err
+    assert "Traceback" not in err and not target.exists()
+
+
+def test_generate_chat_with_a_broken_template_in_the_workdir_is_one_line(workdir, tmp_path, capsys):
+    """A workdir imported before templates were checked (its tokenizer/tokenizer.json edited here): one line."""
+    copy = tmp_path / "llama"
+    shutil.copytree(workdir, copy)
+    saved = json.loads((copy / "tokenizer" / "tokenizer.json").read_text())
+    (copy / "tokenizer" / "tokenizer.json").write_text(json.dumps(saved | {"chat_template": "{% for m in messages %}"}))
+    assert run.main(["generate", f"--workdir={copy}", "--chat", "--prompt=Speak.", "--max_new_tokens=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the workdir's tokenizer/tokenizer.json: the chat template does not compile (line 1")
+    assert "drop --chat" in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
 def test_export_loads_in_transformers_with_equal_logits(folder, workdir, tmp_path, capsys):
@@ -112,6 +157,7 @@ def test_init_from_starts_from_the_imported_parameters(folder, workdir, tmp_path
     assert run.main(["train", f"--workdir={tuned}", *flags]) == 0
     source, result = load_workdir(workdir), load_workdir(tuned)
     assert result.step == 2 and result.model.cfg == source.model.cfg and result.tokenizer.kind == "hf"
+    # exact by construction: at learning rate 0 every update is an exact 0
     jax.tree.map(np.testing.assert_array_equal, result.params, source.params)
 
 
@@ -130,3 +176,33 @@ def test_import_onto_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(fol
             reason = "Read-only file system" if name == "read_only" else "No space left on device"
             assert str(target) in line and reason in line
             assert list((tmp_path / name).iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ("nan", "tensor model.layers.1.mlp.up_proj.weight holds 2 NaN or infinite values"),
+        ("int8", "tensor model.layers.1.mlp.up_proj.weight is stored as I8"),
+    ],
+)
+def test_a_weight_holding_nan_or_stored_as_integers_is_one_line_and_writes_nothing(
+    folder, tmp_path, capsys, damage, named
+):
+    """One weight with a NaN and an infinity (a damaged file: it imported, then scored NaN) or rounded to int8 (a
+    quantized tensor, which a cast would silently make another model): one line naming the tensor, no workdir."""
+    from safetensors.numpy import load_file, save_file
+    from test_storage_faults import one_error
+
+    hf = tmp_path / "hf"
+    shutil.copytree(folder / "hf", hf)
+    tensors = load_file(hf / "model.safetensors")
+    weight = tensors["model.layers.1.mlp.up_proj.weight"].copy()
+    if damage == "nan":
+        weight.flat[[3, 7]] = [np.nan, np.inf]
+    else:
+        weight = np.round(weight * 100).astype(np.int8)
+    save_file(tensors | {"model.layers.1.mlp.up_proj.weight": weight}, hf / "model.safetensors")
+    flags = [f"--from={hf}", f"--workdir={tmp_path / 'wd'}", f"--config.data.path={folder / 'text.txt'}"]
+    assert run.main(["import", *flags]) == 2
+    assert named in one_error(capsys)
+    assert not (tmp_path / "wd").exists()

@@ -205,7 +205,7 @@ def test_cli_errors_are_one_line(monkeypatch, workdir, tmp_path, capsys):
 @pytest.mark.parametrize("family", ["encoder_decoder", "prefix_lm"])
 def test_refuses_a_model_whose_output_is_a_new_text(family):
     """lm-eval scores a text continuing another: a family that writes a new text from a source is refused in one
-    line, before anything is read or compiled (Family.check_lm_eval)."""
+    line, before anything is read or compiled (Family.check_scores_text)."""
     run = types.SimpleNamespace(model=families.build(family, ModelConfig(vocab_size=8, max_len=8)))
-    with pytest.raises(ConfigError, match=f"^the run is a {family} model: lm-eval scores decoder-only LMs$"):
+    with pytest.raises(ConfigError, match=f"^the run is of family {family}: lm-eval scores decoder-only LMs$"):
         TxjaxLM(run=run)

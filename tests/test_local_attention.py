@@ -16,8 +16,6 @@ from txjax.model import blockwise, masks
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM, unstack_layers
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 W = 4  # the window of every test here
 
 

@@ -23,8 +23,6 @@ from txjax.model.models import DecoderLM, unstack_layers
 from txjax.ops.summary import summarize
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 D, X, F = 8, 4, 6  # d_model, experts, expert width
 
 

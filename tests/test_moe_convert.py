@@ -10,8 +10,6 @@ import json
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

@@ -28,7 +28,6 @@ from test_sharded_training import (
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)"),
-    pytest.mark.usefixtures("compilation_cache"),
 ]
 
 REPO = Path(__file__).resolve().parents[1]

@@ -77,6 +77,7 @@ def test_at_the_base_width_mup_is_the_standard_model_and_the_readout_is_divided_
     for x, y in zip(jax.tree_util.tree_leaves(p_std), jax.tree_util.tree_leaves(p_mup), strict=True):
         np.testing.assert_array_equal(x, y)
     logits = jax.jit(standard.apply)({"params": p_std}, tokens)
+    # exact by construction: at m = 1 muP's program is the standard one but for the readout's division by 1.0, exact
     np.testing.assert_array_equal(jax.jit(mup.apply)({"params": p_std}, tokens), logits)
     assert set(jax.tree_util.tree_leaves(mup_lr_multipliers(param_roles(mup), mup.cfg))) == {1.0}
     wide_std, wide_mup = (DecoderLM(mup_config(4 * BASE, p)) for p in ("standard", "mup"))

@@ -10,8 +10,6 @@ from txjax import config as config_lib
 from txjax.data import SyntheticTask, task_tokenizer
 from txjax.data.synthetic import PASSKEY_DIGITS
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 
 def test_the_answer_is_the_digits_after_the_one_plus_anywhere_in_the_context():
     task, rng, positions = SyntheticTask("passkey", min_digits=64, max_digits=64), np.random.default_rng(0), set()

@@ -23,8 +23,6 @@ from txjax.model.masks import prefix_mask, segment_mask
 from txjax.ops.metrics_log import read_metrics
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 VOCAB, PAD, EOS, BOS = 13, 0, 1, 2
 SOURCES = [[5, 6, 7, 8, EOS], [9, 4, EOS], [3, 11, 12, 10, 6, 7, EOS]]
 
@@ -182,6 +180,7 @@ def test_a_tiny_run_learns_and_run_py_eval_gives_bleu_as_the_sweep_probe_does(tm
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 <= metrics["bleu"] <= 100 and metrics["decode"]["method"] == "beam" and metrics["tokens"] > 0
     probed = run_probes(["test_split"], tmp_path / "run")  # a sweep's probe: the same numbers, eval_test.json too
+    # exact by construction: the probe runs split_metrics as run.py eval did, the same compiled programs and batches
     assert probed == {f"test_{k}": v for k, v in metrics.items() if isinstance(v, float)} and "test_bleu" in probed
     assert json.loads((tmp_path / "run" / "eval_test.json").read_text())["bleu"] == metrics["bleu"]
 

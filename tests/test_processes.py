@@ -110,6 +110,58 @@ def test_sigterm_ends_any_other_command_with_one_line(monkeypatch, capsys, comma
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.parametrize("command", ["import", "export", "prepare"])
+def test_a_signal_after_the_work_is_complete_ends_with_0_and_says_so(monkeypatch, capsys, command):
+    """A job script's SIGTERM once the output is in place (the command called preemption.complete) ends the command
+    with its summary and status 0, not 143: a retried import would fail on the workdir the first one wrote."""
+
+    def main(argv):
+        preemption.complete()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # the handler runs in here, and returns
+        print('{"workdir": "w"}')
+
+    monkeypatch.setattr(run.importlib, "import_module", lambda name: types.SimpleNamespace(main=main))
+    assert run.main([command]) == 0
+    out, err = capsys.readouterr()
+    assert out == '{"workdir": "w"}\n'
+    assert err.splitlines() == [f"SIGTERM arrived after run.py {command} completed its work; nothing was lost (exit 0)"]
+
+
+TEARDOWN = """
+import atexit, importlib, signal, sys, time, types
+import run
+
+def teardown():  # as JAX's and orbax's exit handlers: a while, here until the signal's handler ran (it gives
+    print("tearing down", flush=True)  # the signals their default action back), at most 60 s
+    deadline = time.monotonic() + 60
+    while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+def main(argv):
+    atexit.register(teardown)
+    print('{"workdir": "w"}')
+
+real = importlib.import_module
+importlib.import_module = lambda name, package=None: (
+    types.SimpleNamespace(main=main) if name == run.COMMANDS["import"] else real(name, package)
+)
+sys.exit(run.main(["import"], exiting=True))
+"""
+
+
+def test_a_signal_during_the_teardown_after_status_0_keeps_it():
+    """The summary printed and main returned 0: a SIGTERM while the interpreter's exit handlers run ends the process
+    with 0 and one line (it was killed, 143, without a word)."""
+    proc = subprocess.Popen([sys.executable, "-c", TEARDOWN], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout.readline() == '{"workdir": "w"}\n'
+    assert proc.stdout.readline() == "tearing down\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (0, preemption.after_work_line(signal.SIGTERM, "import") + "\n")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("inside", ["gc_callback", "finalizer"])
 def test_a_signal_inside_a_gc_callback_or_finalizer_still_stops_the_command(monkeypatch, capsys, signum, inside):

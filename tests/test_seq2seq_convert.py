@@ -14,18 +14,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from tiny_hf import S2S_CTX, S2S_VOCAB, SEQ2SEQ, save_tiny_seq2seq, seq2seq_config, seq2seq_logits, sources  # noqa: E402
+from tiny_hf import (  # noqa: E402
+    PAIRS,
+    S2S_CTX,
+    S2S_VOCAB,
+    SEQ2SEQ,
+    marian_tokenizer,
+    save_marian_tokenizer,
+    save_tiny_seq2seq,
+    seq2seq_config,
+    seq2seq_logits,
+)
 
 import run  # noqa: E402
 from txjax import config as config_lib  # noqa: E402
 from txjax.convert import bart, hf_folder, marian, t5  # noqa: E402
 from txjax.decode import generate  # noqa: E402
+from txjax.decode.workdir import workdir_prompt  # noqa: E402
 from txjax.experiment import build_tokenizer, load_workdir  # noqa: E402
 from txjax.families import build, init_params  # noqa: E402
 from txjax.model.positional import relative_bucket, sinusoidal_halves  # noqa: E402
@@ -36,11 +45,22 @@ BIBLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bible"
 
 @pytest.fixture(scope="module", params=list(SEQ2SEQ))
 def imported(request, tmp_path_factory):
-    """(transformers' model, the workdir `run.py import` wrote from its folder)."""
+    """(transformers' model, the workdir `run.py import` wrote from its folder); Marian's folder holds
+    MarianTokenizer's files and a stand-in tokenizer.json of their vocabulary (tiny_hf.save_marian_tokenizer)."""
     root = tmp_path_factory.mktemp(request.param)
     hf = save_tiny_seq2seq(request.param, root / "hf")
+    if request.param == "marian":
+        save_marian_tokenizer(root / "hf")
     assert run.main(["import", f"--from={root / 'hf'}", f"--workdir={root / 'wd'}"]) == 0
     return hf, root / "wd"
+
+
+def reference_tokenizer(workdir):
+    """transformers' tokenizer of the imported folder: MarianTokenizer where its files are, else AutoTokenizer."""
+    folder = workdir.parent / "hf"
+    if (folder / "source.spm").is_file():
+        return marian_tokenizer(folder)
+    return transformers.AutoTokenizer.from_pretrained(folder)
 
 
 def test_positions_are_marians_table():
@@ -80,36 +100,40 @@ def test_logits_equal_transformers(imported):
 
 
 @pytest.mark.parametrize("imported", ["marian", "bart", "t5v1_1"], indirect=True)
-def test_greedy_translation_equals_transformers(imported):
-    """generate from sources, starting from the imported BOS (the decoder start): transformers' 40 tokens. (T5
-    v1.0 decodes as v1.1 does; its ReLU and scaled tied head are in the logits test.)"""
+def test_greedy_translation_of_a_text_equals_transformers(imported):
+    """Two texts read as `run.py generate` reads them (workdir_prompt: the tokenizer's specials around each, as
+    the model's own tokenizer adds them: Marian's and T5's </s> after, BART's <s> before too) are transformers'
+    tokenizer(text).input_ids, and generate from them, as one padded batch from the imported BOS (the decoder
+    start), gives the 40 tokens of transformers' model.generate(**tokenizer(text, return_tensors="pt")). (T5 v1.0
+    decodes as v1.1 does; its ReLU and scaled tied head are in the logits test.)"""
     hf, workdir = imported
-    run_ = load_workdir(workdir)
+    run_, ref = load_workdir(workdir), reference_tokenizer(workdir)
     tok = run_.tokenizer
-    ids, src, mask = sources(tok)
+    texts = [PAIRS[0][0], PAIRS[3][0] + " " + PAIRS[4][0]]
+    prompts = [workdir_prompt(run_, text, method="greedy", max_new_tokens=40) for text in texts]
+    ids = [row for row, _, _ in prompts]
+    assert ids == [ref(text).input_ids for text in texts] and len(ids[0]) != len(ids[1])
     with torch.no_grad():
-        out = hf.generate(
-            input_ids=torch.tensor(src, dtype=torch.long),
-            attention_mask=torch.tensor(mask),
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=40,
-        ).numpy()
-    assert (out[:, 0] == tok.bos_id).all()
-    strategy = dict(max_new_tokens=40, eos_id=tok.eos_id)
-    got = generate(run_.model, run_.params, ids, bos_id=tok.bos_id, pad_id=tok.pad_id, **strategy)
+        out = [
+            hf.generate(**ref(text, return_tensors="pt"), do_sample=False, num_beams=1, max_new_tokens=40)[0]
+            for text in texts
+        ]
+    assert all(row[0] == tok.bos_id for row in out)
+    got = generate(run_.model, run_.params, ids, bos_id=tok.bos_id, pad_id=tok.pad_id, **prompts[0][2])
     assert [len(g) for g in got.ids] == [40, 40]
-    assert got.ids == out[:, 1:].tolist()
+    assert got.ids == [row[1:].tolist() for row in out]
 
 
 def test_export_round_trip(imported, tmp_path):
     """run.py export of each imported workdir: a folder transformers loads (T5's tied head with its d_model^-0.5
-    taken back out of the final norm), with the same logits and special ids."""
+    taken back out of the final norm), with the same logits and special ids, and a tokenizer that writes a text as
+    the imported one did (Marian's: its EOS after, by a post-processor its stand-in tokenizer.json lacked)."""
     hf, workdir = imported
     assert run.main(["export", f"--workdir={workdir}", f"--to={tmp_path / 'out'}"]) == 0
     back = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out").eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert (tok.eos_token_id, tok.pad_token_id) == (hf.config.eos_token_id, hf.config.pad_token_id)
+    assert tok(PAIRS[0][0]).input_ids == reference_tokenizer(workdir)(PAIRS[0][0]).input_ids
     assert back.config.decoder_start_token_id == hf.config.decoder_start_token_id
     src = torch.tensor([[5, 17, 9, 30, hf.config.eos_token_id]])
     tgt = torch.tensor([[hf.config.decoder_start_token_id, 7, 11, 40]])
@@ -138,17 +162,17 @@ def test_untied_t5_exports_its_own_head(imported, tmp_path):
 @pytest.mark.parametrize("imported", ["t5"], indirect=True)
 def test_export_refuses_what_the_family_lacks_in_one_line(imported):
     """A field T5 or BART fixes, changed (as an experiment may): its exporter names it, before anything is
-    written."""
+    written (the folder given is never touched)."""
     _, workdir = imported
     run_ = load_workdir(workdir)
     cases = [
-        (t5.config_to_hf, dataclasses.replace(run_.model.cfg, norm="layernorm"), "model.norm='layernorm'"),
-        (t5.config_to_hf, dataclasses.replace(run_.model.cfg, num_kv_heads=1), "model.num_kv_heads=1"),
-        (lambda cfg, tok: bart.write_bart(None, cfg, {}, tok), run_.model.cfg, "model.positional='relative_buckets'"),
+        (t5.write_t5, dataclasses.replace(run_.model.cfg, norm="layernorm"), "model.norm='layernorm'"),
+        (t5.write_t5, dataclasses.replace(run_.model.cfg, num_kv_heads=1), "model.num_kv_heads=1"),
+        (bart.write_bart, run_.model.cfg, "model.positional='relative_buckets'"),
     ]
     for export, cfg, field in cases:
         with pytest.raises(ValueError, match=re.escape(field)) as e:
-            export(cfg, run_.tokenizer)
+            export(None, cfg, run_.params, run_.tokenizer)
         assert "\n" not in str(e.value)
 
 

@@ -26,7 +26,6 @@ from txjax.training.step import make_train_step
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS set in conftest.py)"),
-    pytest.mark.usefixtures("compilation_cache"),
 ]
 
 TINY = [

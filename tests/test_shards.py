@@ -24,7 +24,6 @@ from txjax.state.checkpoint import Checkpointer
 from txjax.training.loop import train
 
 L = 24  # seq_len: the documents are ~5-60 tokens, so packed rows hold several
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

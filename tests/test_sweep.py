@@ -22,7 +22,6 @@ from txjax.sweep.spec import SweepRun, deduplicate, expand, load_sweep
 from txjax.training.loop import train
 
 REPO = Path(__file__).parents[1]
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # a rerun, a resume, a run alone: programs compiled before
 
 TINY = {
     "model.num_layers": 1,

@@ -23,12 +23,12 @@ from txjax.sweep.spec import expand
 ray = pytest.importorskip("ray", reason="the sweep extra: pip install -e '.[sweep]'")
 from txjax.sweep.ray_launcher import _worker_env, run_on_ray  # noqa: E402 -- needs ray
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("compilation_cache")]
+pytestmark = pytest.mark.ray
 STEPS = {**TINY, "train.steps": 20, "train.eval_every": 4, "train.checkpoint_every": 4}
 
 
 @pytest.fixture(scope="module")
-def cluster(compilation_cache):
+def cluster():
     """One local Ray cluster for the module; its workers inherit the suite's XLA flags and compilation cache."""
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": _worker_env()}, log_to_driver=False)
     yield
@@ -36,7 +36,9 @@ def cluster(compilation_cache):
 
 
 def same_runs(a, b):
-    """Every run of sweep folder a equals b's: parameters bit for bit, the same logged losses at the same steps."""
+    """Every run of sweep folder a equals b's: parameters bit for bit, the same logged losses at the same steps.
+    Exact by construction: a Ray worker compiles the in-process run's HLO with the same XLA flags (_worker_env) on
+    the same machine, and runs it over the same batches."""
     assert sorted(results(a)) == sorted(results(b))
     for name in results(a):
         for x, y in zip(jax.tree_util.tree_leaves(params_of(a / name)), jax.tree_util.tree_leaves(params_of(b / name))):

@@ -29,8 +29,6 @@ from txjax.sweep.local import run_sweep
 from txjax.sweep.spec import load_sweep
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
-
 TINY = {
     "data.max_digits": 4,
     "data.eval_size": 20,
@@ -266,6 +264,28 @@ def test_a_sweeps_stacked_runs_are_grouped_and_nested_under_one_parent(tmp_path,
         assert wandb_series([w], "train/loss") == series(records, "train")
         ids |= {child.info.run_id, w["id"]}
     assert len(ids) == 4
+
+
+def test_a_rerun_of_a_run_finished_while_mlflow_was_down_logs_the_runs_own_result(
+    tmp_path, mlflow_client, server_process, monkeypatch, capfd
+):
+    """No server answers for the whole run (a port nobody listens on): one warning, the run finishes. Its rerun with
+    the server back catches the series up and logs as result.json what the run printed, its train loss, step times
+    and compile counts, not those of the rerun, which trained no step."""
+    workdir, config = tmp_path / "run", tiny_config(**{"train.trackers": "jsonl,mlflow", "train.steps": 4})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # refused at once
+    result = train(config, workdir)
+    assert capfd.readouterr().err.count("the mlflow tracker failed") == 1
+    assert result["train_step_compiles"] == 1 and result["ms_per_step_median"] > 0
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server_process.uri)
+    assert train(config, workdir) == result
+    run_id = json.loads((workdir / trackers.STATE_FILE).read_text())["mlflow"]["run_id"]
+    records = read_metrics(workdir)
+    assert mlflow_series(mlflow_client, run_id, "train/loss") == series(records, "train")
+    assert result["train_loss"] == series(records, "train")[-1][1]
+    logged = json.loads(Path(mlflow_client.download_artifacts(run_id, "result.json", str(tmp_path))).read_text())
+    assert logged == result
 
 
 def test_a_killed_server_leaves_training_running_and_metrics_jsonl_whole(

@@ -29,7 +29,6 @@ from txjax.training.stack import train_runs
 from txjax.training.step import make_train_step
 
 REPO = Path(__file__).parents[1]
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
 
 
 TINY_TASK = ["--config.data.max_digits=4", "--config.data.eval_size=20"]  # synthetic: 1-4 digits

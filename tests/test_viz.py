@@ -18,8 +18,6 @@ from txjax.model.models import DecoderLM, EncoderDecoder, unstack_layers
 from txjax.ops.summary import param_shapes
 from txjax.training.loop import train
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")  # tests/conftest.py
-
 TOK = CharTokenizer.from_text("abc de\n$", specials=True)
 CFG = ModelConfig(vocab_size=TOK.vocab_size, d_model=16, num_heads=2, d_ff=32, num_layers=2, max_len=16)
 IDS = TOK.encode("abc de\nab")

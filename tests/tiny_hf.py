@@ -7,7 +7,11 @@ first."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import numpy as np
+import sentencepiece as spm
 import tokenizers
 import torch
 import transformers
@@ -45,7 +49,9 @@ def assert_logits_match(model, cfg, params, tokens_BxL) -> None:
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    """transformers.generate's greedy `new_tokens` after one prompt."""
+    """transformers.generate's greedy `new_tokens` after one prompt. The tests compare txjax's greedy ids with these
+    for equality although the two backends' logits differ in the last digits: randomized weights give logits of order
+    10, so no step's two best lie within that difference."""
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
     return out[0, len(prompt) :].tolist()
@@ -233,6 +239,14 @@ SEQ2SEQ = {
     "t5": (["<pad>", "</s>", "<unk>"], (1, 0, 0), "T5Config", T5_SIZES | dict(feed_forward_proj="relu")),
     "t5v1_1": (["<pad>", "</s>", "<unk>"], (1, 0, 0), "T5Config", T5_SIZES | dict(feed_forward_proj="gated-gelu")),
 }
+# what each one's tokenizer.json adds around a source, as the real ones' do (Marian's: none, a stand-in's)
+T5_PROCESSOR = lambda: tokenizers.processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+POST_PROCESSORS = {
+    "marian": lambda: None,
+    "bart": lambda: tokenizers.processors.RobertaProcessing(("</s>", 2), ("<s>", 0)),
+    "t5": T5_PROCESSOR,
+    "t5v1_1": T5_PROCESSOR,
+}
 
 
 def seq2seq_config(kind, **changes):
@@ -253,12 +267,14 @@ def seq2seq_config(kind, **changes):
 def save_tiny_seq2seq(kind, folder, **changes):
     """A random 2+2-layer model of `kind` with a random final_logits_bias (T5: relative bias and tokens of std 1) and
     EOS pushed down (T5: its token row zero) so that greedy search runs its 40 tokens, saved by transformers with a
-    BPE fast tokenizer trained on both sides of PAIRS; returns it."""
+    BPE fast tokenizer trained on both sides of PAIRS (BART's and T5's post-processors: <s> ... </s>, ... </s>);
+    returns it."""
     specials = SEQ2SEQ[kind][0]
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     trainer = tokenizers.trainers.BpeTrainer(vocab_size=S2S_VOCAB, special_tokens=specials)
     bpe.train_from_iterator([s for pair in PAIRS for s in pair], trainer)
+    bpe.post_processor = POST_PROCESSORS[kind]()
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>")
     config = seq2seq_config(kind, **changes)
     model = transformers.AutoModelForSeq2SeqLM.from_config(config)
@@ -302,3 +318,39 @@ def seq2seq_logits(hf, model, params, tokenizer):
             decoder_input_ids=torch.tensor(tgt, dtype=torch.long),
         ).logits.numpy()
     return want, np.asarray(model.apply({"params": params}, src, tgt, src_segment_ids=mask))
+
+
+def save_marian_tokenizer(folder):
+    """MarianTokenizer's own files in `folder` (source.spm = target.spm: a SentencePiece word model of both sides of
+    PAIRS, </s> 0, <unk> 1, <pad> 2 as SEQ2SEQ["marian"]; vocab.json its pieces' ids) and, as its tokenizer.json, a
+    `tokenizers` stand-in of the same vocabulary without a post-processor (Marian has no fast tokenizer: a user
+    writes one); returns the MarianTokenizer."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([s for pair in PAIRS for s in pair]),
+        model_writer=model,
+        model_type="word",
+        vocab_size=S2S_VOCAB,
+        hard_vocab_limit=False,
+        eos_id=0,
+        unk_id=1,
+        pad_id=2,
+        bos_id=-1,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    for name in ("source.spm", "target.spm"):
+        (folder / name).write_bytes(model.getvalue())
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    words.decoder = tokenizers.decoders.Metaspace()
+    words.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    words.save(str(folder / "tokenizer.json"))
+    return marian_tokenizer(folder)
+
+
+def marian_tokenizer(folder):
+    """transformers' MarianTokenizer of the files save_marian_tokenizer wrote into `folder`."""
+    return transformers.MarianTokenizer(*(str(folder / name) for name in ("source.spm", "target.spm", "vocab.json")))

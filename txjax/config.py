@@ -19,7 +19,7 @@ import ml_collections
 
 from txjax import families, ranges, unread
 from txjax.data import kinds, tokenizers
-from txjax.decode.strategy import METHODS
+from txjax.decode.strategy import METHODS, OPTION_DEFAULTS
 from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.ops import profiling
@@ -102,12 +102,7 @@ def base_config() -> ml_collections.ConfigDict:
             "decode": {  # txjax.decode.strategy: method greedy | sample | beam, each with its own options
                 "method": "greedy",
                 "max_new_tokens": 64,
-                "temperature": 1.0,  # sample
-                "top_k": 0,  # sample
-                "top_p": 1.0,  # sample
-                "num_samples": 1,  # sample
-                "beam_size": 4,  # beam
-                "length_penalty": 0.6,  # beam
+                **OPTION_DEFAULTS,  # the options of each method (METHOD_OPTIONS) and their defaults, defined there
                 "prefill_chunk": 0,  # feed the prompt this many tokens per call (0 = all at once): long prompts
             },
         }
@@ -249,8 +244,8 @@ def validate(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigD
     model_config({**config.model.to_dict(), **{k: config.model[k] or 1 for k in ("vocab_size", "max_len")}})
     validate_sequence_axis(config)
     validate_expert_axis(config)
-    refused = unread.refusal(config, defaults or base_config())
-    if refused:
+    families.get(config.family).check(config)  # what the family cannot run
+    if refused := unread.refusal(config, defaults or base_config()):
         raise ConfigError(refused)
 
 

@@ -10,6 +10,7 @@ import sys
 import jax
 
 from txjax import config as config_lib
+from txjax import families
 from txjax.cli import add_distributed_flags, initialize_distributed, parse_with_overrides
 from txjax.config import ConfigError, user_errors
 from txjax.data import KINDS, resolve_path
@@ -54,6 +55,9 @@ def main(argv: list[str]) -> None:
     for flag in overrides:
         config_lib.apply_override(config, flag)
     config_lib.validate(config, saved)  # a bad decode field is one line here, not a traceback from the decoder
+    if args.text:  # an encoder-decoder or a prefix LM writes a new text from a source: a text alone has no meaning
+        fix = " (a text alone is no source for it): evaluate its pairs with --split=valid or --split=test"
+        families.get(config.family).check_scores_text(args.workdir, "--text", fix)
     mesh_given = any(flag.startswith("--config.mesh.") for flag in overrides)
     mesh = (distributed.run_mesh if mesh_given else distributed.fitting_mesh)(config.mesh)
     decode_given = [flag.partition("=")[0].split(".")[-1] for flag in overrides if flag.startswith("--config.decode.")]

@@ -7,6 +7,7 @@ import json
 
 from txjax import config as config_lib
 from txjax.convert.workdir import export_workdir
+from txjax.ops import preemption
 
 
 def main(argv: list[str]) -> None:
@@ -18,4 +19,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--to", required=True, help="the new folder (must not exist, or be empty)")
     args = parser.parse_args(argv)
     with config_lib.user_errors():
-        print(json.dumps(export_workdir(args.workdir, args.to)))
+        summary = export_workdir(args.workdir, args.to)
+    preemption.complete()  # the folder is in place: a signal from here on is no reason to retry
+    print(json.dumps(summary))

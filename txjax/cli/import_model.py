@@ -7,6 +7,7 @@ import json
 
 from txjax import config as config_lib
 from txjax.convert.workdir import import_model
+from txjax.ops import preemption
 
 
 def main(argv: list[str]) -> None:
@@ -26,4 +27,6 @@ def main(argv: list[str]) -> None:
         if not flag.startswith("--config."):
             parser.error(f"unrecognized argument {flag}")
     with config_lib.user_errors():
-        print(json.dumps(import_model(args.source, args.workdir, args.config, overrides)))
+        summary = import_model(args.source, args.workdir, args.config, overrides)
+    preemption.complete()  # the workdir is in place: a signal from here on is no reason to retry
+    print(json.dumps(summary))

@@ -10,6 +10,7 @@ from txjax.config import user_errors
 from txjax.data.prepare import prepare
 from txjax.data.prepare_tokenizer import RECIPES
 from txjax.data.readers import FORMATS
+from txjax.ops import preemption
 
 
 def main(argv: list[str]) -> None:
@@ -45,4 +46,5 @@ def main(argv: list[str]) -> None:
             shard_mb=args.shard_mb,
             workers=args.workers,
         )
+    preemption.complete()  # DIR is in place: a signal from here on is no reason to retry
     print(json.dumps(summary))

@@ -11,6 +11,7 @@ gguf:      llama.cpp's .gguf files (llama, qwen2, qwen3; gemma2, gemma3 through 
            load_gguf(path) -> (ModelConfig, params, HFTokenizer)
 marian, bart, t5: Hugging Face MarianMT / BART / T5 folders <-> EncoderDecoder (load_*, write_*)
 hf_folder: what the folder formats share (safetensors reading, tokenizer.json files, atomic writes)
+exportable: export whole or refused (every writer's config read back, every parameter written)
 workdir:   a checkpoint <-> a txjax workdir (`run.py import`, `run.py export`)
 """
 

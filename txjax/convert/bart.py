@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from txjax.convert import hf_folder, marian
+from txjax.convert import exportable, hf_folder, marian
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.model.config import ModelConfig
 
@@ -96,7 +96,7 @@ def load_bart(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Inverse of params_from_hf: EncoderDecoder params (scanned or looped) -> HF tensors as
     BartForConditionalGeneration.save_pretrained names them; differing token tables are a ValueError."""
-    params = marian.looped(params, cfg)
+    params = exportable.looped(params, cfg, FAMILY)
     tokens = params["src_embed"]["tokens"]["embedding"]
     if not hf_folder.same(tokens, params["tgt_embed"]["tokens"]["embedding"]):
         raise ValueError(
@@ -117,5 +117,5 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def write_bart(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
     """Writes a BartForConditionalGeneration folder: config.json, model.safetensors and the tokenizer's files."""
-    hf_config = marian.lineage_config_to_hf(cfg, tokenizer, _BART_FIELDS, "BartForConditionalGeneration")
-    marian.write_seq2seq_folder(folder, hf_config, params_to_hf(params, cfg), tokenizer, cfg.max_len)
+    hf_config = marian.lineage_config_to_hf(cfg, tokenizer, "BartForConditionalGeneration")
+    marian.write_seq2seq_folder(folder, cfg, params, tokenizer, hf_config, config_from_hf, params_to_hf)

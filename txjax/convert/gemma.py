@@ -25,12 +25,13 @@ naming the config.json field.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from txjax.convert import hf_folder, llama
+from txjax.convert import exportable, hf_folder, llama
 from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
@@ -71,9 +72,14 @@ def window_pattern(layer_types: list) -> str:
 
 
 def _layer_types(hf: Mapping, kind: str) -> list:
-    """config.json's layer_types, or the older configs' rule: every `sliding_window_pattern`-th layer global
-    (Gemma 2: every second)."""
+    """config.json's layer_types (one per layer, as transformers requires: a shorter list is not repeated), or the
+    older configs' rule: every `sliding_window_pattern`-th layer global (Gemma 2: every second)."""
     if hf.get("layer_types"):
+        if len(hf["layer_types"]) != hf["num_hidden_layers"]:
+            raise ValueError(
+                f"config.json: layer_types has {len(hf['layer_types'])} entries for num_hidden_layers="
+                f"{hf['num_hidden_layers']} (one per layer)"
+            )
         return list(hf["layer_types"])
     every = 2 if kind == "gemma2" else int(hf.get("sliding_window_pattern", 6))
     return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(hf["num_hidden_layers"])]
@@ -147,10 +153,8 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """ModelConfig -> a config.json that Gemma3ForCausalLM (a model with q/k norms) or Gemma2ForCausalLM loads."""
-    for name, want in _GEMMA_FIELDS.items():
-        if getattr(cfg, name) != want:
-            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Gemma (needs {want!r})")
+    """ModelConfig -> a config.json that Gemma3ForCausalLM (a model with q/k norms) or Gemma2ForCausalLM loads; a
+    field it cannot hold is refused when it is read back (exportable.check_fields)."""
     kind = "gemma3_text" if cfg.qk_norm else "gemma2"
     rope = llama._rope_to_hf(cfg)
     if kind == "gemma2" and cfg.rope_local_base:
@@ -232,8 +236,9 @@ def load_gemma(folder) -> tuple[ModelConfig, dict]:
 
 def write_gemma(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
-    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    hf_folder.write_folder(folder, hf_config, tensors)
+    hf_config = config_to_hf(cfg, bos_id, eos_id)
+    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings)
+    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))
 
 
 def save_gemma(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:

@@ -21,6 +21,7 @@ The tokenizer comes from the metadata: for byte-level BPE (`tokenizer.ggml.model
 pre-tokenizer (llama.cpp's regexes, `_PRE_TOKENIZERS`); control tokens become special tokens, user-defined ones
 added tokens. A SentencePiece vocabulary (`llama`: tokens, scores, token types, as Gemma's) is rebuilt by
 transformers' GGUF tokenizer builders (transformers.integrations.gguf). BOS/EOS/pad ids, add_bos_token and
+add_eos_token (what goes around a text, as transformers' tokenizer of the file adds it) and
 `tokenizer.chat_template` are kept. Anything else is a one-line ValueError naming the key.
 """
 
@@ -35,7 +36,7 @@ import numpy as np
 from txjax.convert import gguf_gemma
 from txjax.convert.hf_folder import Stored, check_fits, check_headers
 from txjax.convert.llama import config_from_hf, params_from_hf
-from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.data.hf_tokenizer import HFTokenizer, chat_template
 from txjax.extras import require
 from txjax.model.config import ModelConfig
 
@@ -240,6 +241,8 @@ def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
     require(
         "tokenizers", "a .gguf file's tokenizer"
     )  # both pipelines are `tokenizers` ones: said before the file is read
+    if (template := f.get("tokenizer.chat_template")) is not None:  # a broken one refused at import, not at --chat
+        chat_template(template, f"{f.path} (tokenizer.chat_template)", "import a file whose template compiles")
     kind = f.require("tokenizer.ggml.model")
     if kind == "llama":
         pipeline = _sentencepiece(f)
@@ -251,14 +254,18 @@ def tokenizer_from_gguf(f: GGUFFile) -> HFTokenizer:
             "'llama', SentencePiece)"
         )
     ids = {name: f.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding")}
+    bos, eos, pad = (None if i is None else int(i) for i in ids.values())
+    # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise, EOS only where it says so
+    add_bos = bos is not None and bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama"))
+    add_eos = eos is not None and bool(f.get("tokenizer.ggml.add_eos_token", False))
     return HFTokenizer(
         pipeline,
-        bos_id=None if ids["bos"] is None else int(ids["bos"]),
-        eos_id=None if ids["eos"] is None else int(ids["eos"]),
-        pad_id=None if ids["padding"] is None else int(ids["padding"]),
-        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
-        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama")),
-        chat_template=f.get("tokenizer.chat_template"),
+        bos_id=bos,
+        eos_id=eos,
+        pad_id=pad,
+        before=[bos] * add_bos,
+        after=[eos] * add_eos,
+        chat_template=template,
     )
 
 

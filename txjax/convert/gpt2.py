@@ -19,13 +19,12 @@ names the field; writing goes to a temporary folder renamed into place, so a fai
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from txjax.convert import hf_folder
+from txjax.convert import exportable, hf_folder
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.model.config import ModelConfig
 
@@ -95,19 +94,13 @@ GPT2_SMALL = config_from_hf(
 
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """ModelConfig -> a GPT-2 config.json dict that transformers' GPT2Config loads; ValueError if not GPT-2-shaped."""
-    for name, want in _GPT2_FIELDS.items():
-        if getattr(cfg, name) != want:
-            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to GPT-2 (needs {want!r})")
+    """ModelConfig -> a GPT-2 config.json dict that transformers' GPT2Config loads; an activation GPT-2 lacks is a
+    ValueError, another field it cannot hold is refused when it is read back (exportable.check_fields)."""
     if cfg.activation not in _ACTIVATION_NAMES:
         raise ValueError(
             f"model.activation={cfg.activation!r} cannot be exported to GPT-2 "
             f"(needs one of {', '.join(_ACTIVATION_NAMES)})"
         )
-    if cfg.kv_heads != cfg.num_heads:
-        raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads} cannot be exported to GPT-2 (needs num_heads)")
-    if cfg.attention_scale not in ("sqrt", "none"):
-        raise ValueError(f"model.attention_scale={cfg.attention_scale!r} cannot be exported to GPT-2")
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -205,7 +198,8 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig) -> dict:
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params (scanned or looped layers) -> HF GPT-2 tensors named as save_pretrained names them."""
-    params, dec = hf_folder.looped_numpy(params, cfg)
+    params = exportable.looped(params, cfg)
+    dec = params["decoder"]
     out = {
         "wte.weight": params["embed"]["tokens"]["embedding"],
         "wpe.weight": params["embed"]["positions"]["embedding"],
@@ -238,7 +232,7 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
         return ByteLevelBPETokenizer.from_files(folder / "vocab.json", folder / "merges.txt")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder}: no GPT-2 tokenizer files (vocab.json + merges.txt, or tokenizer.json)")
-    hf = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    hf = hf_folder.read_json(folder / "tokenizer.json")
     model, pre = hf.get("model") or {}, hf.get("pre_tokenizer") or {}
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
         raise ValueError(
@@ -251,8 +245,8 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
 
 def write_gpt2(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (GPT2LMHeadModel.from_pretrained loads them)."""
-    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    hf_folder.write_folder(folder, hf_config, tensors)
+    hf_config = config_to_hf(cfg, bos_id, eos_id)
+    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, config_from_hf, params_to_hf))
 
 
 def save_gpt2(

@@ -5,7 +5,9 @@ tokenizer's files. (An encoder-decoder's params are checked against EncoderDecod
 Headers are not believed: the model a config (or GGUF header) describes must fit in memory (check_fits), and the
 converter runs once on the tensors' headers alone (check_headers), before any tensor is read; then the weights,
 `Stored` tensors known by their header, are each read when the converter asks for it (Tensors.get), in their stored
-dtype, and converted to float32 there, so one tensor at a time is in flight. Every problem is a one-line ValueError
+dtype, and converted to float32 there, so one tensor at a time is in flight. A tensor stored as an integer (a
+quantized checkpoint's int8: cast, it would be a different model) is refused by its header, and one holding NaN or
+infinity when it is read (a damaged file would import, then score NaN). Every problem is a one-line ValueError
 naming the file or tensor; writing goes to a temporary folder renamed into place, so a failure leaves nothing at the
 target.
 """
@@ -30,11 +32,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
-from txjax.data.hf_tokenizer import HFTokenizer
+from txjax.data.hf_tokenizer import HFTokenizer, added_around, chat_template, pipeline_adding_around
 from txjax.extras import require
 from txjax.families import DECODER_LM, Family, init_params
 from txjax.model.config import ModelConfig
-from txjax.model.models import stack_layers, unstack_layers
+from txjax.model.models import stack_layers
 from txjax.ops import storage
 from txjax.ops.memory import device_bytes
 
@@ -48,10 +50,19 @@ def read_config(folder: Path) -> dict:
     path = folder / HF_CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"{folder}: no {HF_CONFIG_FILE} (not a Hugging Face checkpoint folder)")
+    return read_json(path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file of a checkpoint folder (config.json, the tokenizer's files), as a dict; one that is cut
+    short or not JSON is a one-line ValueError naming it."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}): the file is damaged or cut short; download it again") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: a JSON {type(value).__name__}, not an object: download it again")
+    return value
 
 
 def load_decoder_folder(folder, config_from_hf: Callable, params_from_hf: Callable) -> tuple[ModelConfig, dict]:
@@ -80,14 +91,19 @@ def integers(hf: Mapping, *names: str) -> None:
             raise ValueError(f"config.json: {name}={hf.get(name)!r} must be an integer")
 
 
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # the safetensors dtypes an import converts to float32
+
+
 @dataclass(frozen=True)
 class Stored:
-    """A tensor in a file, known by its header: its shape (NumPy's order), bytes, and how to read it (in its stored
-    dtype; Tensors.get converts it)."""
+    """A tensor in a file, known by its header: its shape (NumPy's order), bytes, how to read it (in its stored
+    dtype; Tensors.get converts it) and its safetensors dtype (None: float once read, as a GGUF tensor, dequantized
+    on purpose)."""
 
     shape: tuple[int, ...]
     nbytes: int
     read: Callable[[], np.ndarray]
+    dtype: str | None = None
 
 
 def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
@@ -109,7 +125,7 @@ def check_fits(cfg: ModelConfig, source, family: Family = DECODER_LM) -> None:
 def check_headers(convert: Callable, tensors: Mapping[str, Stored], cfg: ModelConfig) -> None:
     """convert(tensors, cfg) run on the headers alone, abstractly (jax.eval_shape; each tensor a zeros of its
     header's shape): a missing, extra or misshapen tensor is its ValueError before any tensor is read."""
-    headers = {k: Stored(v.shape, 0, lambda s=v.shape: jnp.zeros(s, jnp.float32)) for k, v in tensors.items()}
+    headers = {k: Stored(v.shape, 0, lambda s=v.shape: jnp.zeros(s, jnp.float32), v.dtype) for k, v in tensors.items()}
     jax.eval_shape(lambda: convert(headers, cfg))
 
 
@@ -133,8 +149,9 @@ def read_tensors(folder: Path) -> dict[str, Stored]:
             with safe_open(path, framework="flax") as f:
                 for key in f.keys():
                     header = f.get_slice(key)
-                    shape, size = tuple(header.get_shape()), _DTYPE_BYTES.get(header.get_dtype(), 4)
-                    tensors[key] = Stored(shape, size * math.prod(shape), lambda p=path, k=key: _read(p, k))
+                    shape, dtype = tuple(header.get_shape()), header.get_dtype()
+                    size = _DTYPE_BYTES.get(dtype, 4) * math.prod(shape)
+                    tensors[key] = Stored(shape, size, lambda p=path, k=key: _read(p, k), dtype)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{path}: unreadable safetensors file ({e}); is it complete?") from None
     return tensors
@@ -156,6 +173,7 @@ class Tensors:
     float32; the names used are remembered, so that a tensor nothing asked for is an error too (`finish`)."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray | Stored], prefix: str):
+        self.prefix = prefix
         self.named = {k.removeprefix(prefix): v for k, v in tensors.items()}
         self.used = set()
         stored = sum(v.nbytes for v in self.named.values() if isinstance(v, Stored))
@@ -175,11 +193,24 @@ class Tensors:
         self.used.add(name)
         value = self.named[name]
         if isinstance(value, Stored):
+            if value.dtype not in (None, *FLOAT_DTYPES):  # in check_headers' pass too: before any tensor is read
+                raise ValueError(
+                    f"{WEIGHTS_FILE}: tensor {self.prefix}{name} is stored as {value.dtype}; txjax imports float "
+                    f"tensors ({', '.join(FLOAT_DTYPES)}): dequantize the checkpoint to one of them first"
+                )
             value = value.read()
             if tuple(np.shape(value)) != shape:
                 raise ValueError(f"{WEIGHTS_FILE}: {name} holds shape {np.shape(value)}, its header says {shape}")
             self.bar.update(self.named[name].nbytes)
-        return value if isinstance(value, jax.core.Tracer) else np.asarray(value, np.float32)  # tracer: check_headers
+        if isinstance(value, jax.core.Tracer):  # check_headers' pass
+            return value
+        value = np.asarray(value, np.float32)
+        if not np.isfinite(value).all():
+            raise ValueError(
+                f"tensor {self.prefix}{name} holds {np.count_nonzero(~np.isfinite(value)):,} NaN or infinite values "
+                f"(of {value.size:,}): the checkpoint is damaged; nothing was imported"
+            )
+        return value
 
     def finish(
         self, params: dict, cfg: ModelConfig, buffers: tuple[str, ...] = (), family: Family = DECODER_LM
@@ -193,14 +224,6 @@ class Tensors:
         params = stack_layers(params) if cfg.scan_layers else params
         check_params(params, cfg, family)
         return params
-
-
-def looped_numpy(params: Mapping, cfg: ModelConfig) -> tuple[dict, dict]:
-    """(params, decoder with layers_0 .. layers_{N-1}) as float32 NumPy, checked against DecoderLM(cfg): what the
-    exporters read."""
-    check_params(params, cfg)
-    params = jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))
-    return params, unstack_layers(params["decoder"]) if cfg.scan_layers else params["decoder"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -259,17 +282,25 @@ def _token_text(value) -> str | None:
 
 def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
     """The fast tokenizer of a save_pretrained folder: tokenizer.json, with BOS/EOS/pad and the chat template from
-    tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. The model expects BOS
-    first when the pipeline's own post-processor puts it there."""
+    tokenizer_config.json (or chat_template.jinja); ids config.json names are the fallback. What goes around a text
+    is what the pipeline's own post-processor adds (hf_tokenizer.added_around: Llama's BOS, BART's <s> ... </s>)."""
     tokenizers = require("tokenizers", "a pretrained model's tokenizer.json")
-    if not (folder / "tokenizer.json").is_file():
+    path = folder / "tokenizer.json"
+    if not path.is_file():
         raise ValueError(f"{folder}: no tokenizer.json (save the model's fast tokenizer with it)")
-    pipeline = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    read_json(path)  # a file cut short: named here, in Python's words
+    try:
+        pipeline = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception for a pipeline it cannot read
+        raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e}): download it again") from None
     config_path = folder / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    template = tok_config.get("chat_template")
+    tok_config = read_json(config_path) if config_path.is_file() else {}
+    template, template_path = tok_config.get("chat_template"), config_path
     if template is None and (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text()
+        template_path = folder / "chat_template.jinja"
+        template = template_path.read_text()
+    if template is not None:  # compiled now, so a broken one is refused at import, not at the first --chat
+        chat_template(template, str(template_path), "correct it, or remove the chat template to import without one")
 
     def special(name):
         text = _token_text(tok_config.get(f"{name}_token"))
@@ -277,16 +308,15 @@ def read_tokenizer(folder: Path, hf_config: Mapping) -> HFTokenizer:
         fallback = fallback[0] if isinstance(fallback, list) else fallback  # Llama 3 lists several EOS ids
         return pipeline.token_to_id(text) if text is not None else fallback
 
-    bos = special("bos")
-    add_bos = bos is not None and pipeline.encode("a").ids[:1] == [bos]
-    return HFTokenizer(
-        pipeline, bos_id=bos, eos_id=special("eos"), pad_id=special("pad"), add_bos=add_bos, chat_template=template
-    )
+    before, after = added_around(pipeline)
+    ids = {f"{name}_id": special(name) for name in ("bos", "eos", "pad")}
+    return HFTokenizer(pipeline, **ids, before=before, after=after, chat_template=template)
 
 
 def write_tokenizer(folder: Path, tokenizer: HFTokenizer, max_len: int) -> None:
-    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads."""
-    tokenizer.tok.save(str(folder / "tokenizer.json"))
+    """tokenizer.json + tokenizer_config.json that transformers' AutoTokenizer loads, adding around a text what
+    the tokenizer records (hf_tokenizer.pipeline_adding_around)."""
+    pipeline_adding_around(tokenizer).save(str(folder / "tokenizer.json"))
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_len,

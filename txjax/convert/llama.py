@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from txjax.convert import hf_folder
+from txjax.convert import exportable, hf_folder
 from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -166,11 +166,8 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
     """ModelConfig -> a config.json that LlamaForCausalLM loads (Qwen2ForCausalLM with q/k/v biases, Qwen3ForCausalLM
-    with q/k norms, MistralForCausalLM with a window in every layer)."""
-    fixed = {"window_pattern": "", "rope_local_base": 0.0, "rope_fraction": 1.0, "qk_norm_all_heads": False}
-    for name, want in {**_LLAMA_FIELDS, **fixed, "num_experts": 0}.items():
-        if getattr(cfg, name) != want:
-            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to Llama (needs {want!r})")
+    with q/k norms, MistralForCausalLM with a window in every layer); a field it cannot hold is refused when it is
+    read back (exportable.check_fields)."""
     kinds = [k for k, on in (("qwen2", cfg.qkv_bias), ("qwen3", cfg.qk_norm), ("mistral", cfg.attention_window)) if on]
     if len(kinds) > 1:
         raise ValueError(f"model: {' and '.join(kinds)} features together have no Hugging Face architecture")
@@ -322,7 +319,8 @@ def params_to_hf(params: Mapping, cfg: ModelConfig, layers: Callable | None = No
     """DecoderLM params (scanned or looped) -> HF tensors named as LlamaForCausalLM.save_pretrained names them
     (layers(decoder, cfg): each HF layer's tensors, as each_layer_to_hf's; default: Llama blocks)."""
     layers = layers or each_layer_to_hf(layer_to_hf)
-    params, dec = hf_folder.looped_numpy(params, cfg)
+    params = exportable.looped(params, cfg)
+    dec = params["decoder"]
     out = {
         "model.embed_tokens.weight": params["embed"]["tokens"]["embedding"],
         "model.norm.weight": dec["final_norm"]["scale"],
@@ -345,8 +343,9 @@ def load_llama(folder) -> tuple[ModelConfig, dict]:
 
 def write_llama(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
-    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    hf_folder.write_folder(folder, hf_config, tensors)
+    hf_config = config_to_hf(cfg, bos_id, eos_id)
+    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings)
+    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))
 
 
 def save_llama(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:

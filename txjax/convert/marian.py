@@ -35,15 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import flax.linen as nn
-import jax
 import numpy as np
 
-from txjax.convert import hf_folder
+from txjax.convert import exportable, hf_folder
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.families import ENCODER_DECODER
 from txjax.model.config import ModelConfig
-from txjax.model.models import unstack_layers
 
 FAMILY = ENCODER_DECODER
 MODEL_TYPES = ("marian",)
@@ -222,18 +219,19 @@ def stacks_from_hf(t: hf_folder.Tensors, cfg: ModelConfig) -> dict:
 # folders
 
 
-def read_seq2seq_tokenizer(folder: Path, hf: Mapping) -> HFTokenizer:
+def read_seq2seq_tokenizer(folder: Path, hf: Mapping, around: tuple[list[int], list[int]] | None = None) -> HFTokenizer:
     """The folder's tokenizer.json with BOS = decoder_start_token_id (where Marian's targets start: its pad id),
-    EOS and pad from config.json; no BOS before sources."""
+    EOS and pad from config.json; a source's specials `around` it (before, after), by default those its
+    post-processor adds (BART's <s> ... </s>, T5's ... </s>)."""
     if not (folder / "tokenizer.json").is_file() and (folder / "source.spm").is_file():
         raise ValueError(
             f"{folder}: Marian's source.spm/target.spm are not read (MarianTokenizer has no fast form); save a "
             "`tokenizers` pipeline of the same vocabulary as tokenizer.json beside them"
         )
-    pipeline = hf_folder.read_tokenizer(folder, hf).tok
-    return HFTokenizer(
-        pipeline, bos_id=hf["decoder_start_token_id"], eos_id=hf["eos_token_id"], pad_id=hf["pad_token_id"]
-    )
+    read = hf_folder.read_tokenizer(folder, hf)
+    before, after = around or read.around()
+    ids = dict(bos_id=hf["decoder_start_token_id"], eos_id=hf["eos_token_id"], pad_id=hf["pad_token_id"])
+    return HFTokenizer(read.tok, **ids, before=before, after=after)
 
 
 def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
@@ -242,7 +240,9 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
     hf = hf_folder.read_config(folder)
     cfg = config_from_hf(hf)  # a bad field fails before the weights are read
     hf_folder.check_fits(cfg, folder, FAMILY)
-    tokenizer = read_seq2seq_tokenizer(folder, hf)
+    # MarianTokenizer (SentencePiece, no fast form: the tokenizer.json beside it is a stand-in) ends a source with
+    # EOS and puts nothing before it, whatever the stand-in's post-processor says
+    tokenizer = read_seq2seq_tokenizer(folder, hf, around=([], [hf["eos_token_id"]]))
     tensors = hf_folder.read_tensors(folder)
     hf_folder.check_headers(params_from_hf, tensors, cfg)
     return cfg, params_from_hf(tensors, cfg), tokenizer
@@ -253,23 +253,20 @@ def load_marian(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
-    """ModelConfig -> a config.json that MarianMTModel loads; a field Marian lacks is a ValueError naming it."""
-    hf = lineage_config_to_hf(cfg, tokenizer, _MARIAN_FIELDS, "MarianMTModel")
+    """ModelConfig -> a config.json that MarianMTModel loads (lineage_config_to_hf: what it refuses)."""
+    hf = lineage_config_to_hf(cfg, tokenizer, "MarianMTModel")
     return hf | {"decoder_vocab_size": cfg.vocab_size, "share_encoder_decoder_embeddings": cfg.share_embeddings}
 
 
-def lineage_config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer, fields: Mapping, architecture: str) -> dict:
-    """The config.json fields of a BART-lineage model (Marian, BART) that `architecture` loads, once cfg has the
-    `fields` the family fixes; a field it lacks is a ValueError naming it."""
+def lineage_config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer, architecture: str) -> dict:
+    """The config.json fields of a BART-lineage model (Marian, BART) that `architecture` loads; an activation it lacks
+    is a ValueError naming it, another field it cannot hold (one of the fields the family fixes, grouped-query
+    attention, a d_head of its own) is refused when it is read back (exportable.check_fields)."""
     kind = architecture.removesuffix("MTModel").removesuffix("ForConditionalGeneration")
-    for name, want in fields.items():
-        if getattr(cfg, name) != want:
-            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to {kind} (needs {want!r})")
     names = {mine: hf for hf, mine in HF_ACTIVATIONS.items() if hf not in ("silu", "gelu_pytorch_tanh")}
-    if cfg.activation not in names or cfg.kv_heads != cfg.num_heads or cfg.head_dim * cfg.num_heads != cfg.d_model:
+    if cfg.activation not in names:
         raise ValueError(
-            f"model.activation={cfg.activation!r}, num_kv_heads or d_head cannot be exported to {kind} (needs one of "
-            f"{', '.join(names)}, num_kv_heads=num_heads, d_head=d_model/num_heads)"
+            f"model.activation={cfg.activation!r} cannot be exported to {kind} (needs one of {', '.join(names)})"
         )
     return {
         "architectures": [architecture],
@@ -321,13 +318,6 @@ def _layer_to_hf(p: Mapping, cfg: ModelConfig, cross: bool) -> dict:
 _EMBEDDERS = (("encoder", "src_embed"), ("decoder", "tgt_embed"))
 
 
-def looped(params: Mapping, cfg: ModelConfig) -> dict:
-    """EncoderDecoder params (scanned or looped), checked against cfg, as float32 NumPy with layers_0 .. layers_{N-1}:
-    what the exporters read."""
-    hf_folder.check_params(params, cfg, FAMILY)
-    return unstack_layers(jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params)))
-
-
 def head_to_hf(head: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Inverse of head_from_hf: lm_head.weight (untied only) and final_logits_bias of the Embedder `head`."""
     out = {} if cfg.tie_embeddings else {"lm_head.weight": head["lm_head"]["kernel"].T}
@@ -346,7 +336,7 @@ def stacks_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """EncoderDecoder params (scanned or looped) -> HF tensors named as MarianMTModel.save_pretrained names them."""
-    params = looped(params, cfg)
+    params = exportable.looped(params, cfg, FAMILY)
     if cfg.share_embeddings:
         out = {"model.shared.weight": params["src_embed"]["tokens"]["embedding"]}
     else:
@@ -356,14 +346,16 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def write_seq2seq_folder(
-    folder: Path, hf_config: Mapping, tensors: Mapping, tokenizer: HFTokenizer, max_len: int
+    folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer, hf_config: Mapping, read_back, to_hf
 ) -> None:
-    """config.json + model.safetensors + the tokenizer's files into `folder` (from_pretrained and AutoTokenizer load
+    """config.json + model.safetensors (to_hf's tensors of params, once exportable.checked found hf_config, read back
+    by read_back, and them whole) + the tokenizer's files into `folder` (from_pretrained and AutoTokenizer load
     them)."""
+    tensors = exportable.checked(cfg, params, hf_config, read_back, to_hf, FAMILY)
     hf_folder.write_folder(folder, hf_config, tensors)
-    hf_folder.write_tokenizer(folder, tokenizer, max_len)
+    hf_folder.write_tokenizer(folder, tokenizer, cfg.max_len)
 
 
 def write_marian(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
     """Writes a MarianMTModel folder: config.json, model.safetensors and the tokenizer's files."""
-    write_seq2seq_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)
+    write_seq2seq_folder(folder, cfg, params, tokenizer, config_to_hf(cfg, tokenizer), config_from_hf, params_to_hf)

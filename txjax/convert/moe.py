@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txjax.convert import hf_folder, llama
+from txjax.convert import exportable, hf_folder, llama
 from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
@@ -52,9 +52,6 @@ _ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", 
 # the MoE block's name and its experts' (gate, up, down) weight names
 _BLOCKS = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
 _BLOCKS |= dict.fromkeys(("qwen2_moe", "qwen3_moe", "olmoe"), ("mlp", llama.MLP_NAMES))
-# the ModelConfig fields llama.config_to_hf refuses: reset to their defaults before it writes the common part
-_MOE_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router")
-_MOE_FIELDS += ("moe_norm_topk", "moe_capacity_factor", "shared_expert_gate", "qk_norm_all_heads")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,9 +152,7 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     """MoE ModelConfig -> a config.json of the architecture its features name (OLMoE with qk_norm_all_heads, Qwen3-MoE
     with per-head q/k norms, Qwen2-MoE with shared experts or q/k/v biases, else Mixtral)."""
     kind = _kind(cfg)
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    dense = dataclasses.replace(cfg, **{name: defaults[name] for name in _MOE_FIELDS})
-    hf = llama.config_to_hf(dense, bos_id, eos_id)
+    hf = llama.config_to_hf(cfg, bos_id, eos_id)  # the attention and norms; the MoE fields follow
     # a renormalised top-k of the softmax equals Mixtral's softmax over the top-k logits
     norm = cfg.moe_norm_topk or cfg.router == "topk_then_softmax"
     hf |= {"architectures": [_ARCHITECTURES[kind]], "model_type": kind, "num_experts_per_tok": cfg.experts_per_token}
@@ -263,8 +258,9 @@ def load_moe(folder) -> tuple[ModelConfig, dict]:
 
 def write_moe(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
-    hf_config, tensors = config_to_hf(cfg, bos_id, eos_id), params_to_hf(params, cfg)
-    hf_folder.write_folder(folder, hf_config, tensors)
+    hf_config = config_to_hf(cfg, bos_id, eos_id)
+    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings)
+    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))
 
 
 def save_moe(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:

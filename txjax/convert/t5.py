@@ -26,12 +26,13 @@ tie_word_embeddings false (no scaling).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from txjax.convert import hf_folder, marian
+from txjax.convert import exportable, hf_folder, marian
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.model.activations import GATED
 from txjax.model.config import ModelConfig
@@ -185,13 +186,8 @@ def load_t5(folder) -> tuple[ModelConfig, dict, HFTokenizer]:
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: HFTokenizer) -> dict:
-    """ModelConfig -> a config.json that T5ForConditionalGeneration loads; a field T5 lacks is a ValueError naming
-    it."""
-    for name, want in _T5_FIELDS.items():
-        if getattr(cfg, name) != want:
-            raise ValueError(f"model.{name}={getattr(cfg, name)!r} cannot be exported to T5 (needs {want!r})")
-    if cfg.kv_heads != cfg.num_heads:
-        raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads} cannot be exported to T5 (needs num_heads)")
+    """ModelConfig -> a config.json that T5ForConditionalGeneration loads; an activation T5 lacks is a ValueError
+    naming it, another field it cannot hold is refused when it is read back (exportable.check_fields)."""
     names = {mine: hf for hf, mine in HF_ACTIVATIONS.items()}
     if cfg.activation not in names:
         raise ValueError(f"model.activation={cfg.activation!r} cannot be exported to T5 (one of {', '.join(names)})")
@@ -243,7 +239,7 @@ def _layer_to_hf(p: Mapping, cross: bool, gated: bool) -> dict:
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Inverse of params_from_hf (a tied head scaled as config_to_hf says): EncoderDecoder params (scanned or
     looped) -> HF tensors as T5ForConditionalGeneration.save_pretrained names them."""
-    params = marian.looped(params, cfg)
+    params = exportable.looped(params, cfg, FAMILY)
     embed = params["src_embed"]
     out = {"shared.weight": embed["tokens"]["embedding"]}
     if not cfg.tie_embeddings:
@@ -262,4 +258,8 @@ def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def write_t5(folder: Path, cfg: ModelConfig, params: Mapping, tokenizer: HFTokenizer) -> None:
     """Writes a T5ForConditionalGeneration folder: config.json, model.safetensors and the tokenizer's files."""
-    marian.write_seq2seq_folder(folder, config_to_hf(cfg, tokenizer), params_to_hf(params, cfg), tokenizer, cfg.max_len)
+    hf_config, read_back = (
+        config_to_hf(cfg, tokenizer),
+        functools.partial(config_from_hf, has_head=not cfg.tie_embeddings),
+    )
+    marian.write_seq2seq_folder(folder, cfg, params, tokenizer, hf_config, read_back, params_to_hf)

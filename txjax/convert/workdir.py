@@ -13,7 +13,8 @@ them. Everything is read and checked before the workdir appears; a failure leave
 
 Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2/Mistral/Qwen3, Gemma 2/3,
 Mixtral/Qwen-MoE/OLMoE, Marian, BART or T5: config.json, model.safetensors, the tokenizer's files) that
-transformers' from_pretrained loads.
+transformers' from_pretrained loads, whole or not at all: a field the format cannot express or a parameter its
+writer does not read is one line naming them, and nothing is written (txjax.convert.exportable).
 """
 
 from __future__ import annotations

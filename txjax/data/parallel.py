@@ -13,19 +13,26 @@ from txjax.data.packing import first_fit
 from txjax.data.tokenizer_base import Tokenizer
 
 
-def encode_truncated(tokenizer: Tokenizer, texts: list[str], max_len: int) -> tuple[list[np.ndarray], np.ndarray]:
+def encode_truncated(
+    tokenizer: Tokenizer, texts: list[str], max_len: int, source: bool = False
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Each text as tokens[:max_len - 1] + [EOS] (at most max_len ids, always ending with EOS), and a bool[N] mask
-    of the texts that were cut."""
+    of the texts that were cut. A source (`source`) has the tokenizer's specials around it instead (before +
+    tokens[:max_len - len(before) - len(after)] + after): an imported model's sources as its own tokenizer writes
+    them (BART's <s> ... </s>), txjax's own tokenizers' as targets are (around() is then ([], [EOS]))."""
     (eos,) = require_ids(tokenizer, "eos_id")
+    before, after = (np.asarray(ids, np.int32) for ids in (tokenizer.around() if source else ([], [eos])))
+    room = max(max_len - len(before) - len(after), 0)
     encoded = tokenizer.encode_batch(texts)
-    cut_E = np.array([len(ids) > max_len - 1 for ids in encoded])
-    return [np.append(ids[: max_len - 1], eos).astype(np.int32) for ids in encoded], cut_E
+    cut_E = np.array([len(ids) > room for ids in encoded])
+    return [np.concatenate([before, ids[:room], after]).astype(np.int32) for ids in encoded], cut_E
 
 
 class ParallelDataset:
     """Sentence pairs of one TSV file, tokenized once; fixed shapes [B, max_src_len] / [B, max_tgt_len].
 
-    Truncation: source = src_tokens[:max_src_len-1] + EOS, target = tgt_tokens[:max_tgt_len-1] + EOS
+    Truncation: source = src_tokens[:max_src_len-1] + EOS (an imported model's: its tokenizer's specials around
+    them, encode_truncated), target = tgt_tokens[:max_tgt_len-1] + EOS
     (`num_truncated` counts the pairs cut). Training batch k is a pure function of (seed, k): the pair stream is a
     fresh permutation per epoch (rng (seed, epoch)), batch k reads its stretch of it. With pack=True batch k
     first-fit packs the next ceil(batch_size * pairs_per_row) pairs of the stream into B rows (segment ids 1..n,
@@ -54,7 +61,7 @@ class ParallelDataset:
         self.source_texts, self.target_texts = read_tsv(self.path)
         if not self.source_texts:
             raise ValueError(f"{self.path}: no sentence pairs")
-        self.sources, src_cut_E = encode_truncated(src_tokenizer, self.source_texts, max_src_len)
+        self.sources, src_cut_E = encode_truncated(src_tokenizer, self.source_texts, max_src_len, source=True)
         self.targets, tgt_cut_E = encode_truncated(self.tgt_tokenizer, self.target_texts, max_tgt_len)
         self.num_truncated = int((src_cut_E | tgt_cut_E).sum())
         self.lengths_Ex2 = np.array([[len(s), len(t)] for s, t in zip(self.sources, self.targets)])

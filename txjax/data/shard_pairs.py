@@ -1,10 +1,11 @@
 """Prepared TSV pairs (`run.py prepare --input=*.tsv`) as encoder-decoder batches, read from the shards.
 
-A ParallelDataset whose pairs stay on disk: the same rows (source = src[:max_src_len - 1] + EOS, target =
-tgt[:max_tgt_len - 1] + EOS; with pack=True several pairs first-fit packed per row) and the same evaluation (every
-pair once, in file order), but each pair is read from the shards when a batch needs it and the shuffled order of
-training batch k comes from grain (a fresh permutation per epoch, no permutation array in memory). Batch k is a
-pure function of (seed, k); a process reads only its rows. References for BLEU are the targets decoded.
+A ParallelDataset whose pairs stay on disk: the same rows (source = src[:max_src_len - 1] + EOS, or an imported
+model's tokenizer's specials around it; target = tgt[:max_tgt_len - 1] + EOS; with pack=True several pairs
+first-fit packed per row) and the same evaluation (every pair once, in file order), but each pair is read from the
+shards when a batch needs it and the shuffled order of training batch k comes from grain (a fresh permutation per
+epoch, no permutation array in memory). Batch k is a pure function of (seed, k); a process reads only its rows.
+References for BLEU are the targets decoded.
 """
 
 from __future__ import annotations
@@ -23,19 +24,23 @@ from txjax.data.tokenizer_base import Tokenizer
 
 
 class _Truncated:
-    """One side of the pairs: pair i as tokens[:max_len - 1] + EOS, read when indexed (a sequence of arrays)."""
+    """One side of the pairs: pair i as before + tokens[:max_len - len(before) - len(after)] + after (a target's:
+    tokens[:max_len - 1] + EOS; a source's: the tokenizer's specials, parallel.encode_truncated), read when indexed
+    (a sequence of arrays)."""
 
-    def __init__(self, stream: TokenStream, max_len: int, eos_id: int):
-        self.stream, self.eos = stream, np.array([eos_id], np.int32)
+    def __init__(self, stream: TokenStream, max_len: int, around: tuple[list[int], list[int]]):
+        self.stream = stream
+        self.before, self.after = (np.asarray(ids, np.int32) for ids in around)
         self.full_E = np.diff(stream.doc_starts)
-        self.lengths_E = np.minimum(self.full_E, max_len - 1) + 1
+        self.kept_E = np.minimum(self.full_E, max(max_len - len(self.before) - len(self.after), 0))
+        self.lengths_E = self.kept_E + len(self.before) + len(self.after)
 
     def __len__(self) -> int:
         return len(self.lengths_E)
 
     def __getitem__(self, i: int) -> np.ndarray:
         start = int(self.stream.doc_starts[i])
-        return np.concatenate([self.stream.read(start, start + int(self.lengths_E[i]) - 1), self.eos])
+        return np.concatenate([self.before, self.stream.read(start, start + int(self.kept_E[i])), self.after])
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self[i] for i in range(len(self)))
@@ -67,9 +72,10 @@ class ShardPairsDataset(ParallelDataset):
         self.src_tokenizer = self.tgt_tokenizer = tokenizer
         self.max_src_len, self.max_tgt_len, self.pack = max_src_len, max_tgt_len, pack
         self.pad_id, self.bos_id, eos_id = require_ids(tokenizer, "pad_id", "bos_id", "eos_id")
-        self.sources = _Truncated(TokenStream(self.path, index, split, "src"), max_src_len, eos_id)
-        self.targets = _Truncated(TokenStream(self.path, index, split, "tgt"), max_tgt_len, eos_id)
-        self.num_truncated = int(((self.sources.full_E >= max_src_len) | (self.targets.full_E >= max_tgt_len)).sum())
+        self.sources = _Truncated(TokenStream(self.path, index, split, "src"), max_src_len, tokenizer.around())
+        self.targets = _Truncated(TokenStream(self.path, index, split, "tgt"), max_tgt_len, ([], [eos_id]))
+        cut = lambda side: side.kept_E < side.full_E
+        self.num_truncated = int((cut(self.sources) | cut(self.targets)).sum())
         self.lengths_Ex2 = np.stack([self.sources.lengths_E, self.targets.lengths_E], axis=1)
         mean_src, mean_tgt = self.lengths_Ex2.mean(axis=0)
         self.pairs_per_row = max(1.0, 0.9 * min(max_src_len / mean_src, max_tgt_len / mean_tgt))

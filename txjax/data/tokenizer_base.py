@@ -33,9 +33,23 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    def around(self) -> tuple[list[int], list[int]]:
+        """(before, after): the ids put around one text read whole (an encoder's source), as the tokenizer's own
+        `tokenizer(text)` writes it. txjax's own tokenizers end it with EOS, as their training pairs are written
+        (txjax.data.parallel), and put nothing before; a pretrained model's says what its tokenizer adds
+        (hf_tokenizer.py)."""
+        return [], ([] if self.eos_id is None else [self.eos_id])
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """The text's ids between around()'s: transformers' tokenizer(text).input_ids for an imported model, the
+        source of a training pair for txjax's own tokenizers."""
+        before, after = self.around()
+        return [*before, *self.encode(text), *after]
+
     def prefix(self) -> list[int]:
-        """Ids the model expects before any text (a pretrained model's BOS); none for txjax's own tokenizers."""
-        return []
+        """Ids the model expects before a text it continues or scores (a pretrained model's BOS): around()'s
+        before; none for txjax's own tokenizers. (What goes after is no LM prompt's: it continues the text.)"""
+        return self.around()[0]
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """A conversation in the model's chat template (pretrained models' tokenizers have one)."""

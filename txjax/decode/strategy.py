@@ -24,13 +24,24 @@ METHOD_OPTIONS = {
     "sample": ("temperature", "top_k", "top_p", "num_samples"),
     "beam": ("beam_size", "length_penalty"),
 }
-_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_samples": 1, "beam_size": 4, "length_penalty": 0.0}
+# Each option's default, the one definition: the Python API's Strategy takes it for an option left None, and the
+# config's decode section (txjax.config.base_config, what run.py uses) is built from it. Length penalty 0.6: the GNMT
+# alpha (Wu et al. 2016) and Flax wmt's default, what every committed beam result used (bible_en_es's alphas 0.3,
+# 0.6 and 1.0 within 0.5 BLEU: docs/experiments.md); at 0 beam search prefers short hypotheses.
+OPTION_DEFAULTS = {
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "num_samples": 1,
+    "beam_size": 4,
+    "length_penalty": 0.6,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
     """How tokens are chosen; static (hashable), so it is part of the compiled program. Options left None take
-    their method's default (temperature 1, top_k 0 and top_p 1 = off, one sample; 4 beams, length penalty 0)."""
+    their method's default (OPTION_DEFAULTS; top_k 0 and top_p 1 are off)."""
 
     max_new_tokens: int
     method: str = "greedy"
@@ -49,7 +60,7 @@ class Strategy:
             raise ValueError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
         if self.temperature == 0 and self.method in ("greedy", "sample"):
             self._become_greedy()
-        for name in _DEFAULTS:
+        for name in OPTION_DEFAULTS:
             if getattr(self, name) is not None and name not in METHOD_OPTIONS[self.method]:
                 owner = next(m for m, options in METHOD_OPTIONS.items() if name in options)
                 raise ValueError(f"{name} applies to method={owner!r}, not method={self.method!r}")
@@ -81,7 +92,7 @@ class Strategy:
     def option(self, name: str):
         """The option's value, or its method's default when left None."""
         value = getattr(self, name)
-        return _DEFAULTS[name] if value is None else value
+        return OPTION_DEFAULTS[name] if value is None else value
 
     @property
     def rows_per_prompt(self) -> int:

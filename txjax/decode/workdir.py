@@ -47,10 +47,11 @@ def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[
     than 2 * PREFILL_CHUNK tokens is fed PREFILL_CHUNK tokens a call when decode.prefill_chunk is 0, so its prefill
     holds chunk x cache attention scores, not prompt x prompt (docs/long_context.md)."""
     tokenizer = run.tokenizer
-    if chat:
-        text = tokenizer.render_chat([{"role": "user", "content": text}])
     family = family_of(run.model)
-    ids, shown = family.read_text(tokenizer, text, bos=run.prompt_bos)
+    if chat:  # the template writes the conversation's own specials (its BOS): tokenized as apply_chat_template does
+        ids, shown = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": text}])), ""
+    else:
+        ids, shown = family.read_text(tokenizer, text, bos=run.prompt_bos)
     strategy = strategy_from_config(run.config.decode, tokenizer.eos_id, **overrides)
     if family.slides(strategy):
         max_len = run.model.cfg.max_len
@@ -64,7 +65,7 @@ def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[
             ids = ids[-max_len:]
         if "prefill_chunk" not in strategy and len(ids) > 2 * PREFILL_CHUNK:
             strategy["prefill_chunk"] = PREFILL_CHUNK
-    return ids, "" if chat else shown, strategy
+    return ids, shown, strategy
 
 
 def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:

@@ -143,7 +143,7 @@ class TxjaxLM(TemplateLM):
             from txjax.experiment import load_workdir
 
             run = load_workdir(Path(workdir))
-        family_of(run.model).check_lm_eval(workdir or "the run")
+        family_of(run.model).check_scores_text(workdir or "the run", "lm-eval")
         self.run, self.model, self.params, self.tokenizer = run, run.model, run.params, run.tokenizer
         self.workdir = str(workdir or "")
         self.max_length = min(int(max_length or run.model.cfg.max_len), run.model.cfg.max_len)

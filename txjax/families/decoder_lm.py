@@ -54,7 +54,7 @@ class DecoderLMFamily(Family):
     def attention_target(self, bos_id, target_ids):
         return None
 
-    def check_lm_eval(self, where):
+    def check_scores_text(self, where, command, fix=""):
         pass
 
     def attention_example(self, ids, target_ids):

@@ -60,10 +60,6 @@ class EncoderDecoderFamily(Family):
             raise ValueError("an encoder-decoder's targets start from BOS: give bos_id")
         return [[bos_id]] * len(inputs), list(inputs)
 
-    def read_text(self, tokenizer, text, *, bos=False):
-        """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
-        return tokenizer.encode(text) + [tokenizer.eos_id], ""
-
     def attention_example(self, ids, target_ids):
         if not target_ids:
             raise ValueError("an encoder-decoder needs target_ids (the decoder's inputs, starting with BOS)")

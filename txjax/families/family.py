@@ -59,20 +59,22 @@ class Family:
     def scored_logits(self, model, params, tokens_BxL, positions_BxL, mask_Bx1xLxL, scored_BxC):
         """The logits [B, C, V] at the positions scored_BxC (indices into L) of one forward pass over tokens [B, L]
         at explicit positions, attending where mask [B, 1, L, L] allows (and in the causal order of the positions):
-        lm-eval's log-likelihoods (txjax.evaluate.lm_eval_model, after check_lm_eval)."""
+        lm-eval's log-likelihoods (txjax.evaluate.lm_eval_model, after check_scores_text)."""
         raise NotImplementedError
 
     def prompts(self, inputs: list, bos_id: int | None) -> tuple[list, list | None]:
         """(prompts, sources or None) of `generate`'s inputs: what the decoder continues, and what it encodes."""
         raise NotImplementedError
 
-    def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
-        """(the ids `generate` takes for `text`, the text its outputs continue); bos: a synthetic LM's BOS first."""
-        raise NotImplementedError
-
     # A generation's output is a new text read from a source here; an LM's continues its prompt (decoder_lm.py
-    # overrides these four): it may slide past the context, has no limit of its own, one sequence to look at, and
-    # lm-eval scores it.
+    # overrides these five): its prompt is the text as it is, it may slide past the context, has no limit of its
+    # own, one sequence to look at, and lm-eval scores it.
+    def read_text(self, tokenizer, text: str, *, bos: bool = False) -> tuple[list[int], str]:
+        """(the ids `generate` takes for `text`, the text its outputs continue; bos: a synthetic LM's BOS first):
+        here the source, the text with the tokenizer's specials around it (txjax's own: then EOS, as the sources of
+        training; an imported model's: as its own tokenizer writes it), and outputs that continue nothing."""
+        return tokenizer.encode_with_specials(text), ""
+
     def slides(self, strategy: dict) -> bool:
         """Whether a generation with these Strategy fields runs past the context (txjax.decode.generate_windowed,
         its prompt cut to the last max_len tokens) rather than within it (txjax.decode.generate)."""
@@ -88,9 +90,15 @@ class Family:
         target (target_ids(): the given one, or the model's own output), or None: the text is the one sequence."""
         return [bos_id, *target_ids()]
 
-    def check_lm_eval(self, where: str) -> None:
-        """A ConfigError unless lm-eval can score the model (the log-likelihood of a text continuing another)."""
-        raise ConfigError(f"{where} is a {self.name} model: lm-eval scores decoder-only LMs")
+    def check(self, config) -> None:
+        """A ConfigError for a setting of a validated config (its model and decode sections) that the family cannot
+        run, naming the field and the fix (txjax.config.validate asks, before anything is written); none here."""
+
+    def check_scores_text(self, where: str, command: str, fix: str = "") -> None:
+        """A ConfigError unless `command` can score the model on a text alone (the log-likelihood of a text, or of a
+        text continuing another): an encoder-decoder's or a prefix LM's output is a new text read from a source, and
+        a text alone is no source. `fix`: what to run instead, ending the line."""
+        raise ConfigError(f"{where} is of family {self.name}: {command} scores decoder-only LMs{fix}")
 
     def attention_example(self, ids: list[int], target_ids: list[int] | None) -> tuple[list, dict]:
         """One example's attention maps (txjax.evaluate.viz): (the model's positional inputs, each of batch 1; for

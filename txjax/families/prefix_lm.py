@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from txjax.errors import ConfigError
 from txjax.families.encoder_decoder import pair_lengths
 from txjax.families.family import Family
 from txjax.model.config import ModelConfig
@@ -23,6 +24,23 @@ from txjax.model.masks import prefix_mask, segment_mask
 from txjax.model.models import Embedder, Stack
 from txjax.model.multi_head import MultiHeadAttention
 from txjax.model.replaceable import Layout
+
+
+def unsupported(model) -> str | None:
+    """The one line refusing a model setting (of a ModelConfig or a config's model section) the prefix LM cannot run,
+    or None: a local window (the stack is not causal, so every layer would run global: refused, not ignored) or
+    blockwise attention (the prefix makes its mask dense, which blockwise attention does not read)."""
+    if model.attention_window:
+        return (
+            f"config.model.attention_window={model.attention_window}: family prefix_lm has no local attention (its "
+            "source is read both ways): set model.attention_window=0"
+        )
+    if model.attention_impl == "blockwise":
+        return (
+            "config.model.attention_impl='blockwise': family prefix_lm attends with a dense mask (its prefix), which "
+            "blockwise attention does not read: set model.attention_impl=reference (or auto)"
+        )
+    return None
 
 
 class PrefixLM(nn.Module):
@@ -35,10 +53,8 @@ class PrefixLM(nn.Module):
     @nn.compact
     def __call__(self, tokens_BxL, positions=None, segment_ids=None, prefix=None, *, deterministic=True, decode=False):
         cfg = self.cfg
-        if cfg.attention_window:  # the stack is not causal, so it would run every layer global: refuse, not ignore
-            raise ValueError("family prefix_lm has no local attention: set model.attention_window=0")
-        if cfg.attention_impl == "blockwise":  # its mask is dense (the prefix), which blockwise does not read
-            raise ValueError("family prefix_lm attends with a dense mask: set model.attention_impl=reference (or auto)")
+        if (refused := unsupported(cfg)) is not None:  # the config refused it already; the Python API here
+            raise ValueError(refused)
         ones = jnp.ones(tokens_BxL.shape, jnp.int32)
         pos_BxL = jnp.cumsum(ones, axis=1) - 1 if positions is None else positions
         seg_BxL = ones if segment_ids is None else segment_ids
@@ -108,6 +124,17 @@ class PrefixLMFamily(Family):
     source = None  # no encoder: one stack over the whole row
     data_kinds = {"parallel": "parallel", "synthetic": "seq2seq", "shards": "shards of pairs"}
 
+    def check(self, config):
+        """The model settings it cannot run (unsupported), and a chunked prefill: the whole source is read in one
+        call (decode_step), so decode.prefill_chunk is refused here rather than when a split is decoded."""
+        if (refused := unsupported(config.model)) is not None:
+            raise ConfigError(refused)
+        if chunk := config.decode.get("prefill_chunk", 0):
+            raise ConfigError(
+                f"config.decode.prefill_chunk={chunk}: family prefix_lm reads its whole source in one prefill (the "
+                "source is read both ways): set decode.prefill_chunk=0"
+            )
+
     def dataset(self, built):
         return PrefixLMDataset(built)
 
@@ -138,10 +165,6 @@ class PrefixLMFamily(Family):
         if bos_id is None:
             raise ValueError("a prefix LM's targets start from BOS: give bos_id")
         return [[*source, bos_id] for source in inputs], list(inputs)
-
-    def read_text(self, tokenizer, text, *, bos=False):
-        """The text then EOS, as the sources of training; the outputs are a new text (they continue nothing)."""
-        return tokenizer.encode(text) + [tokenizer.eos_id], ""
 
     def attention_example(self, ids, target_ids):
         """[source ; decoder inputs] as one row, the source its prefix: one map over the row."""

@@ -20,6 +20,12 @@ records the signal and raises Stopped where the main thread is, unless that is a
 `_xla_gc_callback`) or a finalizer, which would print the exception and drop it ("Exception ignored in ...") and let
 the command finish with exit status 0; there the signal is sent to the main thread again 10 ms later, until it lands
 at a safe point. run.py also ends a command that returns with a signal recorded with the signal's line and status.
+
+A signal after the work is done is no failure: a job script that sees 130 or 143 retries, and a retried import fails
+on the folder the first one wrote. A command whose output is in place calls `complete()` before printing its summary
+(import, export, prepare); from then on a signal is only recorded, and run.py prints `after_work_line` and ends with
+status 0. So does a signal during the interpreter's teardown after any command returned status 0 (`after_work`: the
+summary printed, the exit handlers of JAX, orbax and the data loaders still to run); a second one there acts at once.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import signal
+import sys
 import threading
 import weakref
 
@@ -71,7 +78,7 @@ class Stopped(BaseException):
         return f"stopped by {self}; {KEPT.get(command, 'nothing written')}"
 
 
-_recorded = {"signum": None}  # the signal stop_on_signals' handler received, raised or not yet
+_recorded = {"signum": None, "complete": False}  # the signal stop_on_signals' handler received; complete()
 REDELIVER_S = 0.01  # how soon a signal that arrived inside a callback or finalizer is sent again
 
 
@@ -80,6 +87,8 @@ def _raise_stopped(signum, frame) -> None:
     finalizer, whose exceptions Python drops: then the signal comes again in REDELIVER_S (to this handler, if it is
     still the one installed) and, as the main thread's syscalls are interrupted by it, acts at the next safe point."""
     _recorded["signum"] = signum
+    if _recorded["complete"]:  # the work is done: run.py says so and ends with 0
+        return
     if not _inside_callback(frame):
         raise Stopped(signum)
     timer = threading.Timer(REDELIVER_S, _redeliver, (signum,))
@@ -110,11 +119,41 @@ def recorded_signal() -> int | None:
     return _recorded["signum"]
 
 
+def complete() -> None:
+    """The command's work is done, its output in place (called just before its summary line is printed): a signal
+    from now on no longer stops it (run.py prints after_work_line and ends with status 0). One that came before
+    (a library caught its Stopped) still stops it: the work it interrupted may be partial."""
+    _recorded["complete"] = _recorded["signum"] is None
+
+
+def work_complete() -> bool:
+    """Whether the command inside stop_on_signals called complete()."""
+    return _recorded["complete"]
+
+
+def after_work_line(signum: int, command: str) -> str:
+    """What run.py prints for a signal that arrived once `command`'s work was done."""
+    return f"{signal.Signals(signum).name} arrived after run.py {command} completed its work; nothing was lost (exit 0)"
+
+
+def after_work(command: str) -> None:
+    """Installs, for the process's teardown after `command` returned status 0, handlers that print after_work_line
+    for the first signal (the status stays 0) and give the next one its default action."""
+
+    def handler(signum, frame):
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        print(after_work_line(signum, command), file=sys.stderr, flush=True)
+
+    for s in SIGNALS:
+        signal.signal(s, handler)
+
+
 @contextlib.contextmanager
 def stop_on_signals():
     """SIGTERM and SIGINT raise Stopped while inside, at a safe point (_raise_stopped) (run.py: around every
     command; train's `watch` takes over inside it and gives the second signal back to it)."""
-    _recorded["signum"] = None
+    _recorded.update(signum=None, complete=False)
     previous = {s: signal.signal(s, _raise_stopped) for s in SIGNALS}
     try:
         yield

@@ -5,6 +5,7 @@
     replace_file(path, data) the same, whole or not at all: a file beside it renamed over it (reports, results)
     Appending(path)         the same for a file written piece by piece (prepare's shards)
     quiet_orbax()           holds back orbax's logged tracebacks of a failed save (the StorageError says it once)
+    drop_stray_write_reports() and the reports of its other writes ending after it (asyncio's, tensorstore's)
     sha256(path)            a file's SHA-256, read in blocks (checkpoint checksums, prepare's record of its inputs)
 A StorageError is a ConfigError: run.py prints it as `error: ...` and exits with status 2.
 """
@@ -17,6 +18,8 @@ import hashlib
 import logging
 import os
 import re
+import sys
+import traceback
 
 from txjax.errors import ConfigError
 
@@ -128,6 +131,44 @@ def quiet_orbax():
         yield
     finally:
         logger.removeFilter(dropped)
+
+
+def _closed_loop_report(report) -> bool:
+    """Whether an unraisable exception is a write's completion posted to an asyncio loop already closed: what
+    tensorstore's own threads (no Python object: report.object is None) print when orbax has closed the loop of a
+    failed save while its other writes were still in flight."""
+    e, tb = report.exc_value, traceback.extract_tb(report.exc_traceback)
+    closed = isinstance(e, RuntimeError) and str(e) == "Event loop is closed" and report.object is None
+    return closed and bool(tb) and tb[-1].name == "_check_closed" and "asyncio" in tb[-1].filename
+
+
+class _UnretrievedWriteErrors(logging.Filter):
+    """asyncio's "... exception was never retrieved" of a storage error: the failed save's other writes, their
+    futures collected after the save reported the failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        unretrieved = "exception was never retrieved" in record.getMessage() and record.exc_info
+        return not (unretrieved and cause(record.exc_info[1]) is not None)
+
+
+def drop_stray_write_reports() -> None:
+    """From now on this process drops what a failed checkpoint save's other writes report after it, from threads
+    and garbage collection until they end (so not only inside a block): _closed_loop_report's unraisable
+    exceptions and _UnretrievedWriteErrors' log records (bare tracebacks on stderr before and after the save's one
+    line). Every other report goes where it went. Idempotent."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _UnretrievedWriteErrors) for f in logger.filters):
+        logger.addFilter(_UnretrievedWriteErrors())
+    before = sys.unraisablehook
+    if getattr(before, "drops_stray_write_reports", False):
+        return
+
+    def hook(report) -> None:
+        if not _closed_loop_report(report):
+            before(report)
+
+    hook.drops_stray_write_reports = True
+    sys.unraisablehook = hook
 
 
 def sha256(path) -> str:

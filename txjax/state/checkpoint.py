@@ -2,7 +2,9 @@
 
 `save` returns once the step is on disk (orbax writes it from background threads; the training loop must know before it
 takes another step): a save that fails for want of space, a read-only filesystem or a quota is one StorageError line
-naming the folder and the last good checkpoint (txjax.ops.storage), nothing trained after it. A process killed during a
+naming the folder and the last good checkpoint (txjax.ops.storage), nothing trained after it, and nothing else: its
+other writes still in flight end after orbax closed the save's event loop, and what they report then (bare
+tracebacks, "Event loop is closed") is dropped (storage.drop_stray_write_reports). A process killed during a
 save leaves a `STEP.orbax-checkpoint-tmp` folder that orbax ignores on restore and removes on the next save.
 
 Damage: orbax 0.12.8 stores no checksum of the array data (a byte flipped in
@@ -46,6 +48,7 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self._saving = None  # the step whose save is in flight (orbax runs one at a time)
         self._failed = False  # a save failed (and said so): closing does not raise it again
+        storage.drop_stray_write_reports()  # a failed save's stray writes: its one line, not their tracebacks
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(

@@ -3,7 +3,8 @@
 
 The run takes the source's model section and tokenizer (copied into its own workdir), keeping only its own values
 of the fields that leave the parameters' shapes alone (config.RESUMABLE_CHANGES: dtype, dropout, remat, ...), so
-the experiment file sets the data, the training schedule and those, and nothing else has to be copied by hand.
+the experiment file sets the family, the data, the training schedule and those, and nothing else has to be copied by
+hand; a source of another family is refused (the experiment's data are its family's).
 Once the run has a checkpoint of its own it resumes from that, as any run does.
 """
 
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
+from txjax import families
 from txjax.data import TOKENIZER_DIR
 from txjax.experiment import BUILT_WITH, load_workdir
 from txjax.state.train_state import TrainState
@@ -33,14 +35,22 @@ def source(config: ml_collections.ConfigDict) -> Path:
 
 
 def adopt_model(config: ml_collections.ConfigDict, workdir: Path, lead: bool = True) -> None:
-    """config.model and data.tokenizer become the source's (but the RESUMABLE_CHANGES fields); the lead process
+    """config.model and data.tokenizer become the source's (but the RESUMABLE_CHANGES fields), a ConfigError when the
+    source is of another family than config.family; the lead process
     copies the source's tokenizer/ into `workdir` unless the run already has one (not what the source built it from:
     this run's data differ)."""
     src = source(config)
     saved = config_lib.load(src)
+    if saved.family != config.family:  # the experiment's data are the run's family's: never switched under them
+        kinds = ", ".join(families.get(saved.family).data_kinds)
+        raise config_lib.ConfigError(
+            f"train.init_from={config.train.init_from!r} holds a {saved.family} model ({src / config_lib.CONFIG_FILE}"
+            f"), this run is config.family={config.family!r}: fine-tune it with --config.family={saved.family} and "
+            f"data it reads (data.kind {kinds}), or start from a workdir of family {config.family}"
+        )
     keep = {name: config.model[name] for name in config_lib.RESUMABLE_CHANGES}
     config.model.update({**saved.model.to_dict(), **keep})
-    config.family, config.data.tokenizer = saved.family, saved.data.tokenizer
+    config.data.tokenizer = saved.data.tokenizer
     config_lib.model_config(config.model.to_dict())
     if lead and not (workdir / TOKENIZER_DIR).exists():
         shutil.copytree(src / TOKENIZER_DIR, workdir / TOKENIZER_DIR, ignore=shutil.ignore_patterns(BUILT_WITH))

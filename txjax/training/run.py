@@ -3,11 +3,15 @@
 trained alone, its program: the state laid out on a mesh by its logical axes and the jitted train step, each
 process building its rows of every batch. txjax.training.stack drives R of them with one vmapped program instead.
 
-A run whose loss or parameters become non-finite stops with Diverged, the last checkpoint before that kept.
+A run whose loss or parameters become non-finite stops with Diverged, the last checkpoint before that kept. A run
+that finishes keeps its result (what run.py train prints and the trackers get as result.json) in
+train_result.json, so that a rerun of the finished run, which trains no step, prints and logs the run's figures
+again (its last train loss, its step times, its compile counts), not those of a process that trained nothing.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -19,7 +23,7 @@ from txjax import config as config_lib
 from txjax import families
 from txjax.evaluate.split import read_recorded, write_metrics
 from txjax.experiment import CHECKPOINT_DIR
-from txjax.ops import memory, preemption
+from txjax.ops import memory, preemption, storage
 from txjax.ops.metrics_log import MetricsLog, read_metrics
 from txjax.ops.peak import peak_gflops
 from txjax.ops.summary import train_flops_per_batch
@@ -32,6 +36,8 @@ from txjax.state.train_state import init_state, state_shardings, with_hyperparam
 from txjax.training import init_from, resume
 from txjax.training.edge import RunSpec
 from txjax.training.step import make_train_step
+
+TRAIN_RESULT_FILE = "train_result.json"
 
 
 class Diverged(RuntimeError):
@@ -161,10 +167,14 @@ class Run:
 
     def finish(self, step: int, state, start: int, valid, wall_minutes, program: dict) -> dict | Diverged:
         """The run's results after its last `step`: the last train loss, the final eval of the whole valid split
-        (written into the logs; a finished run's rerun, which trained no step, returns the one recorded), the
-        minutes `wall_minutes()` and the `program`'s figures; the Diverged error instead if that stopped it."""
+        (written into the logs), the minutes `wall_minutes()` and the `program`'s figures, kept in
+        train_result.json; the Diverged error instead if that stopped it. A finished run's rerun, which trained no
+        step, returns the result recorded (or, from a workdir without one, the final eval recorded)."""
         if self.diverged:
             return self.diverged
+        if step == start and (result := recorded_result(self.workdir, step)) is not None:
+            self.log.close("finished", result)  # the trackers get the run's own result, a caught-up one included
+            return result
         final = recorded_eval(self.workdir, step) if step == start else None
         if final is None:
             final = valid(self.spec.decode, state, 0)
@@ -180,6 +190,8 @@ class Run:
             "ms_per_step_median": self.log.median_ms_per_step(),
             **program,
         }
+        if is_lead():
+            storage.replace_file(self.workdir / TRAIN_RESULT_FILE, json.dumps(result, indent=1) + "\n")
         self.log.close("finished", result)
         return result
 
@@ -209,6 +221,14 @@ def common_step(ckpts: list[Checkpointer]) -> int:
             "whole (see the warnings); move the checkpoints folder away to start the run afresh"
         )
     return whole or 0
+
+
+def recorded_result(workdir: Path, step: int) -> dict | None:
+    """The result train_result.json records, if it is that of `step` (a run stopped by a signal at its last step
+    recorded none)."""
+    path = workdir / TRAIN_RESULT_FILE
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    return result if result.get("step") == step else None
 
 
 def recorded_eval(workdir: Path, step: int) -> dict | None:
