@@ -5,6 +5,7 @@ for a chip refused in one line, the data axis across two slices all-reduced over
 are checked everywhere."""
 
 import functools
+import json
 import math
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from txjax import config as config_lib
 from txjax import families
+from txjax.cli.compile import cheapest, largest_from
 from txjax.errors import ConfigError
 from txjax.parallel.topology import parse_topology, topology_devices
 from txjax.state.optim import make_optimizer
@@ -146,3 +148,40 @@ def test_a_model_too_large_for_a_chip_is_refused_in_one_line():
     line = done.stderr.removeprefix("error: ")
     assert done.stderr.count("\n") == 1 and line.startswith("the train step needs ")
     assert "16 GiB of a v5e chip" in line and "--config.model.remat" in line and "batch_size (now 16)" in line
+
+
+@pytest.mark.parametrize("start", [1, 3, 16, 5000])
+@pytest.mark.parametrize("limit", [0, 1, 11, 16, 1000])
+def test_the_batch_search_gallops_from_the_config_then_bisects_to_the_largest_that_fits(limit, start):
+    tried = []
+    fits = lambda n: tried.append(n) or n <= limit  # monotonic, as a step's bytes grow with its batch
+    assert largest_from(fits, start) == limit
+    assert len(tried) == len(set(tried))  # no trial compiled twice
+    assert len(tried) <= 2 * (max(start, limit).bit_length() + 1)  # doubling or halving, then one octave bisected
+
+
+@needs_libtpu
+def test_the_batch_search_prints_its_trials_and_answers_the_largest_that_fits():
+    # one row of 514 positions over 3M logits is ~3 GB of temporaries: 2 rows fit a v5e chip's 16 GiB, 3 do not
+    huge = ["--config.data.max_digits=256", "--config.model.d_model=16", "--config.model.d_ff=32"]
+    huge += ["--config.model.num_heads=2", "--config.model.vocab_size=3000000", "--config.train.batch_size=3"]
+    done = run_py("compile", "--topology=v5e:1x1", "--search=batch", *TINY, *huge)
+    assert done.returncode == 0, done.stderr
+    *trials, answer = [json.loads(line) for line in done.stdout.splitlines()]
+    sizes = {t["batch_size"]: t["fits"] for t in trials}
+    assert trials[0]["batch_size"] == 3 and len(sizes) == len(trials)  # from the config's batch, each size once
+    assert all(t["fits"] == ((t["hbm_per_chip_bytes"] or math.inf) <= 16 * 2**30) for t in trials)
+    assert all(sizes[a] >= sizes[b] for a in sizes for b in sizes if a < b)  # what fits is monotonic in the batch
+    best = max(n for n, fits in sizes.items() if fits)
+    assert sizes.get(best + 1) is False  # the next batch was tried and does not fit
+    assert answer["search"] == "batch" and answer["fits"] and answer["batch_size"] == best
+    assert answer["tokens_per_step"] == best * 514
+
+
+def test_the_remat_search_takes_the_cheapest_policy_that_fits():
+    trial = lambda fits, flops, seconds: {"fits": fits, "flops_per_step": flops, "estimated_step_seconds": seconds}
+    trials = {"none": trial(False, 1.0, None), "dots_saveable": trial(True, 1.2, 0.5), "full": trial(True, 1.4, 0.4)}
+    assert cheapest(trials) == "full"  # XLA's estimated time decides where every fitting trial has one
+    trials["full"]["estimated_step_seconds"] = None  # else recomputation's FLOPs
+    assert cheapest(trials) == "dots_saveable"
+    assert cheapest({"none": trial(False, 1.0, 0.1)}) is None

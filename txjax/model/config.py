@@ -18,6 +18,8 @@ from txjax.model.attention import ATTENTION_IMPLS
 
 NORMS = ("layernorm", "rmsnorm")
 
+# model.remat: what the backward pass keeps of each block (txjax.model.models.remat_policy), most first
+REMAT_POLICIES = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload", "full")
 _CHOICES = {
     "positional": positional.POSITIONAL_KINDS,
     "norm": NORMS,
@@ -30,8 +32,7 @@ _CHOICES = {
     "parametrization": ("standard", "mup"),
     "router": ("topk_then_softmax", "softmax_then_topk", "sigmoid"),  # txjax.model.moe
     "prefix_attention": ("bidirectional", "causal"),  # txjax.families.prefix_lm
-    # what the backward pass keeps of each block (txjax.model.models.remat_policy); the rest is recomputed
-    "remat": ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload"),
+    "remat": REMAT_POLICIES,
 }
 
 

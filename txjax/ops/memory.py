@@ -54,9 +54,8 @@ def device_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
 
 
-def _largest(fits, high: int) -> int:
-    """The largest n in [0, high] with fits(n) (fits is monotonic), by bisection."""
-    low = 0
+def largest(fits, high: int, low: int = 0) -> int:
+    """The largest n in [low, high] with fits(n) (fits is monotonic, fits(low) true or low 0), by bisection."""
     while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
@@ -73,8 +72,8 @@ def check_train_step(
     if fits(rows, s, t):
         return
     need = train_step_bytes(cfg, family, rows, s, -(-t // sequence), state)
-    longest = _largest(lambda n: fits(rows, n * s // t, n), t)  # a source scaled with the target
-    batch = _largest(lambda n: fits(n, s, t), rows) * (devices // sequence)
+    longest = largest(lambda n: fits(rows, n * s // t, n), t)  # a source scaled with the target
+    batch = largest(lambda n: fits(n, s, t), rows) * (devices // sequence)
     where = f"{jax.devices()[0].platform} device" + ("" if jax.devices()[0].platform != "cpu" else " (MemAvailable)")
     at_length = f"the largest batch is {batch}" if batch else "not even one row fits"
     raise ConfigError(
