@@ -48,14 +48,15 @@ def scale() -> list[str]:
         memory = r.get("hbm_per_chip_bytes") or {}
         fits = {True: "yes", False: "no"}.get(r.get("fits"), f"refused: {cell['error']}")
         fits += f" ({r['xla']})" if r.get("xla") else ""  # XLA refused it for the chip's HBM
-        # XLA counts a loop's body once (scanned layers): its time is then a lower bound, the MFU an upper one
+        # XLA counts a loop's body once (scanned layers: one layer of the stack): its time is then a lower bound, and
+        # the MFU it implies no figure at all
         seconds, mfu, once = (
             r.get("estimated_step_seconds"),
             r.get("estimated_mfu"),
             r.get("xla_counts_loop_bodies_once"),
         )
-        seconds = (">= " if once else "") + n(seconds) if seconds else "none given"
-        mfu = ("<= " if once else "") + f"{mfu:.1%}" if mfu else ""
+        seconds = (f">= {n(seconds)} (one layer)" if once else n(seconds)) if seconds else "none given"
+        mfu = f"{mfu:.1%}" if mfu and not once else ""
         theirs = MAXTEXT_MFU.get((model, topology), "")
         rows.append([
             f"`{model}`", topology, _mesh(r.get("mesh", {})), n(r.get("tokens_per_step")), fits,
