@@ -98,6 +98,7 @@ def run_cell(model: str, topology: str, search: str | None) -> dict:
         done = subprocess.run(
             ["nice", "-n", "10", "/usr/bin/time", "-v", "-o", timing.name, sys.executable, *args],
             cwd=REPO,
+            env={**os.environ, "TXJAX_COMPILATION_CACHE": "0"},  # each cell compiled, not loaded from an earlier one
             capture_output=True,
             text=True,
         )
