@@ -1,7 +1,8 @@
 """`run.py compile`: the train step compiled for TPU topologies on this CPU host (the tpu extra). What XLA reports is
 checked against counts made here: argument bytes per chip against the state's and batch's shards, a model too large
-for a chip refused in one line, the data axis across two slices all-reduced over their network, and the step the one
-`run.py train` jits. Where libtpu is not installed those tests skip with one line; the names and the missing extra
+for a chip refused in one line, the data axis across two slices all-reduced over their network, the step the one
+`run.py train` jits, the same shards on a v5e and a v5p slice (v5e:2x2, v5p:2x2x1), and the estimator's searches.
+Where libtpu is not installed those tests skip with one line; the names and the missing extra
 are checked everywhere."""
 
 import functools
@@ -19,6 +20,7 @@ from txjax import config as config_lib
 from txjax import families
 from txjax.cli.compile import cheapest, largest_from
 from txjax.errors import ConfigError
+from txjax.ops import hlo
 from txjax.parallel.topology import parse_topology, topology_devices
 from txjax.state.optim import make_optimizer
 from txjax.state.train_state import init_state, state_shardings
@@ -185,3 +187,13 @@ def test_the_remat_search_takes_the_cheapest_policy_that_fits():
     trials["full"]["estimated_step_seconds"] = None  # else recomputation's FLOPs
     assert cheapest(trials) == "dots_saveable"
     assert cheapest({"none": trial(False, 1.0, 0.1)}) is None
+
+
+@needs_libtpu
+def test_a_v5p_slice_holds_the_same_shards_as_a_v5e_slice(fsdp_program, tmp_path):
+    _, v5e, _ = fsdp_program
+    _, v5p = compiled("v5p:2x2x1", ["--config.mesh.fsdp=4", *WIDE], tmp_path)
+    reported = aot.report(v5p, 95 * 2**30, 459e12)
+    assert reported["chips"] == 4 and reported["fits"]  # 4 chips of 3-D torus, each one device
+    arguments = lambda p: hlo.memory_per_device(p.compiled)["arguments"]
+    assert arguments(v5p) == pytest.approx(arguments(v5e), rel=0.01)  # the same state and batch shards a chip
