@@ -30,6 +30,7 @@ COMMANDS = {  # name -> module of txjax/cli with main(argv: list[str])
     "inspect": "txjax.cli.inspect",
     "prepare": "txjax.cli.prepare",
     "lm-eval": "txjax.cli.lm_eval",
+    "compile": "txjax.cli.compile",
 }
 
 

@@ -47,6 +47,7 @@ SKIP = [
      "tests/test_lm_eval.py runs run.py lm-eval on a local task"),
     (r"--launcher=ray .*(/shared/|\[--address)", "a Ray cluster and shared folder of the reader's own"),
     (r"^srun |^gcloud ", "a Slurm cluster or a Cloud TPU slice of the reader's own"),
+    (r"run\.py compile ", "needs libtpu (the tpu extra); tests/test_compile.py runs it"),
     (r"^for .*--process_id=", "jax.distributed processes training for minutes; tests/test_multiprocess.py runs them"),
     (r"(corpus|fineweb|pile|my_dataset)/|corpus/\*|runs/data/corpus", "a corpus of the reader's own"),
     (r"family_comparison", "the family comparison: its settings' train.steps are the equal-time budget (no "

@@ -6,7 +6,7 @@
 A generated table, in README.md or any docs/*.md page, is a line
 `<!-- generated: python benchmarks/readme_tables.py (NAME) -->` and the table under it (the lines up to the first
 that does not start with "|"). Its figures come from:
-    benchmarks/results/*.json                    the benchmarks (common.save)
+    benchmarks/results/*.json                    the benchmarks (common.save; scale_table.py's cells)
     experiments/ablations/results/*/results.csv  the sweeps (run.py sweep: txjax/sweep/report.py; results.json)
     experiments/results/NAME/eval_*.json         a run's evals (run.py train / run.py eval, copied from its workdir)
 and every row says on which machine and day they were measured (txjax/ops/provenance.py). Figures of different CPU
@@ -33,6 +33,7 @@ from attention_tables import attention_time, local_attention  # noqa: E402
 from convert_tables import families  # noqa: E402
 from data_tables import data, prepare_memory  # noqa: E402
 from experiment_tables import bible_averaging, bible_length_penalty, bible_variants, experiments, passkey  # noqa: E402
+from scale_tables import scale, scale_search  # noqa: E402
 from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, target_tokens_per_s  # noqa: E402
 
 SWEEPS = REPO / "experiments" / "ablations" / "results"
@@ -318,6 +319,7 @@ TABLES = {
         *(prepare_memory, score_text_memory, attention_time, local_attention, families),
         *(passkey, local_global, local_global_step, rope_extension, family_comparison),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty),
+        *(scale, scale_search),
     )
 }
 

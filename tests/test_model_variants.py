@@ -45,6 +45,8 @@ def test_scan_equals_loop(positional):
 
 
 def test_remat_same_outputs_and_gradients():
+    """Every model.remat policy computes the loss and gradients of no remat (only what the backward pass keeps
+    differs); true reads as full."""
     cfg = make_cfg(positional="rope")
     toks = _seq(np.random.default_rng(7), 2, 6)
     params = random_params(DecoderLM(cfg), toks)
@@ -54,8 +56,12 @@ def test_remat_same_outputs_and_gradients():
         return jax.jit(jax.value_and_grad(loss))(p)
 
     l0, g0 = value_and_grad(DecoderLM(cfg), params)
-    for scan in (True, False):  # remat under nn.scan, and remat of each looped layer (prevent_cse)
-        remat = DecoderLM(dataclasses.replace(cfg, remat=True, scan_layers=scan))
+    assert (
+        dataclasses.replace(cfg, remat=True).remat == "full" and dataclasses.replace(cfg, remat="false").remat == "none"
+    )
+    policies = [("full", True), ("full", False), ("dots_saveable", True), ("dots_with_no_batch_dims_saveable", True)]
+    for policy, scan in policies + [("offload", True)]:  # under nn.scan, and each looped layer (prevent_cse)
+        remat = DecoderLM(dataclasses.replace(cfg, remat=policy, scan_layers=scan))
         l1, g1 = value_and_grad(remat, params if scan else unstack_layers(params))
         np.testing.assert_allclose(l1, l0, rtol=1e-6)
         jax.tree_util.tree_map(

@@ -26,6 +26,7 @@ EXTRAS = {  # module -> the extra of pyproject.toml that installs it
     "zstandard": "data",
     "wandb": "track",
     "mlflow": "track",
+    "libtpu": "tpu",
 }
 
 

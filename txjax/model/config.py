@@ -20,6 +20,8 @@ from txjax.sections.fields import ReadBy, setting
 
 NORMS = ("layernorm", "rmsnorm")
 
+# model.remat: what the backward pass keeps of each block (txjax.model.models.remat_policy), most first
+REMAT_POLICIES = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload", "full")
 _CHOICES = {
     "positional": positional.POSITIONAL_KINDS,
     "norm": NORMS,
@@ -32,6 +34,7 @@ _CHOICES = {
     "parametrization": ("standard", "mup"),
     "router": ("topk_then_softmax", "softmax_then_topk", "sigmoid"),  # txjax.model.moe
     "prefix_attention": ("bidirectional", "causal"),  # txjax.families.prefix_lm
+    "remat": REMAT_POLICIES,
 }
 
 # the settings a field needs (txjax.unread refuses it set without them); a field with setting()'s metadata but no
@@ -82,9 +85,9 @@ class ModelConfig:
     )  # of float32 matmuls (txjax.model.precision): 'high'/'default' allow TF32 on GPUs
     attention_scale: str = "sqrt"
     scan_layers: bool = True
-    remat: bool = setting(
-        False
-    )  # recompute each block's activations in the backward pass; saves memory with scan_layers
+    remat: str = setting("none")  # none | full: recompute each block in the backward pass | dots_saveable,
+    # dots_with_no_batch_dims_saveable: keep the matmuls' outputs (those without a batch dimension), recompute the
+    # rest | offload: those outputs kept in host memory (jax.checkpoint_policies); true/false read as full/none
     # (XLA:CPU schedules a looped stack's recomputation early and keeps the activations: benchmarks/memory.py)
     norm_eps: float = 1e-5
     rope_base: float = setting(10000.0, resume=False, read_by=_ROPE)
@@ -146,6 +149,8 @@ class ModelConfig:
     prefix_attention: str = setting("bidirectional", resume=False, read_by=(_PREFIX,))
 
     def __post_init__(self):
+        if str(self.remat).lower() in ("true", "false"):  # model.remat's values when it was a bool (True, "false")
+            object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")

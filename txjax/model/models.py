@@ -143,7 +143,8 @@ class Stack(nn.Module):
         unit, length = (Group if grouped else Block), self.num_layers // n
         unit_windows = [windows[i * n : (i + 1) * n] if grouped else windows[i] for i in range(length)]
         static = (3,) if uniform or not cfg.scan_layers else ()  # the window argument: Python ints
-        block = nn.remat(unit, prevent_cse=not cfg.scan_layers, static_argnums=static) if cfg.remat else unit
+        remat = dict(prevent_cse=not cfg.scan_layers, static_argnums=static, policy=remat_policy(cfg.remat))
+        block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode) | ({} if grouped else dict(moe=cfg.num_experts > 0))
         if cfg.scan_layers:
@@ -161,6 +162,21 @@ class Stack(nn.Module):
             for i in range(length):
                 x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, unit_windows[i])
         return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement != "post" else x_BxLxD
+
+
+def remat_policy(name: str):
+    """jax.checkpoint's policy of model.remat `name`: what the backward pass reads as saved (the rest it recomputes
+    from the block's input). full: nothing; dots_saveable: every matmul's output; dots_with_no_batch_dims_saveable:
+    those of matmuls with no batch dimension (the projections, not attention's per-head products); offload: those
+    same outputs moved to host memory in the forward pass and back for the backward."""
+    policies = jax.checkpoint_policies
+    return {
+        "none": None,
+        "full": None,
+        "dots_saveable": policies.dots_saveable,
+        "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
+        "offload": policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    }[name]
 
 
 def _defaults(tokens_BxL, positions, segment_ids):

@@ -91,15 +91,17 @@ def mesh_shape(mesh_config) -> tuple[int, int, int, int, int]:
     return mesh_config.data, mesh_config.fsdp, mesh_config.sequence, mesh_config.tensor, mesh_config.expert
 
 
-def run_mesh(mesh_config) -> Mesh:
+def run_mesh(mesh_config, devices: list | None = None) -> Mesh:
     """The (data, fsdp, sequence, tensor, expert) mesh of `config.mesh` over the run's devices. One process may use
-    fewer devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all."""
+    fewer devices than it sees (its first ones: the default all-1 mesh trains on one device); several must use all,
+    as must a mesh over given `devices` (a topology's, txjax.parallel.topology: every host of it runs a process)."""
     shape = mesh_shape(mesh_config)
     if min(shape) < 1:
         raise ConfigError(f"config.mesh (data, fsdp, sequence, tensor, expert) = {shape}: every size must be positive")
-    devices = jax.devices()
-    if jax.process_count() == 1:
-        devices = devices[: math.prod(shape)]
+    if devices is None:
+        devices = jax.devices()
+        if jax.process_count() == 1:
+            devices = devices[: math.prod(shape)]
     try:
         return make_mesh(*shape, devices=devices)
     except ValueError as e:
