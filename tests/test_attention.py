@@ -11,6 +11,7 @@ import pytest
 from txjax.model import attention as A
 from txjax.model import masks as M
 from txjax.model.multi_head import MultiHeadAttention
+from txjax.model.score import Spec
 
 pytestmark = pytest.mark.gpu  # the whole file is in the GPU subset (pyproject.toml's markers)
 
@@ -190,7 +191,7 @@ def random_params(module, *args, seed=0, std=0.3, **kwargs):
 )
 def test_mha_self_attention_matches_numpy(num_heads, num_kv_heads, scale):
     d_model, head_dim, b, l = 10, 3, 2, 5  # head_dim * heads != d_model on purpose
-    mod = MultiHeadAttention(num_heads, num_kv_heads, head_dim, use_bias=True, scale=scale)
+    mod = MultiHeadAttention(num_heads, num_kv_heads, head_dim, use_bias=True, score=Spec(scale=scale))
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.normal(size=(b, l, d_model)), jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(l), (b, l))
@@ -225,7 +226,7 @@ def test_mha_cross_attention_different_lengths_matches_numpy(num_kv_heads):
 
 def test_mha_alibi_bias_matches_numpy():
     d_model, heads, head_dim, l = 8, 4, 2, 5
-    mod = MultiHeadAttention(heads, 2, head_dim, alibi=True)
+    mod = MultiHeadAttention(heads, 2, head_dim, score=Spec(alibi=True))
     rng = np.random.default_rng(6)
     x = jnp.asarray(rng.normal(size=(1, l, d_model)), jnp.float32)
     pos = jnp.arange(l)[None]
@@ -263,7 +264,7 @@ def test_fused_equals_reference_with_causal_padding_segments(num_kv_heads, alibi
     pos = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]])
     mask = M.causal_mask(pos, pos) & M.segment_mask(seg, seg)
     x = jnp.asarray(np.random.default_rng(8).normal(size=(2, 6, d_model)), jnp.float32)
-    kw = dict(num_heads=heads, num_kv_heads=num_kv_heads, head_dim=head_dim, alibi=alibi)
+    kw = dict(num_heads=heads, num_kv_heads=num_kv_heads, head_dim=head_dim, score=Spec(alibi=alibi))
     ref_mod, fused_mod = MultiHeadAttention(**kw), MultiHeadAttention(**kw, impl="fused")
     variables = {"params": random_params(ref_mod, x, mask, q_pos=pos)}
 

@@ -60,7 +60,14 @@ def run(q, k, v, d_out, seg_q, seg_k, pos_q, pos_k, causal, alibi, block_q, bloc
 
     def f(q, k, v):
         segments = blockwise.Segments(jnp.asarray(seg_q), jnp.asarray(seg_k))
-        kw = dict(causal=causal, slopes_H=slopes, scale=scale, block_q=block_q, block_kv=block_kv, softcap=softcap)
+        kw = dict(
+            causal=causal,
+            heads_H={} if slopes is None else {"slopes": slopes},
+            scale=scale,
+            block_q=block_q,
+            block_kv=block_kv,
+            softcap=softcap,
+        )
         return blockwise.attention(q, k, v, segments, jnp.asarray(pos_q), jnp.asarray(pos_k), **kw)
 
     out, vjp = jax.vjp(jax.jit(f), q, k, v)

@@ -53,7 +53,7 @@ def test_blockwise_with_a_window_matches_numpy(block_q, block_kv):
         want.append(np_attention_and_grads(q[r], k[r], v[r], allowed, bias, q.shape[-1] ** -0.5, d_out[r]))
     want = [np.stack(t) for t in zip(*want)]
     segments = blockwise.Segments(jnp.asarray(seg_q), jnp.asarray(seg_k))
-    kw = dict(causal=True, slopes_H=None, scale=q.shape[-1] ** -0.5, block_q=block_q, block_kv=block_kv)
+    kw = dict(causal=True, heads_H={}, scale=q.shape[-1] ** -0.5, block_q=block_q, block_kv=block_kv)
     for window in (W, jnp.int32(W)):
         f = lambda q, k, v, w=window: blockwise.attention(q, k, v, segments, pos_q, pos_k, window=w, **kw)
         out, vjp = jax.vjp(f, q, k, v)
@@ -68,7 +68,7 @@ def test_blockwise_never_reads_the_key_blocks_before_the_window():
     v = v.copy()
     v[0, :4] = np.nan
     pos = jnp.arange(16)[None]
-    kw = dict(causal=True, slopes_H=None, scale=1.0, block_q=4, block_kv=4, window=W)
+    kw = dict(causal=True, heads_H={}, scale=1.0, block_q=4, block_kv=4, window=W)
     out = np.asarray(blockwise.attention(q, k, v, None, pos, pos, **kw))
     assert np.isnan(out[0, :8]).any() and np.isfinite(out[0, 8:]).all()  # queries 8.. see keys 5.. only
 

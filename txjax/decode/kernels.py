@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import attention, kv_cache, precision
+from txjax.model import attention, kv_cache, precision, score
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.ffn import FeedForward
 from txjax.model.multi_head import MultiHeadAttention
@@ -165,29 +165,32 @@ def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):
     return kv_cache.append_kv_cache(module, k_new, v_new, q_pos, mask, layout="decoding")
 
 
-def _attend(own, module, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0):
-    """Attention over keys [B*KV, K, S] and values [B*KV, S, K] (a module holding a cache: decode mode, where the
-    window is already in the mask)."""
+def _attend(own, module, q_BxLxHxK, k, v, terms, deterministic):
+    """Attention over keys [B*KV, K, S] and values [B*KV, S, K] (a module holding a cache: decode mode), its scores
+    by txjax.model.score.weights from the model's own terms (score.Terms), every canonical array of them arranged
+    into this layout by one function, so that no term can be left out here."""
     if not any(
         module.has_variable("cache", name) for name in (kv_cache.KEYS, kv_cache.WINDOW_KEYS, kv_cache.CROSS_KEYS)
     ):
-        return own(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window)
-    b, scores = q_BxLxHxK.shape[0], module.score_options()
+        return own(q_BxLxHxK, k, v, terms, deterministic)
+    b = q_BxLxHxK.shape[0]
     if module.impl == "fused":  # jax.nn.dot_product_attention's [B, S, KV, K]
         k, v = einops.rearrange(k, "(b g) k s -> b s g k", b=b), einops.rearrange(v, "(b g) s k -> b s g k", b=b)
-        return attention.attend(q_BxLxHxK, k, v, mask, causal=causal, bias=bias_BxHxLxS, **scores)[0]
+        return attention.attend(q_BxLxHxK, k, v, terms, impl=module.impl)[0]
     g = k.shape[0] // b
-    rows = lambda t: None if t is None else jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by rows
-    split = lambda t: None if t is None else einops.rearrange(rows(t), "b (g r) l s -> (b g) r l s", g=g)
-    q_BGxLxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> (b g) l r k", g=g)
-    mask = None if mask is None else einops.repeat(rows(mask[:, 0]), "b l s -> (b g) l s", g=g)
 
-    def one_head(q, k_KxS, v, m, bias_, keep):  # XLA folds the swap into the score product, which reads [K, S]
-        out = attention.scaled_dot_product_attention(q, k_KxS.T, v, m, bias=bias_, **scores)
-        return out, None
+    def arrange(t):  # canonical [B|1, H|1, L, S] -> [B*KV, R|1, L, S]
+        t = jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by the rows
+        if t.shape[1] == 1:
+            return einops.repeat(t, "b 1 l s -> (b g) 1 l s", g=g)
+        return einops.rearrange(t, "b (g r) l s -> (b g) r l s", g=g)
 
-    out, _ = jax.vmap(attention.over_query_group(one_head))(q_BGxLxRxK, k, v, mask, split(bias_BxHxLxS), None)
-    return einops.rearrange(out, "(b g) l r k -> b l (g r) k", b=b)
+    q_BGxRxLxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> (b g) r l k", g=g)
+    # k's swap: XLA folds it into the score product, which reads keys as [K, S]
+    raw = precision.einsum("nrlk,nsk->nrls", q_BGxRxLxK, jnp.swapaxes(k, 1, 2), out_dtype=jnp.float32)
+    probs = score.weights(terms, raw, arrange)
+    out = precision.einsum("nrls,nsk->nrlk", probs.astype(v.dtype), v)
+    return einops.rearrange(out, "(b g) r l k -> b l (g r) k", b=b)
 
 
 LAYOUT = Layout(

@@ -32,8 +32,7 @@ import einops
 import jax
 import jax.numpy as jnp
 
-from txjax.model import masks, positional, precision
-from txjax.model.activations import soft_cap
+from txjax.model import masks, precision, score
 from txjax.model.masks import NEG_INF
 
 
@@ -57,14 +56,15 @@ class Plan(NamedTuple):
 
 
 def attention(
-    q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q, block_kv, window=0,
+    q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, heads_H, scale, block_q, block_kv, window=0,
     softcap=0.0,
 ):  # fmt: skip
-    """softmax(mask(q k^T * scale + bias)) v in blocks: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of G: query
-    head h reads K/V head h // (H/G)); segments: Segments or None (all attend); q_pos [B, L], k_pos [B, S];
-    slopes_H: ALiBi's slopes [H] or None; window: a local window (masks.window_mask; an int or a traced scalar, 0 =
-    global); softcap: c > 0 caps the scores (before ALiBi's bias) at c tanh(. / c). Returns [B, L, H, K] in v's
-    dtype. A last block shorter than block_q (block_kv) is padded with segment 0, which nothing attends to."""
+    """softmax(mask(q k^T * scale + bias)) v in blocks: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of G: query head
+    h reads K/V head h // (H/G)); segments: Segments or None (all attend); q_pos [B, L], k_pos [B, S]; heads_H: the
+    scores' per-head terms, {name: [H]} (score.head_terms: ALiBi's slopes); window: a local window (masks.window_mask;
+    an int or a traced scalar, 0 = global); softcap: c > 0 caps the scores (before ALiBi's bias) at c tanh(. / c).
+    Returns [B, L, H, K] in v's dtype. A last block shorter than block_q (block_kv) is padded with segment 0, which
+    nothing attends to."""
     b, l, h, _ = q_BxLxHxK.shape
     s, g = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
     if segments is None:
@@ -80,9 +80,9 @@ def attention(
     k, v = (blocks(t, nk, bk, "b (n s) g k -> n b s g k") for t in (k_BxSxGxK, v_BxSxGxK))
     q_seg, q_p = (blocks(t, nq, bq, "b (n q) -> n b q") for t in (segments.q, q_pos))
     k_seg, k_p = (blocks(t, nk, bk, "b (n s) -> n b s") for t in (segments.k, k_pos))
-    slopes = None if slopes_H is None else slopes_H.reshape(g, h // g)
+    heads = {name: t.reshape(g, h // g) for name, t in heads_H.items()}
     window = None if masks.is_global(window) else jnp.asarray(window, jnp.int32)
-    out = _flash(Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, slopes, window)
+    out = _flash(Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, heads, window)
     return einops.rearrange(out, "n b q g r k -> b (n q) (g r) k")[:, :l]
 
 
@@ -98,26 +98,19 @@ def _kv_blocks(plan: Plan, i, nk: int, window):
     return jnp.where(window > 0, oldest // plan.block_kv, 0), last
 
 
-def _scores(plan: Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    """One block's scores and mask: q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk] float32,
-    allowed [B, 1, 1, bq, bk], and the soft cap's derivative ds/d(q k^T * scale) (1 without a cap)."""
-    s = soft_cap(precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32) * plan.scale, plan.softcap)
-    capped = 1.0 - jnp.square(s / plan.softcap) if plan.softcap > 0 else 1.0
-    if slopes is not None:  # ALiBi's bias over heads [G, R]: -m_h |i - j|
-        s = s + positional.alibi_bias(q_pos, k_pos, slopes.reshape(-1)).reshape(s.shape)
-    ok = masks.segment_mask(q_seg, k_seg)
-    if plan.causal:
-        ok = ok & masks.causal_mask(q_pos, k_pos)
-    if window is not None:
-        ok = ok & masks.window_mask(q_pos, k_pos, window)
-    return s, ok[:, :, None], capped
+def _scores(plan: Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, heads, window):
+    """One tile's scores (txjax.model.score.tile): q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk]
+    float32, allowed [B, 1, 1, bq, bk], and the soft cap's derivative."""
+    raw = precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32)
+    terms = dict(causal=plan.causal, window=window, heads=heads)
+    return score.tile(plan.scale, plan.softcap, raw, q_seg, k_seg, q_pos, k_pos, **terms)
 
 
-def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, window=None):
-    """Queries in blocks q [nq, B, bq, G, R, K] against keys and values in blocks k/v [nk, B, bk, G, K] (segment ids
-    and positions [nq, B, bq] / [nk, B, bk]; slopes: ALiBi's [G, R] or None; window: None = global, or a traced
-    int32) -> o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query has
-    no key to attend to: ring attention merges the results of key shards by their logsumexp)."""
+def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads=None, window=None):
+    """Queries in blocks q [nq, B, bq, G, R, K] against keys and values in blocks k/v [nk, B, bk, G, K] (segment ids and
+    positions [nq, B, bq] / [nk, B, bk]; heads: the per-head terms {name: [G, R]} or None; window: None = global, or a
+    traced int32) -> o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query
+    has no key to attend to: ring attention merges the results of key shards by their logsumexp)."""
     nk = k.shape[0]
 
     def query_block(xs):
@@ -125,7 +118,7 @@ def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, 
 
         def step(j, carry):
             m, l, o = carry  # running max and sum [B, G, R, bq], unnormalized output [B, G, R, bq, K]
-            s, ok, _ = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
+            s, ok, _ = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], heads, window)
             m_new = jnp.maximum(m, jnp.where(ok, s, NEG_INF).max(-1))
             p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
@@ -133,7 +126,7 @@ def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, 
             return m_new, correction * l + p.sum(-1), correction[..., None] * o + pv
 
         shape = (q_i.shape[0], *q_i.shape[2:4], q_i.shape[1])
-        init = (jnp.full(shape, NEG_INF), jnp.zeros(shape), jnp.zeros((*shape, v.shape[-1])))
+        init = (*score.online_start(heads, shape), jnp.zeros((*shape, v.shape[-1])))
         m, l, o = jax.lax.fori_loop(*_kv_blocks(plan, i, nk, window), step, init)
         attended = l > 0  # False: no key to attend to -> zeros
         o = o / jnp.where(attended, l, 1.0)[..., None]
@@ -144,22 +137,24 @@ def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes=None, 
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    return flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)[0]
+def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window):
+    return flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window)[0]
 
 
-def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window):
-    o, lse = flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window)
-    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse)
+def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window):
+    o, lse = flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window)
+    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, o, lse)
 
 
 def _flash_bwd(plan, saved, do):
-    q, k, v, q_seg, k_seg, q_pos, k_pos, slopes, window, o, lse = saved
-    dq, dk, dv = flash_backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes, window)
-    return dq, dk, dv, None, None, None, None, None, None
+    q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, o, lse = saved
+    dq, dk, dv = flash_backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, heads, window)
+    delta = (do.astype(jnp.float32) * o.astype(jnp.float32)).sum(-1)  # rowsum(do * o) [n, B, bq, G, R]
+    d_heads = score.head_grads(heads, einops.rearrange(lse, "n b g r q -> n b q g r"), delta)
+    return dq, dk, dv, None, None, None, None, d_heads, None
 
 
-def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, slopes=None, window=None):
+def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, heads=None, window=None):
     """dq, dk, dv (in q's, k's, v's dtypes) of flash_forward's arguments from its o and logsumexp and the output's
     cotangent do (o's layout), each block's probabilities recomputed from the logsumexp (the equations above)."""
     nk, f32 = k.shape[0], jnp.float32
@@ -172,7 +167,7 @@ def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, 
 
         def step(j, c):
             dq_i, dk, dv = c
-            s, ok, capped = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], slopes, window)
+            s, ok, capped = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], heads, window)
             p = jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
             dv_j = mm("bgrqs,bqgrk->bsgk", p.astype(q.dtype), do_i)
             dp = mm("bqgrk,bsgk->bgrqs", do_i, v[j].astype(q.dtype))

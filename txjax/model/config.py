@@ -13,7 +13,7 @@ import difflib
 
 import jax.numpy as jnp
 
-from txjax.model import positional, precision
+from txjax.model import positional, precision, score
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.attention import ATTENTION_IMPLS
 from txjax.sections.fields import ReadBy, setting
@@ -189,10 +189,12 @@ class ModelConfig:
         for name in ("logit_softcap", "attention_softcap"):
             if not isinstance(getattr(self, name), (int, float)) or not getattr(self, name) >= 0:  # NaN too
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a number >= 0 (0 = off)")
-        if self.attention_softcap and self.attention_impl in ("fused", "cudnn"):
+        lacking = score.fused_lacks(self) if self.attention_impl in ("fused", "cudnn") else []
+        if lacking:
             raise ValueError(
-                f"model.attention_impl={self.attention_impl!r} has no score soft-capping (jax.nn.dot_product_attention)"
-                ": set model.attention_impl=auto, reference or blockwise, or model.attention_softcap=0"
+                f"model.attention_impl={self.attention_impl!r} (jax.nn.dot_product_attention) cannot express "
+                f"{', '.join(lacking)}: set model.attention_impl=auto, reference or blockwise, or "
+                + " and ".join(f"{name}=0" for name in lacking)
             )
         if not isinstance(self.attention_scale_dim, int) or self.attention_scale_dim < 0:
             raise ValueError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
+from txjax.model import score
 from txjax.model.attention import resolve_impl
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward
@@ -41,15 +42,11 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         use_bias=cfg.use_bias,
         qkv_bias=cfg.qkv_bias,
         dropout=cfg.attention_dropout,
-        scale=cfg.attention_scale,
-        scale_dim=cfg.attention_scale_dim,
-        softcap=cfg.attention_softcap,
-        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim, cfg.attention_softcap),
+        score=score.spec_of(cfg, cross),
+        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim, bool(score.fused_lacks(cfg))),
         block_sizes=(cfg.attention_block_q, cfg.attention_block_kv),
         rope=cfg.rope if (not cross and cfg.positional == "rope") else None,
         local_rope=cfg.local_rope,
-        alibi=not cross and cfg.positional == "alibi",
-        max_distance=cfg.relative_max_distance,
         qk_norm=cfg.qk_norm,
         qk_norm_all_heads=cfg.qk_norm_all_heads,
         norm_eps=cfg.norm_eps,

@@ -3,8 +3,8 @@
     MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 `MultiHeadAttention` projects with per-head weights written as einsums and runs the heads through
-txjax.model.attention's `attend` (one head's equation, vmapped over the heads, or a fused kernel). The same module
-serves self-attention (kv = x), masked self-attention (a causal mask, and a local window: txjax.model.masks) and
+txjax.model.attention's `attend` (the scores' terms of txjax.model.score over all heads, or a fused kernel). The same
+module serves self-attention (kv = x), masked self-attention (a causal mask, and a local window: txjax.model.masks) and
 cross-attention (kv = encoder output, padding mask only). In decode mode it keeps a KV cache (txjax.model.kv_cache,
 its one schema): the full one, a local layer's ring buffer of `window` slots, the encoder's keys and values.
 
@@ -21,11 +21,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import blockwise, positional, precision, roles
-from txjax.model.attention import attend, score_scale, segment_backend
+from txjax.model import blockwise, positional, precision, roles, score
+from txjax.model.attention import attend, segment_backend
 from txjax.model.kv_cache import append_kv_cache, cross_kv_cache, window_kv_cache
-from txjax.model.masks import causal_mask, is_global, segment_mask, window_mask
+from txjax.model.masks import segment_mask
 from txjax.model.norms import rms_norm
+from txjax.model.score import Spec
 
 
 class MultiHeadAttention(nn.Module):
@@ -45,15 +46,11 @@ class MultiHeadAttention(nn.Module):
     use_bias: bool = False
     qkv_bias: bool = False  # biases on query/key/value only (Qwen2); use_bias puts them on all four
     dropout: float = 0.0
-    scale: str = "sqrt"  # 'sqrt' (1/sqrt(d_k)) | 'none' | 'linear' (1/d_k): the scaling ablation
-    scale_dim: int = 0  # the d of 1/sqrt(d) (1/d); 0 = d_k (Gemma's query_pre_attn_scalar)
-    softcap: float = 0.0  # c > 0: scores soft-capped at c tanh(s / c) (Gemma 2)
+    score: Spec = Spec()  # the scores' static terms (txjax.model.score: scale, soft cap, ALiBi, T5's distance)
     impl: str = "reference"  # attend's: 'reference' | 'fused' | 'cudnn', or 'blockwise' (segment_backend)
     block_sizes: tuple[int, int] = (256, 256)  # blockwise's (queries, keys) per block
     rope: positional.Rope | None = None  # rotate q and k (RoPE) when set
     local_rope: positional.Rope | None = None  # a local layer's (window > 0) own RoPE, if not `rope`
-    alibi: bool = False
-    max_distance: int = 128  # relative_table's: distances from it on share the last bucket (T5)
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
     qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_k] (OLMoE)
     norm_eps: float = 1e-5
@@ -85,10 +82,9 @@ class MultiHeadAttention(nn.Module):
         window (masks.window_mask: an int, 0 = global, or a scanned layer's traced scalar); relative_table
         [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
         -> [B, Lq, D]."""
-        bidirectional = not causal
-        k_pos = q_pos if k_pos is None else k_pos
+        bidirectional, k_pos = not causal, q_pos if k_pos is None else k_pos
         needs_scores = decode or self.sow_weights
-        by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.softcap)
+        by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.score.softcap)
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
             mask = segment_mask(*mask)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
@@ -101,24 +97,17 @@ class MultiHeadAttention(nn.Module):
             causal = False
         if by_segments is not None and relative_table is not None:
             raise ValueError("model.positional='relative_buckets' needs model.attention_impl=reference (or auto)")
+        heads_H = score.head_terms(self)
         if by_segments is not None:  # masks and ALiBi made block by block (ring step by ring step)
-            slopes_H = positional.alibi_slopes(self.num_heads) if self.alibi else None
-            scale = self.score_options()["scale"]  # the soft cap is bound into by_segments
-            out_BxLxHxK = by_segments(
-                q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, slopes_H=slopes_H, scale=scale
-            )
+            scale = self.score.factor(self.head_dim)  # the soft cap is bound into by_segments
+            out_BxLxHxK = by_segments(q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, heads_H=heads_H, scale=scale)
             return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
-        bias_BxHxLxS = None
-        if self.alibi:
-            bias_BxHxLxS = positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(self.num_heads))
-        if relative_table is not None:
-            bias_BxHxLxS = positional.relative_bias(q_pos, k_pos, relative_table, bidirectional, self.max_distance)
-        if causal and self.impl == "reference":  # the causal order on explicit positions, as part of the mask
-            mask, causal = causal_mask(q_pos, k_pos) if mask is None else mask & causal_mask(q_pos, k_pos), False
-        if not (is_global(window) or (causal and isinstance(window, int))):  # else by index in attend (the kernels')
-            band = window_mask(q_pos, k_pos, window)  # on explicit positions, as the causal order above
-            mask, window = band if mask is None else mask & band, 0
-        out_BxLxHxK = self.attend(q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window)
+        by_index = self.impl != "reference"  # the fused kernels' is_causal and local_window_size
+        terms = score.dense_terms(
+            self.score, self.head_dim, heads_H, q_pos, k_pos, mask,
+            causal=causal, window=window, by_index=by_index, relative_table=relative_table, bidirectional=bidirectional,
+        )  # fmt: skip
+        out_BxLxHxK = self.attend(q_BxLxHxK, k, v, terms, deterministic)
         return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
 
     def heads_in(self, name, heads, x_BxLxD):
@@ -157,20 +146,14 @@ class MultiHeadAttention(nn.Module):
             return window_kv_cache(self, k_new, v_new, q_pos, mask, window)
         return append_kv_cache(self, k_new, v_new, q_pos, mask)
 
-    def score_options(self) -> dict:
-        """The scores' scale (score_scale of scale_dim, else d_k) and soft cap, as `attend` takes them."""
-        return dict(scale=score_scale(self.scale, self.scale_dim or self.head_dim), softcap=self.softcap)
-
-    def attend(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0):
-        """The heads' attention (the module-level `attend`) with dropout on the weights and their sowing."""
+    def attend(self, q_BxLxHxK, k, v, terms, deterministic):
+        """The heads' attention (the module-level `attend`) over the scores' terms (score.Terms), with dropout on the
+        weights and their sowing."""
         keep = None
         if self.dropout > 0 and not deterministic:  # one mask per head
             shape = (q_BxLxHxK.shape[0], self.num_heads, q_BxLxHxK.shape[1], k.shape[1])
             keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, shape) / (1.0 - self.dropout)
-        kwargs = dict(
-            causal=causal, window=window, bias=bias_BxHxLxS, keep=keep, impl=self.impl, **self.score_options()
-        )
-        out_BxLxHxK, probs_BxHxLxS = attend(q_BxLxHxK, k, v, mask, **kwargs, weights=self.sow_weights)
+        out_BxLxHxK, probs_BxHxLxS = attend(q_BxLxHxK, k, v, terms, keep=keep, impl=self.impl, weights=self.sow_weights)
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", probs_BxHxLxS)
         return out_BxLxHxK

@@ -26,7 +26,7 @@ REPLACEABLE = {
     (MultiHeadAttention, "heads_in"): "(self, name, heads, x_BxLxD)",
     (MultiHeadAttention, "project_out"): "(self, out_BxLxHxK, d_model)",
     (MultiHeadAttention, "update_cache"): "(self, k_new, v_new, q_pos, k_pos, mask, window=0)",
-    (MultiHeadAttention, "attend"): "(self, q_BxLxHxK, k, v, mask, causal, bias_BxHxLxS, deterministic, window=0)",
+    (MultiHeadAttention, "attend"): "(self, q_BxLxHxK, k, v, terms, deterministic)",
     (FeedForward, "hidden"): "(self, x_BxLxD)",
     (nn.Dense, "__call__"): "(self, inputs)",
 }

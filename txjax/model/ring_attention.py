@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from txjax.model import blockwise
+from txjax.model import blockwise, score
 from txjax.model.blockwise import Segments
 from txjax.model.masks import NEG_INF
 from txjax.parallel.sharding import BATCH_AXES, BATCH_LENGTH, SEQUENCE_AXIS, constrain, context_axis
@@ -71,11 +71,12 @@ def layout(batch: dict) -> dict:
     return {key: constrain(zigzag(x, n), BATCH_LENGTH) for key, x in batch.items()}
 
 
-def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, slopes_H, scale, block_q=256):
+def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, heads_H, scale, block_q=256):
     """blockwise.attention's contract on the mesh in context: rows over data x fsdp, the sequence over `sequence`,
-    the heads over `tensor` where it divides them. segments: Segments or None (all attend). No ALiBi (slopes_H)."""
-    if slopes_H is not None:
-        raise ValueError("ring attention (mesh.sequence > 1) has no ALiBi bias: use another model.positional")
+    the heads over `tensor` where it divides them. segments: Segments or None (all attend). No per-head score
+    terms (heads_H: ALiBi's slopes)."""
+    for name in heads_H:
+        raise ValueError(f"ring attention (mesh.sequence > 1) has no {score.RING_LACKS[name]}")
     b, l = q_BxLxHxK.shape[:2]
     if segments is None:
         segments = Segments(jnp.ones((b, l), jnp.int32), jnp.ones(k_BxSxGxK.shape[:2], jnp.int32))

@@ -1,0 +1,113 @@
+"""Every term of the attention scores (txjax.model.score) through every backend and every decoding layout, against
+the full forward pass of the reference: the logits of packed rows (two documents and padding: segment masks) by
+blockwise/flash attention, jax.nn.dot_product_attention ('fused') and ring attention over 4 simulated devices,
+and generation (teacher-forced logits and greedy tokens) by the model's own cached decoding and the decoding
+layouts of one row (out-major kernels) and two left-padded rows (fused projections). A backend that cannot express
+a term refuses it in one line. A new score option is tested everywhere by adding it to OPTIONS."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_decode import EOS, PAD, greedy_by_recomputing, random_ids, random_params, teacher_forced_steps, tiny
+from test_decode_kernels import own_cached_logits
+
+from txjax import decode
+from txjax.model import ring_attention
+from txjax.model.models import DecoderLM
+from txjax.parallel.sharding import batch_sharding, make_mesh, on_mesh
+
+# name -> (model fields, the backends that refuse them)
+OPTIONS = {
+    "plain": ({}, ()),
+    "scale_dim": (dict(attention_scale_dim=2), ()),  # 1/sqrt(2), not 1/sqrt(d_k)
+    "linear_scale": (dict(attention_scale="linear"), ()),
+    "softcap": (dict(attention_softcap=0.5), ("fused", "ring")),  # binds: the random weights' scores reach ~10
+    "alibi": (dict(positional="alibi"), ("ring",)),
+    "relative_buckets": (dict(positional="relative_buckets"), ("blockwise", "ring")),
+    "window": (dict(attention_window=3, window_pattern="LG"), ("ring",)),
+}
+BACKENDS = {
+    "blockwise": dict(attention_impl="blockwise", attention_block_q=4, attention_block_kv=4),
+    "fused": dict(attention_impl="fused"),
+    "ring": dict(attention_impl="reference"),  # on a mesh whose `sequence` axis has 4 devices
+}
+LAYOUTS = ("own", "rows=1", "rows=2")  # the model's own cached decoding; decode.for_decoding's for 1 and 2 rows
+TOL = dict(atol=1e-4, rtol=1e-5)
+
+
+def config(option):
+    return tiny(**{"max_len": 32, "attention_impl": "reference", **OPTIONS[option][0]})
+
+
+def packed_inputs():
+    """2 rows x 16 tokens: row 0 two documents (9 and 5 tokens) then 2 of padding, row 1 one document."""
+    tokens = jnp.asarray(random_ids(0, (2, 16)))
+    seg = jnp.array([[1] * 9 + [2] * 5 + [0] * 2, [1] * 16])
+    pos = jnp.array([list(range(9)) + list(range(5)) + [0, 0], list(range(16))])
+    return tokens, pos, seg
+
+
+def ring_logits(model, params, tokens, pos, seg):
+    """The forward pass on a mesh of 4 devices along `sequence`: the rows in zig-zag order (ring_attention.layout's),
+    the logits back in order."""
+    mesh = make_mesh(sequence=4, devices=jax.devices()[:4])
+    zig = lambda t: ring_attention.zigzag(t, 4)
+    rows = batch_sharding(mesh)
+    run = jax.jit(on_mesh(lambda *a: model.apply({"params": params}, *a), mesh), in_shardings=(rows,) * 3)
+    return ring_attention.unzigzag(run(zig(tokens), zig(pos), zig(seg)), 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_backend_computes_the_references_scores(option, backend):
+    if backend == "ring" and jax.device_count() < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS set in conftest.py)")
+    cfg = config(option)
+    tokens, pos, seg = packed_inputs()
+    params = random_params(DecoderLM(cfg), jnp.zeros((1, 4), jnp.int32))
+    refused = backend in OPTIONS[option][1]
+    try:
+        model = DecoderLM(dataclasses.replace(cfg, **BACKENDS[backend]))
+        if backend == "ring":
+            got = ring_logits(model, params, tokens, pos, seg)
+        else:
+            got = jax.jit(lambda p: model.apply({"params": p}, tokens, pos, seg))(params)
+    except ValueError as e:
+        assert refused, e
+        assert "\n" not in str(e) and ("model." in str(e) or "ring attention" in str(e)), e
+        return
+    assert not refused, f"{backend} ran {option}, which it should refuse"
+    want = DecoderLM(cfg).apply({"params": params}, tokens, pos, seg)
+    real = (seg > 0)[..., None]
+    np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), **TOL)
+    np.testing.assert_array_equal(np.where(seg > 0, got.argmax(-1), 0), np.where(seg > 0, want.argmax(-1), 0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("option", OPTIONS)
+def test_generation_reads_every_score_term(option, layout):
+    """Teacher-forced decode steps give the full forward pass's logits, and greedy generation past the window (12
+    new tokens; two prompts of 3 and 6 tokens, left-padded together for 2 rows) gives the tokens that recomputing
+    the full forward pass at every step gives."""
+    model = DecoderLM(config(option))
+    params = random_params(model, jnp.zeros((1, 4), jnp.int32))
+    tokens = jnp.asarray(random_ids(1, (2, 10)))
+    want = model.apply({"params": params}, tokens)
+    if layout == "own":
+        np.testing.assert_allclose(own_cached_logits(model, params, tokens), want, **TOL)
+        return
+    rows = int(layout[-1])
+    dmodel, dparams = decode.for_decoding(model, params, rows)
+    cache = decode.init_cache(dmodel, 2, 10)
+    prompt = (tokens[:, :1], jnp.zeros((2, 1), jnp.int32))
+    first = decode.extend(dmodel, dparams, cache, *prompt, prefill=True)
+    steps = teacher_forced_steps(dmodel, dparams, first[1], tokens, 1)
+    np.testing.assert_allclose(jnp.concatenate([first[0][:, None], steps.transpose(1, 0, 2)], 1), want, **TOL)
+    forward = jax.jit(lambda x: model.apply({"params": params}, x))
+    prompts = [random_ids(2, 3).tolist(), random_ids(3, 6).tolist()][:rows]
+    expected = [greedy_by_recomputing(forward, p, 12, 32) for p in prompts]
+    got = decode.generate(dmodel, dparams, prompts, max_new_tokens=12, eos_id=EOS, pad_id=PAD)
+    assert got.ids == expected
