@@ -178,19 +178,24 @@ def _attend(own, module, q_BxLxHxK, k, v, terms, deterministic):
         k, v = einops.rearrange(k, "(b g) k s -> b s g k", b=b), einops.rearrange(v, "(b g) s k -> b s g k", b=b)
         return attention.attend(q_BxLxHxK, k, v, terms, impl=module.impl)[0]
     g = k.shape[0] // b
+    per_head = lambda t: t.shape[1] > 1
 
-    def arrange(t):  # canonical [B|1, H|1, L, S] -> [B*KV, R|1, L, S]
+    def arrange(t):  # canonical [B|1, H|1, L, S] -> [B*KV, R, L, S], or [B*KV, L, S] shared by the heads
         t = jnp.broadcast_to(t, (b, *t.shape[1:]))  # [1, ...]: shared by the rows
-        if t.shape[1] == 1:
-            return einops.repeat(t, "b 1 l s -> (b g) 1 l s", g=g)
-        return einops.rearrange(t, "b (g r) l s -> (b g) r l s", g=g)
+        if per_head(t):
+            return einops.rearrange(t, "b (g r) l s -> (b g) r l s", g=g)
+        return einops.repeat(t[:, 0], "b l s -> (b g) l s", g=g)
 
-    q_BGxRxLxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> (b g) r l k", g=g)
-    # k's swap: XLA folds it into the score product, which reads keys as [K, S]
-    raw = precision.einsum("nrlk,nsk->nrls", q_BGxRxLxK, jnp.swapaxes(k, 1, 2), out_dtype=jnp.float32)
-    probs = score.weights(terms, raw, arrange)
-    out = precision.einsum("nrls,nsk->nrlk", probs.astype(v.dtype), v)
-    return einops.rearrange(out, "(b g) r l k -> b l (g r) k", b=b)
+    def one_head(q, k_KxS, v, terms_):  # XLA folds the swap into the score product, which reads [K, S]
+        probs = score.weights(terms_, precision.einsum("...qd,...kd->...qk", q, k_KxS.T, out_dtype=jnp.float32))
+        return attention.attention_output(probs, v)
+
+    over_group = jax.vmap(
+        one_head, in_axes=(-2, None, None, jax.tree.map(lambda t: -3 if per_head(t) else None, terms)), out_axes=-2
+    )
+    q_BGxLxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> (b g) l r k", g=g)
+    out = jax.vmap(over_group)(q_BGxLxRxK, k, v, jax.tree.map(arrange, terms))
+    return einops.rearrange(out, "(b g) l r k -> b l (g r) k", b=b)
 
 
 LAYOUT = Layout(

@@ -108,10 +108,20 @@ def cuda_available() -> bool:
 # The attention backends, behind one dispatch
 
 
-def grouped(g: int):
-    """The reference's layout of a canonical [B|1, H|1, L, S] array (score.Terms): [B|1, G|1, R|1, L, S], query
-    head h = g * R + r reading K/V head g (grouped-query attention: K/V never copied)."""
-    return lambda t: t[:, None] if t.shape[1] == 1 else einops.rearrange(t, "b (g r) l s -> b g r l s", g=g)
+def _per_head(fn: Callable, q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, terms: score.Terms, keep):
+    """fn(q, k, v, terms, keep) of one head ([B, L, K], [B, S, K], terms and keep [B|1, L, S]) vmapped over the K/V
+    heads and then over their query heads (grouped-query attention: H = KV * R, K/V broadcast, never copied): each
+    canonical [B|1, H, L, S] array of `terms` and `keep` split by head, a [B|1, 1, L, S] one shared by all of them.
+    -> out [B, L, H, K], probs [B, H, L, S]."""
+    g = k_BxSxGxK.shape[-2]
+    per_head = lambda t: t.shape[1] > 1
+    split = lambda t: einops.rearrange(t, "b (g r) l s -> b g r l s", g=g) if per_head(t) else t[:, 0]
+    axes = lambda axis: lambda t: axis if per_head(t) else None
+    over_group = jax.vmap(fn, in_axes=(-2, None, None, *(jax.tree.map(axes(-3), (terms, keep)))), out_axes=(-2, -3))
+    over_kv = jax.vmap(over_group, in_axes=(-3, -2, -2, *(jax.tree.map(axes(1), (terms, keep)))), out_axes=(-3, 1))
+    q_BxLxGxRxK = einops.rearrange(q_BxLxHxK, "b l (g r) k -> b l g r k", g=g)
+    out, probs = over_kv(q_BxLxGxRxK, k_BxSxGxK, v_BxSxGxK, *jax.tree.map(split, (terms, keep)))
+    return einops.rearrange(out, "b l g r k -> b l (g r) k"), einops.rearrange(probs, "b g r l s -> b (g r) l s")
 
 
 def attend(q, k, v, terms: score.Terms, *, keep=None, impl="reference", weights=False):
@@ -119,7 +129,7 @@ def attend(q, k, v, terms: score.Terms, *, keep=None, impl="reference", weights=
     [B, L, H, K], k/v [B, S, KV, K], keep (dropout multipliers) [B|1, H, L, S] or None.
     -> (out [B, L, H, K], probs [B, H, L, S] or None).
 
-    impl: 'reference' (score.weights over the heads grouped by their K/V head), 'fused' / 'cudnn'
+    impl: 'reference' (score.weights of one head, vmapped over the heads), 'fused' / 'cudnn'
     (jax.nn.dot_product_attention's XLA or cuDNN kernel with the terms it expresses: scale, bias, mask, causal
     order and window by index; it keeps no weights and applies no dropout, so `weights` or `keep` take the
     reference; ModelConfig refuses the terms it lacks, score.FUSED_LACKS)."""
@@ -139,11 +149,10 @@ def attend(q, k, v, terms: score.Terms, *, keep=None, impl="reference", weights=
         # XLA:CPU runs bfloat16 dots only through XNNPACK, which takes at most two batch axes; the backward of
         # grouped-query attention over [B, S, KV, K] has three (batch, K/V head, query head of the group)
         q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
-    g = k.shape[-2]
-    q_BxLxGxRxK = einops.rearrange(q, "b l (g r) k -> b l g r k", g=g)
-    raw = precision.einsum("blgrk,bsgk->bgrls", q_BxLxGxRxK, k, out_dtype=jnp.float32)
-    probs = score.weights(terms, raw, grouped(g))
-    dropped = probs if keep is None else probs * grouped(g)(keep)
-    out = precision.einsum("bgrls,bsgk->blgrk", dropped.astype(v.dtype), v)
-    out = einops.rearrange(out, "b l g r k -> b l (g r) k")
-    return out, einops.rearrange(probs, "b g r l s -> b (g r) l s") if weights else None
+
+    def one_head(q_, k_, v_, terms_, keep_):
+        probs = score.weights(terms_, precision.einsum("...qd,...kd->...qk", q_, k_, out_dtype=jnp.float32))
+        return attention_output(probs if keep_ is None else probs * keep_, v_), probs
+
+    out, probs = _per_head(one_head, q, k, v, terms, keep)
+    return out, probs if weights else None
