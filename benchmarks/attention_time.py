@@ -41,7 +41,7 @@ def layer_seconds(cfg, batch: int, context: int, repeats: int) -> float:
 
 def layer_step(cfg, batch: int, context: int):
     """(jit(grad(sum(attention(x) * w))) for the layer of cfg, its parameters, x): one segment of `context` tokens
-    per row, causal, the layer's own window (cfg.layer_windows[0])."""
+    per row, causal, the layer's own window (cfg.layer_attention[0])."""
     mha = make_attention(cfg, cross=False, name="attention")
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(batch, context, cfg.d_model)), jnp.float32)
@@ -49,7 +49,7 @@ def layer_step(cfg, batch: int, context: int):
     pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (batch, context))
     seg = jnp.ones((batch, context), jnp.int32)
     mask = Segments(seg, seg) if cfg.attention_impl == "blockwise" else seg[:, None, None, :] > 0
-    kw = dict(q_pos=pos, causal=True, window=cfg.layer_windows[0])
+    kw = dict(q_pos=pos, causal=True, layer=cfg.layer_attention[0])
     params = mha.init(jax.random.key(0), x, mask, **kw)
     loss = lambda p, x: (mha.apply(p, x, mask, **kw) * w).sum()
     return jax.jit(jax.grad(loss, argnums=(0, 1))), params, x

@@ -1,18 +1,56 @@
-"""The model's replaceable methods (txjax/model/replaceable.py) against the model's side and the layouts', and the
-KV cache's schema (txjax/model/kv_cache.py) against the caches the model and the decoding layout create."""
+"""What decoding computes against what the model computes: the decoding layout's attention with every term of the
+scores (txjax.model.score.Terms, each field on its own), the model's replaceable methods (txjax/model/replaceable.py)
+against the model's side and the layouts', and the KV cache's schema (txjax/model/kv_cache.py) against the caches
+the model and the decoding layout create."""
 
 import contextlib
+import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from txjax.decode import cache, kernels
 from txjax.families import prefix_lm
-from txjax.model import kv_cache, replaceable
+from txjax.model import attention, kv_cache, replaceable, score
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM, EncoderDecoder
 from txjax.model.multi_head import MultiHeadAttention
+
+
+class CachedModule:
+    """What the decoding layout's attend reads of a module: a cache (decode mode) and its attention_impl."""
+
+    impl = "reference"
+
+    def has_variable(self, collection, name):
+        return collection == "cache"
+
+
+def test_decoding_attends_with_every_term_of_the_scores():
+    """kernels' attend over keys [B*KV, K, S] and values [B*KV, S, K] equals the model's over [B, S, KV, K] with every
+    array of score.Terms set (random, per row and head), and each array changes what both compute: a term that
+    decoding skipped, or a new one its layout did not arrange, fails here."""
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+    b, l, h, g, s, k = 2, 3, 4, 2, 6, 8
+    q, keys, values = normal(b, l, h, k), normal(b, s, g, k), normal(b, s, g, k)
+    arrays = {
+        "mask": jnp.asarray(rng.random((b, 1, l, s)) < 0.7).at[..., 0].set(True),
+        "bias": normal(b, h, l, s),
+        "sinks": normal(1, h, 1, 1),
+    }
+    fields = [f.name for f in dataclasses.fields(score.Terms) if f.metadata.get("pytree_node", True)]
+    assert set(fields) <= set(arrays), f"give the new term of score.Terms a value here: {set(fields) - set(arrays)}"
+    full = score.Terms(0.5, softcap=2.0, **{name: arrays[name] for name in fields})
+    decoding = lambda terms: kernels._attend(None, CachedModule(), q, *kernels.cache_layout(keys, values), terms, True)
+    want = attention.attend(q, keys, values, full)[0]
+    np.testing.assert_allclose(decoding(full), want, atol=1e-5)
+    for name in fields:
+        without = dataclasses.replace(full, **{name: None})
+        np.testing.assert_allclose(decoding(without), attention.attend(q, keys, values, without)[0], atol=1e-5)
+        assert float(jnp.abs(decoding(without) - want).max()) > 1e-3, name
 
 
 def test_every_declared_method_has_its_declared_signature_on_the_models_side():

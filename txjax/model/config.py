@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import NamedTuple
 
 import jax.numpy as jnp
 
@@ -49,6 +50,16 @@ _PREFIX = ReadBy("family", ("prefix_lm",), "only a prefix LM has a prefix")
 
 def _scaled(*scalings: str) -> tuple[ReadBy, ...]:
     return (*_ROPE, ReadBy("model.rope_scaling", scalings, "another scaling's parameter"))
+
+
+class LayerAttention(NamedTuple):
+    """What differs between the self-attention of one decoder layer and another's (ModelConfig.layer_attention):
+    Python ints for a looped stack or one value for all (static), a scanned stack's arrays [layers] otherwise."""
+
+    window: int = 0  # the local window (masks.window_mask), 0 = global
+
+
+PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cross-attention, every encoder layer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,6 +317,11 @@ class ModelConfig:
         """Each decoder layer's attention window (0 = global): window_pattern repeated over the layers."""
         pattern = self.window_pattern or "L"
         return tuple(self.attention_window * (pattern[i % len(pattern)] == "L") for i in range(self.num_layers))
+
+    @property
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        """Each decoder layer's LayerAttention."""
+        return tuple(LayerAttention(window=w) for w in self.layer_windows)
 
     @property
     def rope(self) -> positional.Rope:

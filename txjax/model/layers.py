@@ -19,7 +19,7 @@ import flax.linen as nn
 
 from txjax.model import score
 from txjax.model.attention import resolve_impl
-from txjax.model.config import ModelConfig
+from txjax.model.config import PLAIN_LAYER, LayerAttention, ModelConfig
 from txjax.model.ffn import FeedForward
 from txjax.model.moe import MoE
 from txjax.model.multi_head import MultiHeadAttention
@@ -62,8 +62,9 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
 class Block(nn.Module):
     """One transformer layer: self-attention, optional cross-attention, FFN, each a residual branch.
 
-    Signature fits nn.scan: (x, ctx, window) -> (x, None) with ctx (masks, positions, encoder output) broadcast and
-    the self-attention's local window (an int, 0 = global; or a scanned layer's traced scalar) broadcast or scanned.
+    Signature fits nn.scan: (x, ctx, layer) -> (x, None) with ctx (masks, positions, encoder output) broadcast and
+    `layer`, what this layer's self-attention has of its own (config.LayerAttention: its local window, an int, 0 =
+    global), broadcast (Python ints) or scanned (traced scalars).
     """
 
     cfg: ModelConfig
@@ -75,7 +76,7 @@ class Block(nn.Module):
     moe: bool = False  # the FFN is a mixture of experts
 
     @nn.compact
-    def __call__(self, x_BxLxD, ctx, window=0):
+    def __call__(self, x_BxLxD, ctx, layer=PLAIN_LAYER):
         """ctx: dict with 'mask' (blockwise.Segments [B, L] twice; `causal` adds the causal order), 'pos' [B,L], and
         for cross blocks 'enc' [B,S,D] (None on cached decode steps) and 'enc_mask' (Segments [B, L], [B, S]). The
         hidden states are laid out as activations (rows over data x fsdp, the length over sequence) on the mesh in
@@ -91,7 +92,7 @@ class Block(nn.Module):
             ctx["mask"],
             q_pos=ctx["pos"],
             causal=self.causal,
-            window=window,
+            layer=layer,
             deterministic=deterministic,
             decode=decode,
             relative_table=ctx.get("relative_table"),  # T5's bucketed bias, one table per stack (models.Stack)
@@ -129,12 +130,13 @@ class Group(nn.Module):
     decode: bool = False
 
     @nn.compact
-    def __call__(self, x_BxLxD, ctx, window=0):
-        """window: the blocks' local windows, one int for all or n of them (ints, or a scanned group's [n] array)."""
+    def __call__(self, x_BxLxD, ctx, layer=PLAIN_LAYER):
+        """layer: the blocks' LayerAttention, one of ints for all, or fields of n values (ints, or a scanned
+        group's [n] arrays)."""
         n = self.cfg.moe_every
         kwargs = dict(cfg=self.cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=self.deterministic, decode=self.decode)
         for j in range(n):
-            block_window = window if isinstance(window, int) else window[j]
-            x_BxLxD, _ = Block(**kwargs, moe=j == n - 1, name=f"block_{j}")(x_BxLxD, ctx, block_window)
+            block_layer = LayerAttention(*(field if isinstance(field, int) else field[j] for field in layer))
+            x_BxLxD, _ = Block(**kwargs, moe=j == n - 1, name=f"block_{j}")(x_BxLxD, ctx, block_layer)
         return x_BxLxD, None

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from txjax.model import positional, precision, roles
 from txjax.model.activations import soft_cap
 from txjax.model.blockwise import Segments
-from txjax.model.config import ModelConfig
+from txjax.model.config import PLAIN_LAYER, LayerAttention, ModelConfig
 from txjax.model.ffn import dense
 from txjax.model.layers import Block, Group
 from txjax.model.moe import MOE_STATS
@@ -110,7 +110,7 @@ class Stack(nn.Module):
     """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...); with
     model.moe_every = n > 1 (and experts), num_layers / n Groups of n blocks the same way.
 
-    Local attention: a causal stack's layers take their windows from cfg.layer_windows. Looped, or scanned with one
+    Local attention: a causal stack's layers take their windows from cfg.layer_attention. Looped, or scanned with one
     window for all, each is a Python int (static: the fused kernels' local_window_size, a ring-buffer KV cache of
     window slots); scanned with a pattern of local and global layers the windows are a scanned array (one per layer,
     [num_layers / n, n] for Groups), so that one body still serves every layer and the parameter layout is the same:
@@ -136,13 +136,14 @@ class Stack(nn.Module):
         if cfg.positional == "relative_buckets":  # T5: one bias table per stack, read by every layer's attention
             init = roles.init(nn.initializers.normal(cfg.init_std), (None, "heads"), roles.EMBEDDING)
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
-        windows = cfg.layer_windows if self.causal else (0,) * self.num_layers
-        uniform = len(set(windows)) == 1
+        layers = cfg.layer_attention if self.causal else (PLAIN_LAYER,) * self.num_layers
+        uniform = len(set(layers)) == 1
         grouped = cfg.num_experts > 0 and cfg.moe_every > 1
         n = cfg.moe_every if grouped else 1
         unit, length = (Group if grouped else Block), self.num_layers // n
-        unit_windows = [windows[i * n : (i + 1) * n] if grouped else windows[i] for i in range(length)]
-        static = (3,) if uniform or not cfg.scan_layers else ()  # the window argument: Python ints
+        # a Group's blocks: one LayerAttention whose fields are tuples of n values
+        units = [LayerAttention(*zip(*layers[i * n : (i + 1) * n])) if grouped else layers[i] for i in range(length)]
+        static = (3,) if uniform or not cfg.scan_layers else ()  # the layer argument: Python ints
         remat = dict(prevent_cse=not cfg.scan_layers, static_argnums=static, policy=remat_policy(cfg.remat))
         block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
@@ -156,11 +157,11 @@ class Stack(nn.Module):
                 length=length,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            window = windows[0] if uniform else jnp.asarray(unit_windows, jnp.int32)
-            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, window)
+            layer = layers[0] if uniform else LayerAttention(*(jnp.asarray(f, jnp.int32) for f in zip(*units)))
+            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, layer)
         else:
             for i in range(length):
-                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, unit_windows[i])
+                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, units[i])
         return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement != "post" else x_BxLxD
 
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from txjax.model import blockwise, positional, precision, roles, score
 from txjax.model.attention import attend, segment_backend
+from txjax.model.config import PLAIN_LAYER
 from txjax.model.kv_cache import append_kv_cache, cross_kv_cache, window_kv_cache
 from txjax.model.masks import segment_mask
 from txjax.model.norms import rms_norm
@@ -70,7 +71,7 @@ class MultiHeadAttention(nn.Module):
         kv=None,
         k_pos=None,
         causal=False,
-        window=0,
+        layer=PLAIN_LAYER,
         deterministic=True,
         decode=False,
         relative_table=None,
@@ -78,11 +79,12 @@ class MultiHeadAttention(nn.Module):
         """x [B, Lq, D] queries; kv [B, Lk, D] the keys' sequence for cross-attention (self-attention: x; in decode
         mode None reuses the encoder keys/values cached by the first call); mask bool [B, 1, Lq, Lk], None or
         blockwise.Segments (segment ids: read as they are by segment_backend's choice, else made dense); q_pos
-        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; window: a local
-        window (masks.window_mask: an int, 0 = global, or a scanned layer's traced scalar); relative_table
+        [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; layer: this layer's
+        own settings (config.LayerAttention: its local window, masks.window_mask, an int, 0 = global, or a scanned
+        layer's traced scalar); relative_table
         [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
         -> [B, Lq, D]."""
-        bidirectional, k_pos = not causal, q_pos if k_pos is None else k_pos
+        bidirectional, k_pos, window = not causal, q_pos if k_pos is None else k_pos, layer.window
         needs_scores = decode or self.sow_weights
         by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.score.softcap)
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
