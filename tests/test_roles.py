@@ -30,11 +30,12 @@ OPTIONS = {  # every option that adds, removes or reshapes parameters
         num_experts=4, router="sigmoid", num_shared_experts=1, shared_expert_gate=True, moe_every=2
     ),
     "layers not scanned, GQA": dict(scan_layers=False, num_heads=4, num_kv_heads=2),
+    "attention sinks": dict(attention_sinks=True),
 }
 # what each parameter is, from its name and its module's: the test's own reading, independent of the library's
 QKV, OUT = {"query", "key", "value"}, {"out"}
 MATRICES = {"wi", "wi_gate", "wo", "router", "shared_expert_gate"}  # Dense kernels and expert weights by module
-NOT_DECAYED = {"scale", "bias"}
+NOT_DECAYED = {"scale", "bias", "sinks"}  # sinks: a logit per head, added (GPT-OSS's are not decayed)
 
 
 def expected(path, ndim):

@@ -28,6 +28,7 @@ OPTIONS = {
     "alibi": (dict(positional="alibi"), ("ring",)),
     "relative_buckets": (dict(positional="relative_buckets"), ("blockwise", "ring")),
     "window": (dict(attention_window=3, window_pattern="LG"), ("ring",)),
+    "sinks": (dict(attention_sinks=True), ("fused", "ring")),
 }
 BACKENDS = {
     "blockwise": dict(attention_impl="blockwise", attention_block_q=4, attention_block_kv=4),

@@ -108,6 +108,7 @@ class ModelConfig:
     logit_softcap: float = 0.0  # > 0: logits = c tanh(logits / c) (Gemma 2; modded-nanogpt); 0 = off
     attention_softcap: float = 0.0  # > 0: scores = c tanh(scores / c) (Gemma 2's attn_logit_softcapping); 0 = off
     attention_scale_dim: int = 0  # > 0: the d of attention_scale's 1/sqrt(d) (1/d), not d_k (query_pre_attn_scalar)
+    attention_sinks: bool = False  # a learned logit per head in the softmax's denominator (GPT-OSS; model.score)
     norm_offset: bool = False  # RMSNorm gains as 1 + w, w stored and zero at init (Gemma's; txjax.model.norms)
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
@@ -216,6 +217,8 @@ class ModelConfig:
                 "model.attention_scale_dim is read by attention_scale sqrt or linear, not none: set "
                 "model.attention_scale_dim=0 (its default) or another model.attention_scale"
             )
+        if not isinstance(self.attention_sinks, bool):
+            raise ValueError(f"model.attention_sinks={self.attention_sinks!r} must be true or false")
         if self.norm_offset and self.norm != "rmsnorm":
             raise ValueError("model.norm_offset (gains 1 + w) is an RMSNorm's: set model.norm=rmsnorm")
         if self.parametrization == "mup" and self.attention_scale != "linear":

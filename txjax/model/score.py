@@ -7,6 +7,9 @@
 - positional biases: ALiBi's -m_h |i - j| and T5's learned bucketed table (txjax.model.positional)
 - masks (True = may attend; txjax.model.masks): padding and packed segments, prefix LM, causal order and a local
   window, on explicit positions (or by index for the fused kernels' is_causal / local_window_size)
+- attention sinks (GPT-OSS): a learned logit per head in the softmax's denominator, softmax over [scores, sink_h]
+  with the sink's column dropped: a head may give its keys less than all of its weight; in the online softmax of
+  blockwise attention the running max and sum start from it (online_start)
 
 Two forms read these terms. `weights` takes a dense call's `Terms` (its arrays in one canonical layout, [B|1, H|1,
 L, S]) and the raw products q k^T in any backend's layout, with that backend's `arrange` of a canonical array:
@@ -21,17 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from txjax.model import masks, positional
+from txjax.model import masks, positional, roles
 from txjax.model.activations import soft_cap
 from txjax.model.masks import NEG_INF
 
 # model fields that jax.nn.dot_product_attention cannot express: each must be off (0) with attention_impl fused or
 # cudnn, and makes 'auto' take the reference
-FUSED_LACKS = ("attention_softcap",)
+FUSED_LACKS = ("attention_softcap", "attention_sinks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Spec:
     softcap: float = 0.0  # c > 0: scores c tanh(s / c)
     alibi: bool = False  # ALiBi's bias -m_h |i - j| (self-attention)
     max_distance: int = 128  # T5's relative buckets: distances from it on share the last bucket
+    sinks: bool = False  # a learned logit per head in the softmax's denominator (self-attention)
 
     def factor(self, head_dim: int) -> float:
         """The scores' scale for heads of head_dim channels."""
@@ -58,6 +63,7 @@ def spec_of(cfg, cross: bool) -> Spec:
         cfg.attention_softcap,
         alibi=not cross and cfg.positional == "alibi",
         max_distance=cfg.relative_max_distance,
+        sinks=not cross and cfg.attention_sinks,
     )
 
 
@@ -77,27 +83,43 @@ class Terms(struct.PyTreeNode):
     window: int = struct.field(pytree_node=False, default=0)
     mask: jax.Array | None = None  # bool [B|1, 1, L, S]
     bias: jax.Array | None = None  # float32 [B|1, H, L, S]
+    sinks: jax.Array | None = None  # float32 [1, H, 1, 1]
 
 
 # the per-head terms that ring attention has no form for (it merges key shards by their logsumexp): what to set
-RING_LACKS = {"slopes": "ALiBi bias: use another model.positional"}
+RING_LACKS = {
+    "slopes": "ALiBi bias: use another model.positional",
+    "sinks": "attention sinks: set model.attention_sinks=false",
+}
 
 
 def head_terms(module) -> dict:
     """The scores' per-head terms of an attention module (its `score` Spec, `num_heads`), {name: [H]}: ALiBi's
-    slopes m_h. Both forms read them (dense_terms; tile, in the blockwise layout [G, R])."""
-    return {"slopes": positional.alibi_slopes(module.num_heads)} if module.score.alibi else {}
+    slopes m_h (a constant), the sinks (a parameter, N(0, init_std^2), not weight-decayed). Both forms read them
+    (dense_terms; tile and the online softmax, in the blockwise layout [G, R])."""
+    heads = {"slopes": positional.alibi_slopes(module.num_heads)} if module.score.alibi else {}
+    if module.score.sinks:
+        init = roles.init(nn.initializers.normal(module.init_std), ("heads",), roles.BIAS)
+        heads["sinks"] = module.param("sinks", init, (module.num_heads,)).astype(jnp.float32)
+    return heads
 
 
 def online_start(heads: dict, shape):
-    """The online softmax's running max and sum [B, G, R, bq] before any key (blockwise, ring): (NEG_INF, 0)."""
+    """The online softmax's running max and sum [B, G, R, bq] before any key (blockwise): (NEG_INF, 0), or with
+    sinks [G, R] (sink_h, 1): the sink's term e^(sink_h - m) in the sum from the start."""
+    if heads and "sinks" in heads:
+        return jnp.broadcast_to(heads["sinks"][..., None], shape), jnp.ones(shape)
     return jnp.full(shape, NEG_INF), jnp.zeros(shape)
 
 
 def head_grads(heads: dict, lse, delta) -> dict:
     """The cotangents of the per-head terms [G, R] from the online form's logsumexp and rowsum(do * o), both
-    [n, B, bq, G, R]: ALiBi's slopes are constants (zeros)."""
-    return {name: jnp.zeros_like(t) for name, t in heads.items()}
+    [n, B, bq, G, R]: ALiBi's slopes are constants (zeros); a sink's weight p = e^(sink - lse) takes its share of
+    every output, d sink = -sum over queries of p rowsum(do * o)."""
+    grads = {name: jnp.zeros_like(t) for name, t in heads.items()}
+    if "sinks" in heads:
+        grads["sinks"] = -(jnp.exp(heads["sinks"] - lse) * delta).sum((0, 1, 2))
+    return grads
 
 
 def dense_terms(
@@ -117,7 +139,8 @@ def dense_terms(
         mask, causal = _and(mask, masks.causal_mask(q_pos, k_pos)), False
     if not (masks.is_global(window) or (causal and isinstance(window, int))):
         mask, window = _and(mask, masks.window_mask(q_pos, k_pos, window)), 0
-    return Terms(spec.factor(head_dim), spec.softcap, causal, window, mask, bias)
+    sinks = heads["sinks"][None, :, None, None] if "sinks" in heads else None
+    return Terms(spec.factor(head_dim), spec.softcap, causal, window, mask, bias, sinks)
 
 
 def _and(mask, other):
@@ -131,9 +154,15 @@ def logits(scale: float, softcap: float, raw):
     return s, (1.0 - jnp.square(s / softcap) if softcap > 0 else 1.0)
 
 
-def normalize(s, ok):
+def normalize(s, ok, sink=None):
     """softmax over the last axis of the scores s where ok (bool, broadcastable; None: all), float32; a row whose
-    keys are all masked gets zeros, not a uniform row."""
+    keys are all masked gets zeros, not a uniform row. sink (broadcastable to s[..., :1]): a logit in the
+    denominator only, softmax over [s, sink] without the sink's column."""
+    if sink is not None:
+        s = s if ok is None else jnp.where(ok, s, NEG_INF)
+        m = jnp.maximum(s.max(-1, keepdims=True), sink)
+        e = jnp.exp(s - m)
+        return e / (e.sum(-1, keepdims=True) + jnp.exp(sink - m))
     if ok is None:
         return jax.nn.softmax(s, axis=-1)
     probs = jax.nn.softmax(jnp.where(ok, s, NEG_INF), axis=-1)
@@ -153,7 +182,7 @@ def weights(terms: Terms, raw, arrange=lambda t: t):
         if not masks.is_global(terms.window):
             order = order & masks.window_mask(jnp.arange(n_q)[None], jnp.arange(n_k)[None], terms.window)[0, 0]
         ok = order if ok is None else ok & order
-    return normalize(s, ok)
+    return normalize(s, ok, None if terms.sinks is None else arrange(terms.sinks))
 
 
 def tile(scale: float, softcap: float, raw, q_seg, k_seg, q_pos, k_pos, *, causal, window, heads):
