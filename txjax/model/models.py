@@ -149,16 +149,18 @@ class Stack(nn.Module):
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode) | ({} if grouped else dict(moe=cfg.num_experts > 0))
         if cfg.scan_layers:
+            # a setting that varies over the layers is scanned (one value per layer), one that does not stays static
+            varies = [len(set(field)) > 1 for field in zip(*units)]
+            layer = LayerAttention(*(jnp.asarray(f, jnp.int32) if v else f[0] for f, v in zip(zip(*units), varies)))
             scanned = nn.scan(
                 block,
                 variable_axes={"params": 0, "cache": 0, "intermediates": 0, MOE_STATS: 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, nn.broadcast if uniform else 0),
+                in_axes=(nn.broadcast, LayerAttention(*(0 if v else nn.broadcast for v in varies))),
                 length=length,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            layer = layers[0] if uniform else LayerAttention(*(jnp.asarray(f, jnp.int32) for f in zip(*units)))
-            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, layer)
+            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, layers[0] if uniform else layer)
         else:
             for i in range(length):
                 x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, units[i])
