@@ -29,6 +29,7 @@ OPTIONS = {
     "relative_buckets": (dict(positional="relative_buckets"), ("blockwise", "ring")),
     "window": (dict(attention_window=3, window_pattern="LG"), ("ring",)),
     "sinks": (dict(attention_sinks=True), ("fused", "ring")),
+    "nope_layers": (dict(rope_layers="RN"), ()),  # not a score term: the per-layer setting beside the window
 }
 BACKENDS = {
     "blockwise": dict(attention_impl="blockwise", attention_block_q=4, attention_block_kv=4),

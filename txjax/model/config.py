@@ -57,6 +57,7 @@ class LayerAttention(NamedTuple):
     Python ints for a looped stack or one value for all (static), a scanned stack's arrays [layers] otherwise."""
 
     window: int = 0  # the local window (masks.window_mask), 0 = global
+    rope: bool = True  # positional='rope': this layer rotates q and k; False: a NoPE layer (rope_layers)
 
 
 PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cross-attention, every encoder layer)
@@ -126,6 +127,9 @@ class ModelConfig:
     # it; its KV cache is a ring buffer of window slots. Causal self-attention only (decoder layers)
     attention_window: int = 0  # 0 = every layer global
     window_pattern: str = ""  # 'L' local / 'G' global per decoder layer, repeated ('LLLLLG': Gemma 3); '' = all local
+    # positional='rope': 'R' RoPE / 'N' none (NoPE) per decoder layer, repeated (Llama 4's 'RRRN', SmolLM3's
+    # no_rope_layers); '' = all RoPE. Causal self-attention only, as window_pattern
+    rope_layers: str = ""
     # RoPE's frequency scaling for long contexts (txjax.model.positional.Rope: transformers' rope_type and parameters)
     rope_scaling: str = setting("none", resume=False, read_by=_ROPE)  # none | linear | llama3 | yarn
     rope_factor: float = setting(
@@ -231,11 +235,19 @@ class ModelConfig:
             )
         if self.window_pattern and not self.attention_window:
             raise ValueError(f"model.window_pattern={self.window_pattern!r} needs model.attention_window > 0")
-        if len(self.window_pattern) > self.num_layers:  # its letters past the stack would never be read
+        if not isinstance(self.rope_layers, str) or set(self.rope_layers) - set("RN"):
+            raise ValueError(f"model.rope_layers={self.rope_layers!r} must be a string of R (RoPE) and N (none)")
+        for name in ("window_pattern", "rope_layers"):  # a letter past the stack would never be read
+            pattern = getattr(self, name)
+            if len(pattern) > self.num_layers:
+                raise ValueError(
+                    f"model.{name}={pattern!r} has {len(pattern)} letters for model.num_layers={self.num_layers}: give "
+                    f"at most {self.num_layers} (the pattern repeats), e.g. model.{name}={pattern[: self.num_layers]}"
+                )
+        if self.rope_layers and self.positional != "rope":
             raise ValueError(
-                f"model.window_pattern={self.window_pattern!r} has {len(self.window_pattern)} letters for "
-                f"model.num_layers={self.num_layers}: give at most {self.num_layers} (the pattern repeats), e.g. "
-                f"model.window_pattern={self.window_pattern[: self.num_layers]}"
+                f"model.rope_layers={self.rope_layers!r} is read by model.positional=rope only: set "
+                "model.positional=rope or model.rope_layers='' (its default)"
             )
         if self.rope_scaling not in positional.ROPE_SCALINGS:
             raise ValueError(
@@ -323,8 +335,9 @@ class ModelConfig:
 
     @property
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        """Each decoder layer's LayerAttention."""
-        return tuple(LayerAttention(window=w) for w in self.layer_windows)
+        """Each decoder layer's LayerAttention: its window, and RoPE or none by rope_layers repeated over the layers."""
+        ropes = self.rope_layers or "R"
+        return tuple(LayerAttention(w, ropes[i % len(ropes)] == "R") for i, w in enumerate(self.layer_windows))
 
     @property
     def rope(self) -> positional.Rope:

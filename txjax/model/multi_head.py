@@ -90,8 +90,10 @@ class MultiHeadAttention(nn.Module):
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
             mask = segment_mask(*mask)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
-        if self.rope is not None:
+        if self.rope is not None and layer.rope is not False:  # a static NoPE layer rotates nothing
             theta, factor = positional.layer_rope(self.rope, self.local_rope, window, self.head_dim)
+            if not isinstance(layer.rope, bool):  # a scanned layer's traced flag: angle 0 (cos 1, sin 0) if off
+                theta, factor = theta * layer.rope, jnp.where(layer.rope > 0, factor, 1.0)
             q_BxLxHxK = positional.rotate(q_BxLxHxK, *positional.rope_tables(q_pos, theta, factor))
             k = positional.rotate(k, *positional.rope_tables(k_pos, theta, factor))
         if decode:  # the cache's mask holds the causal order of its slots
