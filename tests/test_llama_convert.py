@@ -1,5 +1,6 @@
 """Llama-family interop against transformers' PyTorch LlamaForCausalLM (Llama 3's rope scaling too),
-MistralForCausalLM (with and without its sliding window), Qwen2ForCausalLM and Qwen3ForCausalLM (q/k norms, yarn):
+MistralForCausalLM (with and without its sliding window), Qwen2ForCausalLM, Qwen3ForCausalLM (q/k norms, yarn) and
+SmolLM3ForCausalLM (a NoPE layer: model.rope_layers):
 logits, greedy generation (past Mistral's window) and the export round trip (skipped without the `interop` extra)."""
 
 import json
@@ -60,6 +61,7 @@ def test_logits_match_transformers(hf):
     assert cfg.qkv_bias == (kind == "qwen2") and cfg.tie_embeddings == model.config.tie_word_embeddings
     assert (cfg.attention_window, cfg.qk_norm) == (8 if kind == "mistral_window" else 0, kind == "qwen3_yarn")
     assert cfg.rope_scaling == {"llama3": "llama3", "qwen3_yarn": "yarn"}.get(kind, "none")
+    assert cfg.rope_layers == ("RN" if kind == "smollm3" else "")
     assert_logits_match(model, cfg, params, TOKENS)
 
 

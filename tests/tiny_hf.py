@@ -1,9 +1,9 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
 reads: the decoder LMs (the Llama family: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
-Qwen3; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE) and the encoder-decoders
-(Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which measures every
-converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips them
-first."""
+Qwen3, SmolLM3 with a NoPE layer; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE) and
+the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which
+measures every converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips
+them first."""
 
 from __future__ import annotations
 
@@ -102,6 +102,11 @@ LLAMAS = {  # GQA in all; untied heads, an odd rope base, head_dim apart from d/
         ),
     ),
     "qwen3": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=16, rope_theta=5e4, tie_word_embeddings=True)),
+    # SmolLM3: a NoPE layer (no_rope_layers: 1 RoPE, 0 none) after a RoPE one
+    "smollm3": (
+        "SmolLM3Config",
+        dict(num_key_value_heads=2, rope_theta=5e4, tie_word_embeddings=True, no_rope_layers=[1, 0]),
+    ),
 }
 SMALL = SHAPE | dict(hidden_size=32, num_key_value_heads=2)  # Gemma's and the MoE models': d_model 32, 2 KV heads
 # Gemma: 4 heads of 16; 258 ids (a byte-level BPE's 256 bytes, <s> and </s>)

@@ -103,6 +103,7 @@ def _function(cfg: ModelConfig) -> dict:
     out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in EXECUTION_FIELDS}
     out |= {"num_kv_heads": cfg.kv_heads, "d_head": cfg.head_dim, "num_encoder_layers": cfg.encoder_layers}
     out |= {"attention_window": _windows(cfg), "window_pattern": _windows(cfg)}
+    out["rope_layers"] = tuple(layer.rope for layer in cfg.layer_attention)  # RN on 4 layers is RNRN
     if cfg.num_experts:
         out["moe_d_ff"] = cfg.expert_d_ff
     if cfg.router == "softmax_then_topk" and cfg.moe_norm_topk:  # the top k of the softmax, renormalised: Mixtral's

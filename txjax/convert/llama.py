@@ -1,5 +1,5 @@
-"""Llama-family checkpoints (Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
-<-> DecoderLM.
+"""Llama-family checkpoints (Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+SmolLM3ForCausalLM) <-> DecoderLM.
 
 Llama (Touvron et al. 2023) is a DecoderLM with RoPE, pre-RMSNorm blocks and a final RMSNorm, a SwiGLU FFN
 down(silu(x W_gate) * x W_up), grouped-query attention, no biases (Qwen2: biases on q/k/v), and a head tied to the
@@ -13,7 +13,8 @@ token embedding or not. Hugging Face Linear weights are [out, in] (y = x W^T), s
     layers.i.self_attn.q_norm, k_norm [K] (Qwen3: RMSNorm of each head before RoPE) -> query_norm, key_norm
 
 RoPE's scalings (rope_parameters.rope_type linear, llama3, yarn: Llama 3.x) map to model.rope_scaling and its
-parameters, Mistral's sliding_window to model.attention_window (every layer local).
+parameters, Mistral's sliding_window to model.attention_window (every layer local), SmolLM3's no_rope_layers (1: RoPE,
+0: none, one per layer) to model.rope_layers (one R or N per layer).
 
 RoPE layout. Hugging Face rotates channel i of a head with channel i + K/2 (`rotate_half`); txjax's apply_rope
 rotates the adjacent pair (2i, 2i+1), both by the angle p * base^(-2i/K). Scores q . k are sums over channels, so
@@ -37,12 +38,13 @@ import numpy as np
 from txjax.convert import exportable, hf_folder
 from txjax.model.config import ModelConfig
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 # ModelConfig fields the Llama family fixes
 _LLAMA_FIELDS = {
@@ -142,6 +144,9 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     window = hf.get("sliding_window") if kind == "mistral" else None  # Qwen's applies only with use_sliding_window
     d, h = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or d // h
+    layers = hf["num_hidden_layers"]
+    flags = (hf.get("no_rope_layers") or [1] * layers)[:layers] if kind == "smollm3" else []
+    ropes = "".join("R" if on else "N" for on in flags)
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         d_model=d,
@@ -154,6 +159,7 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
         qkv_bias=kind == "qwen2",
         qk_norm=kind == "qwen3",
         attention_window=window if window is not None and window < max_len else 0,
+        rope_layers="" if set(ropes) <= {"R"} else ropes,
         tie_embeddings=hf.get("tie_word_embeddings", not has_head),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         **_rope(hf),
@@ -168,12 +174,16 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     """ModelConfig -> a config.json that LlamaForCausalLM loads (Qwen2ForCausalLM with q/k/v biases, Qwen3ForCausalLM
     with q/k norms, MistralForCausalLM with a window in every layer); a field it cannot hold is refused when it is
     read back (exportable.check_fields)."""
-    kinds = [k for k, on in (("qwen2", cfg.qkv_bias), ("qwen3", cfg.qk_norm), ("mistral", cfg.attention_window)) if on]
+    features = (("qwen2", cfg.qkv_bias), ("qwen3", cfg.qk_norm), ("mistral", cfg.attention_window))
+    kinds = [k for k, on in (*features, ("smollm3", cfg.rope_layers)) if on]
     if len(kinds) > 1:
         raise ValueError(f"model: {' and '.join(kinds)} features together have no Hugging Face architecture")
     kind = kinds[0] if kinds else "llama"
-    window = {"sliding_window": cfg.attention_window} if kind == "mistral" else {}
-    return window | {
+    extra = {"sliding_window": cfg.attention_window} if kind == "mistral" else {}
+    if kind == "smollm3":  # one flag per layer (transformers' no_rope_layer_interval would make its own)
+        extra = {"no_rope_layers": [int(layer.rope) for layer in cfg.layer_attention], "use_sliding_window": False}
+        extra["pad_token_id"] = None  # SmolLM3Config's default, 128004, is past a smaller vocabulary
+    return extra | {
         "architectures": [_ARCHITECTURES[kind]],
         "model_type": kind,
         "vocab_size": cfg.vocab_size,
