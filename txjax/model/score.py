@@ -40,7 +40,7 @@ FUSED_LACKS = ("attention_softcap", "attention_sinks")
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A layer's static score terms (hashable: blockwise's custom VJP holds it)."""
+    """A layer's static score terms (frozen, hashable: a field of MultiHeadAttention, built by spec_of)."""
 
     scale: str = "sqrt"  # 'sqrt' 1/sqrt(d) | 'none' 1 | 'linear' 1/d (muP)
     scale_dim: int = 0  # the d of the scale; 0 = d_k (Gemma's query_pre_attn_scalar sets another)
