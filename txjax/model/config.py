@@ -210,7 +210,7 @@ class ModelConfig:
             raise ValueError(
                 f"model.attention_impl={self.attention_impl!r} (jax.nn.dot_product_attention) cannot express "
                 f"{', '.join(lacking)}: set model.attention_impl=auto, reference or blockwise, or "
-                + " and ".join(f"{name}=0" for name in lacking)
+                + " and ".join(f"{name}={str(getattr(ModelConfig, name.split('.')[1])).lower()}" for name in lacking)
             )
         if not isinstance(self.attention_scale_dim, int) or self.attention_scale_dim < 0:
             raise ValueError(
