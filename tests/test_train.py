@@ -84,7 +84,10 @@ def test_bad_values_are_one_line_errors():
         ("--config.train.grad_accum=3", "divisible by grad_accum"),
         ("--config.model.attention_impl=cudnn", "needs model.dtype=bfloat16"),
         ("--config.model.matmul_precision=tf32", "model.matmul_precision='tf32' is not one of highest, high"),
-        ("--config.model.remat=dots", "model.remat='dots' is not one of none, full, dots_saveable"),
+        (
+            "--config.model.remat=dots",
+            "model.remat='dots' is not one of none, dots_saveable, dots_with_no_batch_dims_saveable, offload, full",
+        ),
     ]:
         with pytest.raises(config_lib.ConfigError, match=message) as e:
             tiny_config(flag)
