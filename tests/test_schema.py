@@ -15,9 +15,9 @@ import run
 from txjax import config as config_lib
 from txjax import families
 from txjax.data.kinds import KINDS
+from txjax.fields import at_least, setting
 from txjax.model import roles
 from txjax.sections import schema
-from txjax.sections.fields import at_least, setting
 from txjax.sections.mesh import MeshShape
 from txjax.state import optim
 

@@ -5,8 +5,8 @@ import pytest
 
 import run
 from txjax import config as config_lib
+from txjax.fields import ReadBy
 from txjax.sections import schema
-from txjax.sections.fields import ReadBy
 from txjax.training import resume
 
 PAIRS = ["--config.family=encoder_decoder", "--config.data.kind=parallel", "--config.data.path=pairs.tsv"]

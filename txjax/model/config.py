@@ -2,7 +2,7 @@
 
 Every field has a default and a one-line check (`__post_init__`: a bad value is a ValueError naming the field and the
 allowed values); `from_dict` builds one from a config's model section and names close matches of a misspelt key. The
-fields declared with `setting()` (txjax.sections.fields) carry what a resume may change and which settings read them.
+fields declared with `setting()` (txjax.fields) carry what a resume may change and which settings read them.
 The derived sizes (kv_heads, head_dim, encoder_layers) and muP's width multiplier and init scales are properties.
 """
 
@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from txjax.fields import ReadBy, setting
 from txjax.model import positional, precision, score
 from txjax.model.activations import ACTIVATIONS
 from txjax.model.attention import ATTENTION_IMPLS
-from txjax.sections.fields import ReadBy, setting
 
 NORMS = ("layernorm", "rmsnorm")
 

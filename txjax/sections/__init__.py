@@ -1,6 +1,7 @@
-"""The config's sections as frozen dataclasses whose fields carry their metadata: the one schema of every setting.
+"""The config's sections as frozen dataclasses whose fields carry their metadata (txjax.fields: `setting()`, a
+field's default, range or choices, whether a resumed run may change it, what reads it): the one schema of every
+setting.
 
-fields.py   `setting()`: a field's default, range or choices, whether a resumed run may change it, what reads it
 data.py     DataConfig: config.data
 train.py    TrainConfig: config.train (its optimizer's part: txjax.state.optim.OptimConfig)
 mesh.py     MeshShape: config.mesh

@@ -1,4 +1,4 @@
-"""config.data's schema: DataConfig, one field per setting (txjax.sections.fields), made once from the validated
+"""config.data's schema: DataConfig, one field per setting (txjax.fields), made once from the validated
 section. Which data kind reads a field is its `read_by` on "data.form": the form its family reads data.kind in
 (txjax.data.kinds.KINDS; a synthetic task is read as 'lm' or 'seq2seq', shards as 'shards' or 'shards of pairs').
 """
@@ -9,7 +9,7 @@ import dataclasses
 
 from txjax.data.kinds import KINDS
 from txjax.data.tokenizers import TOKENIZER_KINDS
-from txjax.sections.fields import ReadBy, at_least, setting, within
+from txjax.fields import ReadBy, at_least, setting, within
 
 _SYNTHETIC = ("lm", "seq2seq")  # a synthetic task's forms; its vocabulary is its own
 _PAIRS = ("parallel", "shards of pairs")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from txjax.sections.fields import at_least, setting
+from txjax.fields import at_least, setting
 
 
 @dataclasses.dataclass(frozen=True)

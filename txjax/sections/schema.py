@@ -1,4 +1,4 @@
-"""The config's sections together, and everything derived from their fields' metadata (txjax.sections.fields):
+"""The config's sections together, and everything derived from their fields' metadata (txjax.fields):
 base_config's values, the numbers' ranges, the strings' choices, what a resumed run may change and which settings
 read each field. A new setting is one field of its section's dataclass; nothing here names a field.
 
@@ -14,9 +14,9 @@ from collections.abc import Collection
 
 from txjax import families
 from txjax.decode.strategy import METHOD_OPTIONS, METHODS, OPTION_DEFAULTS
+from txjax.fields import Range, ReadBy, resumable
 from txjax.model.config import ModelConfig
 from txjax.sections.data import DataConfig
-from txjax.sections.fields import Range, ReadBy, resumable
 from txjax.sections.mesh import MeshShape
 from txjax.sections.train import TrainConfig
 from txjax.state.optim import OptimConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from txjax.sections.fields import Range, ReadBy, at_least, setting, within
+from txjax.fields import Range, ReadBy, at_least, setting, within
 from txjax.state.optim import OptimConfig
 
 SEED_MAX = 2**63 - 1  # a seed becomes an int64 (jax.random.key, numpy's generators)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 import optax.contrib
 
-from txjax.sections.fields import Range, ReadBy, at_least, setting, within
+from txjax.fields import Range, ReadBy, at_least, setting, within
 
 HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2")  # traced, vmappable
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
@@ -173,7 +173,7 @@ _MOMENTS = ReadBy(
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """config.train's optimizer and schedule settings (their schema: txjax.sections.fields; validated by
+    """config.train's optimizer and schedule settings (their schema: txjax.fields; validated by
     txjax.config.validate). The HYPERPARAMS are numbers, or traced arrays where stacked runs build their optimizers
     under jax.vmap (dataclasses.replace)."""
 
