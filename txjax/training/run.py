@@ -89,10 +89,14 @@ class Run:
         self.mesh, self.rows = mesh, process_rows(mesh, self.t.batch_size)
         shardings = state_shardings(model, tx, seed, mesh)
         self.init = jax.jit(lambda: init_state(model, tx, seed), out_shardings=shardings)
-        # fresh moments over another workdir's parameters (train.init_from: fine-tuning), or over this workdir's own
-        # when it holds parameters alone at step 0 (imported); asked when the run starts, after its checkpoints open
-        source = lambda: self.t.init_from or (self.workdir if self.ckpt.latest_step() == 0 else None)
-        self.first = lambda: init_from.initial_state(source(), tx, mesh, shardings) if source() else self.init()
+
+        def first():
+            """Fresh moments over another workdir's parameters (train.init_from: fine-tuning), or over this workdir's
+            own when it holds parameters alone at step 0 (imported); asked when the run starts, its checkpoints open."""
+            source = self.t.init_from or (self.workdir if self.ckpt.latest_step() == 0 else None)
+            return init_from.initial_state(source, tx, mesh, shardings) if source else self.init()
+
+        self.first = first
         self.train_step = make_train_step(model, tx, self.t, mesh)
 
     def start(self, step: int):
