@@ -70,19 +70,15 @@ def main(argv: list[str]) -> None:
         spec, first = search(spec, train_data, first, compile_for, chip)
         result |= {"search": args.search}
     result |= {"batch_size": spec.train.batch_size, "remat": spec.model.remat}
-    try:
-        program = compile_for(spec, first)
-    except JaxRuntimeError as e:  # XLA refuses temporaries beyond the chip's HBM: refused the same way
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        xla = xla_refusal(e)
-        print(json.dumps(result | {"fits": False, "chip_hbm_bytes": chip.hbm_bytes, "xla": xla} | versions))
-        need = f"more HBM per chip than the {chip.hbm_bytes / GiB:.0f} GiB of a {topology.generation} chip ({xla})"
-        print(f"error: the {args.step} step needs {need}: {helps(spec, devices)}", file=sys.stderr)
-        raise SystemExit(1) from None
-    result |= aot.report(program, chip.hbm_bytes, chip.bf16_flops)
-    if args.save:
-        save_executable(program.compiled, Path(args.save), result | versions)
+    report = trial(compile_for, spec, first, chip)
+    if "xla" in report:  # XLA refused temporaries beyond the chip's HBM: refused the same way
+        print(json.dumps(result | {"fits": False, "chip_hbm_bytes": chip.hbm_bytes, "xla": report["xla"]} | versions))
+        need = f"more HBM per chip than the {chip.hbm_bytes / GiB:.0f} GiB of a {topology.generation} chip"
+        print(f"error: the {args.step} step needs {need} ({report['xla']}): {helps(spec, devices)}", file=sys.stderr)
+        raise SystemExit(1)
+    result |= report
+    if args.save:  # the program the report is of (compile_for keeps it)
+        save_executable(compile_for(spec, first).compiled, Path(args.save), result | versions)
     print(json.dumps(result | versions))
     if not result["fits"]:
         memory = result["hbm_per_chip_bytes"]
