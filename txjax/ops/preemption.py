@@ -16,10 +16,11 @@ combined value only, so all stop at the first log step after any of them was sig
 short (a process leaving an eval early would leave the others waiting in its collectives).
 
 Every other command (eval, generate, lm-eval, import, export, prepare) runs inside `stop_on_signals`: the handler
-records the signal and raises Stopped where the main thread is, unless that is a garbage-collection callback (JAX's
-`_xla_gc_callback`) or a finalizer, which would print the exception and drop it ("Exception ignored in ...") and let
-the command finish with exit status 0; there the signal is sent to the main thread again 10 ms later, until it lands
-at a safe point. run.py also ends a command that returns with a signal recorded with the signal's line and status.
+records the signal and raises Stopped where the main thread is. Where that is a garbage-collection callback (JAX's
+`_xla_gc_callback`), a finalizer or a weakref callback, Python would print the exception and drop it ("Exception
+ignored in ...") and let the command finish with exit status 0: every such drop goes through sys.unraisablehook, where
+a dropped Stopped sends the signal to the main thread again 10 ms later, until it lands at a safe point. run.py also
+ends a command that returns with a signal recorded with the signal's line and status.
 
 A signal after the work is done is no failure: a job script that sees 130 or 143 retries, and a retried import fails
 on the folder the first one wrote. A command whose output is in place calls `complete()` before printing its summary
@@ -31,11 +32,9 @@ summary printed, the exit handlers of JAX, orbax and the data loaders still to r
 from __future__ import annotations
 
 import contextlib
-import gc
 import signal
 import sys
 import threading
-import weakref
 
 import jax
 import numpy as np
@@ -79,38 +78,40 @@ class Stopped(BaseException):
 
 
 _recorded = {"signum": None, "complete": False}  # the signal stop_on_signals' handler received; complete()
-REDELIVER_S = 0.01  # how soon a signal that arrived inside a callback or finalizer is sent again
+REDELIVER_S = 0.01  # how soon a signal whose Stopped Python dropped is sent again
 
 
 def _raise_stopped(signum, frame) -> None:
-    """stop_on_signals' handler: records the signal; raises Stopped here unless `frame` is inside a callback or
-    finalizer, whose exceptions Python drops: then the signal comes again in REDELIVER_S (to this handler, if it is
-    still the one installed) and, as the main thread's syscalls are interrupted by it, acts at the next safe point."""
+    """stop_on_signals' handler: records the signal and raises Stopped where the main thread is (if Python drops
+    it there, _resend_dropped sends the signal again)."""
     _recorded["signum"] = signum
     if _recorded["complete"]:  # the work is done: run.py says so and ends with 0
         return
-    if not _inside_callback(frame):
-        raise Stopped(signum)
-    timer = threading.Timer(REDELIVER_S, _redeliver, (signum,))
-    timer.daemon = True
-    timer.start()
+    raise Stopped(signum)
+
+
+def _resend_dropped(before):
+    """A sys.unraisablehook that takes a Stopped raised inside a gc callback, finalizer or weakref callback (which
+    Python reports here and drops) and sends its signal to the main thread again in REDELIVER_S (to _raise_stopped,
+    if it is still the handler installed); as the main thread's syscalls are interrupted by it, it acts at the next
+    safe point. Every other report goes to `before`. Which frames drop exceptions is not guessed: the frame the
+    handler ran in can be any weakref callback of any library's (WeakSet's, in one run on Python 3.13)."""
+
+    def hook(report) -> None:
+        if not isinstance(report.exc_value, Stopped):
+            return before(report)
+        signum = report.exc_value.status - 128
+        timer = threading.Timer(REDELIVER_S, _redeliver, (signum,))
+        timer.daemon = True
+        timer.start()
+
+    hook.resends_dropped_stops = True
+    return hook
 
 
 def _redeliver(signum: int) -> None:
     if signal.getsignal(signum) is _raise_stopped:
         signal.pthread_kill(threading.main_thread().ident, signum)
-
-
-def _inside_callback(frame) -> bool:
-    """Whether `frame` runs inside a gc callback (gc.callbacks), a __del__ or a weakref.finalize callback: there an
-    exception is printed as "Exception ignored in ..." and dropped."""
-    callbacks = {getattr(c, "__code__", None) for c in gc.callbacks}
-    while frame is not None:
-        code = frame.f_code
-        if code in callbacks or code.co_name == "__del__" or code.co_filename == weakref.__file__:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def recorded_signal() -> int | None:
@@ -154,6 +155,8 @@ def stop_on_signals():
     """SIGTERM and SIGINT raise Stopped while inside, at a safe point (_raise_stopped) (run.py: around every
     command; train's `watch` takes over inside it and gives the second signal back to it)."""
     _recorded.update(signum=None, complete=False)
+    if not getattr(sys.unraisablehook, "resends_dropped_stops", False):  # kept after the block: it passes the rest on
+        sys.unraisablehook = _resend_dropped(sys.unraisablehook)
     previous = {s: signal.signal(s, _raise_stopped) for s in SIGNALS}
     try:
         yield
