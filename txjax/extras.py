@@ -19,6 +19,7 @@ EXTRAS = {  # module -> the extra of pyproject.toml that installs it
     "gguf": "interop",
     "accelerate": "interop",
     "jinja2": "interop",
+    "peft": "interop",
     "lm_eval": "lmeval",
     "ray": "sweep",
     "optuna": "sweep",
