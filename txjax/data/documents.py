@@ -104,12 +104,23 @@ def _lines(chunk: Chunk) -> Iterator[tuple[int, str]]:
             yield i, line
 
 
-def record_text(line: str, field: str, where: Callable[[], str]) -> str:
-    """The string `field` of one JSON line ("" when blank); ValueError naming `where()` ('file:line') and the fix."""
+def json_records(chunk: Chunk) -> Iterator[tuple[str, object]]:
+    """('file:line', its parsed JSON) of each non-blank line of a chunk."""
+    for i, line in _lines(chunk):
+        where = _where(chunk, i)
+        yield where, _parsed(line, lambda where=where: where)
+
+
+def _parsed(line: str, where: Callable[[], str]):
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where()}: not a JSON object ({e.msg}); fix or remove the line") from None
+
+
+def record_text(line: str, field: str, where: Callable[[], str]) -> str:
+    """The string `field` of one JSON line ("" when blank); ValueError naming `where()` ('file:line') and the fix."""
+    record = _parsed(line, where)
     value = record.get(field) if isinstance(record, dict) else None
     if not isinstance(value, str):
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__

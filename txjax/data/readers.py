@@ -122,6 +122,21 @@ def _read_parquet(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
             yield from _texts(batch.column(0), lambda where=where: where)
 
 
+def parquet_values(path: Path, column: str) -> Iterator[tuple[str, object]]:
+    """('file (row N)', the value) of each row's `column` (a list or struct column as Python lists and dicts)."""
+    pa, f = _pyarrow(), _parquet_file(str(path))
+    if column not in f.schema_arrow.names:
+        raise ValueError(f"{path}: no column {column!r} (it has: {', '.join(f.schema_arrow.names)})")
+    row = 0
+    try:
+        for batch in f.iter_batches(batch_size=BATCH_ROWS, columns=[column], use_threads=False):
+            for value in batch.column(0).to_pylist():
+                yield f"{path} (row {row})", value
+                row += 1
+    except (pa.ArrowException, OSError) as e:
+        raise _damaged(f"{path} (row {row})", e, "Parquet") from None
+
+
 def _read_arrow(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
     """An Arrow IPC stream (what `datasets` writes) or IPC file, one record batch in memory at a time (read, not
     memory-mapped: touched pages of a mapping stay in the resident set)."""

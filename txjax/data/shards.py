@@ -36,7 +36,7 @@ from pathlib import Path
 import grain
 import numpy as np
 
-from txjax.data.batching import Batch
+from txjax.data.batching import Batch, packed_lm_rows
 from txjax.data.packing import first_fit
 from txjax.data.tokenizer_base import TOKENIZER_DIR, Tokenizer
 from txjax.data.tokenizers import load_tokenizer
@@ -229,22 +229,7 @@ class ShardLMDataset:
         lengths_Ex1 = np.array([[stop - start - 1] for start, stop in spans])
         packed = first_fit(lengths_Ex1, (L,), max_rows=B)
         packed = (packed + [[]] * (B - len(packed)))[rows]
-        return self._packed_rows([[self.stream.read(*spans[i]) for i in row] for row in packed])
-
-    def _packed_rows(self, rows: list[list[np.ndarray]]) -> Batch:
-        """Rows of pieces side by side: piece s (tokens t) is segment s + 1, inputs t[:-1], targets t[1:]."""
-        R, L = len(rows), self.seq_len
-        out = {k: np.zeros((R, L), np.int32) for k in ("inputs", "targets", "positions", "segment_ids")}
-        out["inputs"][:], out["targets"][:] = self.pad_id, self.pad_id
-        for b, pieces in enumerate(rows):
-            at = 0
-            for s, t in enumerate(pieces):
-                n = len(t) - 1
-                out["inputs"][b, at : at + n], out["targets"][b, at : at + n] = t[:-1], t[1:]
-                out["positions"][b, at : at + n], out["segment_ids"][b, at : at + n] = np.arange(n), s + 1
-                at += n
-        out["weights"] = (out["segment_ids"] > 0).astype(np.float32)
-        return out
+        return packed_lm_rows([[self.stream.read(*spans[i]) for i in row] for row in packed], L, self.pad_id)
 
     def num_eval_batches(self, batch_size: int) -> int:
         return math.ceil(math.ceil((len(self.stream) - 1) / self.seq_len) / batch_size)
