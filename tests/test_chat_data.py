@@ -3,6 +3,7 @@ template with {% generation %} markers and one without), packed loss = unpacked 
 a drop, counted, Parquet read as JSONL is, and bad conversations refused in one line naming file and line."""
 
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -202,3 +203,29 @@ def test_a_template_that_rewrites_earlier_turns_needs_markers(pipeline, tmp_path
     with pytest.raises(ValueError, match=r"c\.jsonl:1: the chat template renders turn 1's prefix differently .* "
                                          r"\{% generation %\}"):  # fmt: skip
         chat.ChatDataset(path, ours, 64, "train", valid_fraction=1e-9)
+
+
+def test_make_chat_turns_verse_pairs_into_conversations_chat_data_reads(pipeline, tmp_path):
+    """experiments/data/make_chat.py on a small bible folder: each assistant turn is the other side of the pair its
+    request quotes, the multi-turn ones included, and data.kind=chat's reader takes the files."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_chat", Path(__file__).parents[1] / "experiments/data/make_chat.py"
+    )
+    make_chat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_chat)
+    pairs = [(f"Verse {i} in English.", f"Versículo {i} en español.") for i in range(12)]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.en-es.tsv").write_text("".join(f"{e}\t{s}\n" for e, s in pairs), encoding="utf-8")
+    out = tmp_path / "out"
+    assert make_chat.main([f"--output={out}", f"--bible={tmp_path}", "--pairs=6", "--heldout=3"]) == 0
+    records = [json.loads(line) for line in (out / "chat.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 6 and any(len(r["messages"]) == 5 for r in records)
+    other = {e: s for e, s in pairs} | {s: e for e, s in pairs}
+    for r in records:
+        turns = r["messages"][1:]
+        for ask, answer in zip(turns[::2], turns[1::2]):
+            assert answer["content"] == other[ask["content"].split(": ", 1)[1]]
+    ours, _ = both(pipeline, PLAIN)
+    assert len(chat.ChatDataset(out / "chat.jsonl", ours, 400, "train", valid_fraction=1e-9)) == 6
