@@ -11,6 +11,7 @@ import pytest
 
 import run
 from txjax.data import chat
+from txjax.data.shards import ShardLMDataset
 from txjax.evaluate.split import evaluate, make_eval_step
 from txjax.families import init_params
 from txjax.model.config import ModelConfig
@@ -229,3 +230,43 @@ def test_make_chat_turns_verse_pairs_into_conversations_chat_data_reads(pipeline
             assert answer["content"] == other[ask["content"].split(": ", 1)[1]]
     ours, _ = both(pipeline, PLAIN)
     assert len(chat.ChatDataset(out / "chat.jsonl", ours, 400, "train", valid_fraction=1e-9)) == 6
+
+
+def test_prepared_chat_shards_hold_the_conversations_and_their_masks(pipeline, tmp_path, capsys):
+    """`run.py prepare --chat`: each split's tokens and mask streams are data.kind=chat's conversations (the same
+    split, the same cut and drop, counted in its summary), and the shard reader weighs exactly the assistant targets."""
+    ours, _ = both(pipeline, PLAIN)
+    ours.save(tmp_path / "base" / "tokenizer")
+    too_long = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "four five six " * 20}]
+    path = write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS * 4 + [too_long])
+    flags = [f"--input={path}", f"--output={tmp_path / 'out'}", f"--tokenizer={tmp_path / 'base'}", "--workers=1"]
+    assert run.main(["prepare", *flags, "--chat", "--max_tokens=65", "--valid_fraction=0.3"]) in (0, None)
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    counts = {}
+    for split in ("train", "valid"):
+        data = chat.ChatDataset(path, ours, 64, split, valid_fraction=0.3)
+        counts[split] = (data.num_cut, data.num_dropped)
+        shards = ShardLMDataset(tmp_path / "out", ours, 64, split, pack=True)
+        starts = np.asarray(shards.stream.doc_starts)
+        assert [shards.stream.read(a, b).tolist() for a, b in zip(starts, starts[1:])] == [
+            d.tolist() for d in data.documents
+        ]
+        assert [shards.mask.read(a, b).astype(bool).tolist() for a, b in zip(starts, starts[1:])] == [
+            m.tolist() for m in data.masks
+        ]
+        weights = sum(b["weights"].sum() for b in shards.eval_batches(4))
+        assert weights == sum(int(m[1:].sum()) for m in data.masks)
+        batch = shards.batch(seed=0, k=0, batch_size=4)
+        assert 0 < batch["weights"].sum() < (batch["segment_ids"] > 0).sum()
+    assert summary["chat"] == {"cut": sum(c for c, _ in counts.values()), "dropped": sum(d for _, d in counts.values())}
+    assert summary["chat"]["cut"] > 0 and summary["chat"]["dropped"] == 1
+
+
+def test_prepare_chat_with_a_tokenizer_without_a_template_is_one_line(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS)
+    assert run.main(["prepare", f"--input={path}", f"--output={tmp_path / 'out'}", "--chat"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --chat renders conversations with a chat template, and --tokenizer=char has none: pass "
+        "--tokenizer=WORKDIR of `run.py import` of a model with one"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -16,7 +16,6 @@ ending with an assistant turn that fits; one with no assistant token left is dro
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 
 from txjax.data import readers
 from txjax.data.batching import chunk_rows, packed_lm_rows
-from txjax.data.documents import Chunk, json_records
+from txjax.data.documents import in_valid_split, json_records
 from txjax.data.packing import first_fit
 
 ROLES = ("system", "user", "assistant")
@@ -61,26 +60,41 @@ def conversation(record, where: str) -> Conversation:
     return Conversation(where, [{"role": m["role"], "content": m["content"]} for m in messages])
 
 
-def read_conversations(path: str | Path) -> Iterator[Conversation]:
-    """The conversations of a JSONL or Parquet file (its `messages` field), in order."""
-    path = Path(path)
-    fmt = readers.format_of(path)
+def conversations(chunk: readers.Chunk, fmt: str) -> Iterator[Conversation]:
+    """The conversations of a chunk of a JSONL or Parquet file (its `messages` field), in order."""
     if fmt == "jsonl":
-        size = path.stat().st_size
-        for where, record in json_records(Chunk(str(path), 0, size, size)):
+        for where, record in json_records(chunk):
             yield conversation(record, where)
     elif fmt == "parquet":
-        for where, value in readers.parquet_values(path, FIELD):
+        for where, value in readers.parquet_values(chunk, FIELD):
             yield conversation({FIELD: value}, where)
     else:
-        raise ValueError(f"{path}: conversations are read from .jsonl or .parquet files, not {fmt}; convert it")
+        raise ValueError(f"{chunk.path}: conversations are read from .jsonl or .parquet files, not {fmt}; convert it")
 
 
-def split_of(messages: list[dict], valid_fraction: float) -> str:
-    """'valid' iff blake2b(the messages as JSON) / 2^64 < valid_fraction: a pure function of the conversation."""
-    text = json.dumps(messages, ensure_ascii=False, sort_keys=True)
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return "valid" if int.from_bytes(digest, "little") < valid_fraction * 2**64 else "train"
+def read_conversations(path: str | Path) -> Iterator[Conversation]:
+    """The conversations of a JSONL or Parquet file, in order."""
+    path = Path(path)
+    fmt = readers.format_of(path)
+    for chunk in readers.plan_chunks([path], fmt, "", 2**62):
+        yield from conversations(chunk, fmt)
+
+
+def check_inputs(fmt: str, tokenizer, name: str) -> None:
+    """`run.py prepare --chat` reads JSONL or Parquet conversations and renders them with the chat template of the
+    tokenizer --tokenizer=`name` is (None: a kind of tokenizer, which has none)."""
+    if fmt not in ("jsonl", "parquet"):
+        raise ValueError(f"--chat reads conversations from jsonl or parquet files, not --format={fmt}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"--chat renders conversations with a chat template, and --tokenizer={name} has none: pass "
+            "--tokenizer=WORKDIR of `run.py import` of a model with one"
+        )
+
+
+def in_valid(messages: list[dict], valid_fraction: float) -> bool:
+    """Whether a conversation is in the valid split: that of its messages as JSON (as `run.py prepare` splits)."""
+    return in_valid_split(json.dumps(messages, ensure_ascii=False, sort_keys=True), valid_fraction)
 
 
 def assistant_spans(tokenizer, messages: list[dict], where: str) -> tuple[str, list[tuple[int, int]]]:
@@ -130,11 +144,23 @@ def fit(tokenizer, c: Conversation, capacity: int) -> tuple[Tokens | None, bool]
     return None, False
 
 
+def fit_all(tokenizer, conversations, capacity: int, counts: dict) -> list[Tokens]:
+    """The conversations that keep an assistant token, each cut to `capacity` tokens (`fit`); counts["cut"] and
+    counts["dropped"] count the others."""
+    kept = []
+    for c in conversations:
+        tokens, cut = fit(tokenizer, c, capacity)
+        counts["cut"] += cut
+        counts["dropped"] += tokens is None
+        kept += [tokens] if tokens is not None else []
+    return kept
+
+
 class ChatDataset:
     """One split of a conversations file as LM batches of rows of `seq_len` positions, the weights the assistant mask.
 
     Each kept conversation (at most seq_len + 1 tokens, `fit`) is one segment: inputs t[:-1], targets t[1:], weight 1
-    where the target is an assistant token. A conversation is in the valid split iff `split_of` says so (as `run.py
+    where the target is an assistant token. A conversation is in the valid split iff `in_valid` says so (as `run.py
     prepare` splits documents). Training batch k is a pure function of (seed, k): the conversations in a fresh
     permutation per epoch (grain), one a row, or with pack=True the next ceil(B * per_row) of them first-fit packed
     into B rows (segment ids 1..n, positions restarting at 0: the model's segment mask keeps them apart; those that
@@ -150,16 +176,11 @@ class ChatDataset:
             )
         self.path, self.seq_len, self.pack = Path(path), seq_len, pack
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-        self.documents, self.masks, self.num_cut, self.num_dropped = [], [], 0, 0
-        for c in read_conversations(path):
-            if split_of(c.messages, valid_fraction) != split:
-                continue
-            kept, cut = fit(tokenizer, c, seq_len + 1)
-            self.num_cut += cut
-            self.num_dropped += kept is None
-            if kept is not None:
-                self.documents.append(kept.ids)
-                self.masks.append(kept.mask)
+        counts = {"cut": 0, "dropped": 0}
+        ours = (c for c in read_conversations(path) if in_valid(c.messages, valid_fraction) == (split == "valid"))
+        kept = fit_all(tokenizer, ours, seq_len + 1, counts)
+        self.documents, self.masks = [t.ids for t in kept], [t.mask for t in kept]
+        self.num_cut, self.num_dropped = counts["cut"], counts["dropped"]
         if self.num_cut or self.num_dropped:
             print(
                 f"{self.path} ({split}): {self.num_cut} conversations cut at a turn boundary to fit data.seq_len="

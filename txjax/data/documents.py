@@ -12,6 +12,7 @@ Empty (whitespace-only) documents are skipped. A chunk never cuts a document: it
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,8 +107,9 @@ def _lines(chunk: Chunk) -> Iterator[tuple[int, str]]:
 
 def json_records(chunk: Chunk) -> Iterator[tuple[str, object]]:
     """('file:line', its parsed JSON) of each non-blank line of a chunk."""
+    first = line_number(chunk.path, chunk.start)
     for i, line in _lines(chunk):
-        where = _where(chunk, i)
+        where = f"{chunk.path}:{first + i}"
         yield where, _parsed(line, lambda where=where: where)
 
 
@@ -129,3 +131,10 @@ def record_text(line: str, field: str, where: Callable[[], str]) -> str:
             "fix the line"
         )
     return value if value.strip() else ""
+
+
+def in_valid_split(text: str, fraction: float) -> bool:
+    """Whether a document goes to the valid split: blake2b(its text) / 2^64 < fraction, a pure function of the text
+    (of how `run.py prepare` chunks the inputs and of its workers too)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64

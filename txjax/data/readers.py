@@ -122,19 +122,23 @@ def _read_parquet(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
             yield from _texts(batch.column(0), lambda where=where: where)
 
 
-def parquet_values(path: Path, column: str) -> Iterator[tuple[str, object]]:
-    """('file (row N)', the value) of each row's `column` (a list or struct column as Python lists and dicts)."""
-    pa, f = _pyarrow(), _parquet_file(str(path))
+def parquet_values(chunk: Chunk, column: str) -> Iterator[tuple[str, object]]:
+    """('file (row N)', the value) of each row's `column` in the chunk's row groups (a list or struct column as
+    Python lists and dicts)."""
+    pa, f = _pyarrow(), _parquet_file(chunk.path)
     if column not in f.schema_arrow.names:
-        raise ValueError(f"{path}: no column {column!r} (it has: {', '.join(f.schema_arrow.names)})")
-    row = 0
+        raise ValueError(f"{chunk.path}: no column {column!r} (it has: {', '.join(f.schema_arrow.names)})")
+    row = sum(f.metadata.row_group(g).num_rows for g in range(chunk.start))
+    batches = f.iter_batches(
+        BATCH_ROWS, row_groups=list(range(chunk.start, chunk.stop)), columns=[column], use_threads=False
+    )
     try:
-        for batch in f.iter_batches(batch_size=BATCH_ROWS, columns=[column], use_threads=False):
+        for batch in batches:
             for value in batch.column(0).to_pylist():
-                yield f"{path} (row {row})", value
+                yield f"{chunk.path} (row {row})", value
                 row += 1
     except (pa.ArrowException, OSError) as e:
-        raise _damaged(f"{path} (row {row})", e, "Parquet") from None
+        raise _damaged(f"{chunk.path} (row {row})", e, "Parquet") from None
 
 
 def _read_arrow(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
