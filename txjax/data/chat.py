@@ -80,7 +80,7 @@ def read_conversations(path: str | Path) -> Iterator[Conversation]:
         yield from conversations(chunk, fmt)
 
 
-def check_inputs(fmt: str, tokenizer, name: str) -> None:
+def check_chat_inputs(fmt: str, tokenizer, name: str) -> None:
     """`run.py prepare --chat` reads JSONL or Parquet conversations and renders them with the chat template of the
     tokenizer --tokenizer=`name` is (None: a kind of tokenizer, which has none)."""
     if fmt not in ("jsonl", "parquet"):

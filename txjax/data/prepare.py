@@ -90,7 +90,7 @@ def prepare(
     if refused := unread_options(fmt, tokenizer, trained, given | {"chat": chat, "max_tokens": max_tokens}):
         raise ValueError(refused)
     if chat:
-        chat_lib.check_inputs(fmt, tokenizer_dir and tok_lib.load_tokenizer(tokenizer_dir), tokenizer)
+        chat_lib.check_chat_inputs(fmt, tokenizer_dir and tok_lib.load_tokenizer(tokenizer_dir), tokenizer)
     options = {
         "format": fmt,
         "delimiter": delimiter if fmt == "text" else "",
