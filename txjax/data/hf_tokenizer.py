@@ -13,6 +13,7 @@ transformers' apply_chat_template does.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -186,6 +187,7 @@ def pipeline_adding_around(tokenizer: HFTokenizer):
     return pipeline
 
 
+@functools.lru_cache(maxsize=8)  # compiled once: chat data renders every conversation several times
 def chat_template(source: str, where: str, fix: str):
     """The compiled jinja2 template of a chat template's `source` (in jinja2's sandbox, with transformers' options and
     its raise_exception); a syntax error is a one-line ValueError naming `where` (the file), the template's line and
