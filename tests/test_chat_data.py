@@ -151,8 +151,8 @@ def test_a_long_conversation_is_cut_at_a_turn_boundary_and_one_without_room_drop
     assert (data.num_cut, data.num_dropped, len(data)) == (1, 1, 2)
     assert data.documents[0].tolist() == first
     assert capsys.readouterr().err == (
-        f"{path} (train): 1 conversations cut at a turn boundary to fit data.seq_len={seq_len}, 1 dropped (no "
-        "assistant token fits)\n"
+        f"{path} (train): conversations cut at a turn boundary to fit data.seq_len={seq_len}: 1; dropped (no "
+        "assistant token fits): 1\n"
     )
 
 

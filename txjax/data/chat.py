@@ -149,10 +149,10 @@ def fit_all(tokenizer, conversations, capacity: int, counts: dict) -> list[Token
     counts["dropped"] count the others."""
     kept = []
     for c in conversations:
-        tokens, cut = fit(tokenizer, c, capacity)
+        fitted, cut = fit(tokenizer, c, capacity)
         counts["cut"] += cut
-        counts["dropped"] += tokens is None
-        kept += [tokens] if tokens is not None else []
+        counts["dropped"] += fitted is None
+        kept += [fitted] if fitted is not None else []
     return kept
 
 
@@ -183,8 +183,8 @@ class ChatDataset:
         self.num_cut, self.num_dropped = counts["cut"], counts["dropped"]
         if self.num_cut or self.num_dropped:
             print(
-                f"{self.path} ({split}): {self.num_cut} conversations cut at a turn boundary to fit data.seq_len="
-                f"{seq_len}, {self.num_dropped} dropped (no assistant token fits)",
+                f"{self.path} ({split}): conversations cut at a turn boundary to fit data.seq_len={seq_len}: "
+                f"{self.num_cut}; dropped (no assistant token fits): {self.num_dropped}",
                 file=sys.stderr,
                 flush=True,
             )
