@@ -270,3 +270,20 @@ def test_prepare_chat_with_a_tokenizer_without_a_template_is_one_line(tmp_path, 
         "--tokenizer=WORKDIR of `run.py import` of a model with one"
     ]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["one_a_row", "packed"])
+def test_a_training_batch_is_a_function_of_seed_and_step_and_a_process_builds_its_rows(pipeline, tmp_path, pack):
+    """Batch k again is the same batch, a share of its rows is those rows of it, and across epochs every
+    conversation comes back (the mask of each row's targets is a conversation's own)."""
+    ours, _ = both(pipeline, PLAIN)
+    data = chat.ChatDataset(write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS), ours, 96, "train", 1e-9, pack=pack)
+    for k in (0, 5):  # 5: past the first epoch
+        whole = data.batch(seed=3, k=k, batch_size=4)
+        again, share = data.batch(seed=3, k=k, batch_size=4), data.batch(seed=3, k=k, batch_size=4, rows=slice(1, 3))
+        for key in whole:
+            np.testing.assert_array_equal(whole[key], again[key])
+            np.testing.assert_array_equal(whole[key][1:3], share[key])
+    seen = {tuple(b["inputs"][r, : (b["segment_ids"][r] == 1).sum()]) for k in range(4) for b in [data.batch(3, k, 4)]
+            for r in range(4)}  # fmt: skip
+    assert seen >= {tuple(d[:-1]) for d in data.documents}
