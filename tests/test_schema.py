@@ -121,7 +121,12 @@ class Spy:
 
 
 FORMS = [(family, kind) for family, f in families.FAMILIES.items() for kind in f.data_kinds]
-FILES = {"text": ("corpus.txt", "char"), "parallel": ("pairs.tsv", "char"), "shards": ("shards", "task")}
+FILES = {
+    "text": ("corpus.txt", "char"),
+    "parallel": ("pairs.tsv", "char"),
+    "chat": ("chats.jsonl", "hf"),
+    "shards": ("shards", "task"),
+}
 # read where the run's files and tokenizer are found (txjax.experiment: data_file, build_tokenizer), not by a builder
 EDGE = {"path", "valid_path", "test_path", "tokenizer", "vocab_size"}
 

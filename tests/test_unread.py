@@ -36,6 +36,13 @@ KINDS = {  # kind: (its flags, every field it reads set, an unread flag, the lin
         "config.data.val_fraction=0.2 is not read by data.kind='parallel' (it reads data.path, valid_path, test_path,"
         " tokenizer, vocab_size, max_src_len, max_tgt_len, pack): set --config.data.val_fraction=0.1 (its default)",
     ),
+    "chat": (
+        ["--config.data.kind=chat", "--config.data.path=c.jsonl"],
+        {"tokenizer": "hf", "seq_len": 32, "val_fraction": 0.2, "pack": True},
+        "--config.data.max_tgt_len=32",
+        "config.data.max_tgt_len=32 is not read by data.kind='chat' (it reads data.path, tokenizer, seq_len,"
+        " val_fraction, pack): set --config.data.max_tgt_len=128 (its default)",
+    ),
     "shards": (
         SHARDS,
         {"seq_len": 32, "pack": True, "tokenizer": "char"},  # data.tokenizer: recorded (txjax.sections.data)

@@ -31,6 +31,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--valid_fraction", type=float, default=0.01, help="documents split off for validation")
     parser.add_argument("--shard_mb", type=float, default=16.0, help="MB of input per shard (one worker task each)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="jsonl, parquet: conversations ('messages') rendered with the --tokenizer=WORKDIR's chat template, their "
+        "assistant mask stored beside the tokens (train with data.kind=shards: the loss on the assistant's tokens)",
+    )
+    parser.add_argument("--max_tokens", type=int, default=0, help="--chat: cut at a turn boundary to this many tokens")
     args = parser.parse_args(argv)
     with user_errors():
         summary = prepare(
@@ -45,6 +52,8 @@ def main(argv: list[str]) -> None:
             valid_fraction=args.valid_fraction,
             shard_mb=args.shard_mb,
             workers=args.workers,
+            chat=args.chat,
+            max_tokens=args.max_tokens,
         )
     preemption.complete()  # DIR is in place: a signal from here on is no reason to retry
     print(json.dumps(summary))

@@ -54,6 +54,25 @@ def lm_batch(sequences: Sequence[np.ndarray], loss_starts: Sequence[int], length
     }
 
 
+def packed_lm_rows(rows: Sequence[Sequence[np.ndarray]], length: int, pad_id: int, masks=None) -> Batch:
+    """LM rows of whole pieces side by side: piece s of a row (tokens t, n + 1 of them) is segment s + 1, inputs
+    t[:-1], targets t[1:], positions 0..n-1. weights: 1 on every target, or the piece's mask of its tokens (bool[n + 1],
+    masks[b][s]) read at the targets; 0 on padding."""
+    R = len(rows)
+    out = {k: np.zeros((R, length), np.int32) for k in ("inputs", "targets", "positions", "segment_ids")}
+    out["inputs"][:], out["targets"][:] = pad_id, pad_id
+    out["weights"] = np.zeros((R, length), np.float32)
+    for b, pieces in enumerate(rows):
+        at = 0
+        for s, t in enumerate(pieces):
+            n = len(t) - 1
+            out["inputs"][b, at : at + n], out["targets"][b, at : at + n] = t[:-1], t[1:]
+            out["positions"][b, at : at + n], out["segment_ids"][b, at : at + n] = np.arange(n), s + 1
+            out["weights"][b, at : at + n] = 1.0 if masks is None else masks[b][s][1:]
+            at += n
+    return out
+
+
 def _place(pieces: Sequence[np.ndarray], tokens_row, positions_row=None, segments_row=None) -> None:
     """Writes pieces side by side at the start of a row; positions restart at 0 and segments count from 1."""
     if not pieces:

@@ -12,6 +12,7 @@ Empty (whitespace-only) documents are skipped. A chunk never cuts a document: it
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,12 +105,24 @@ def _lines(chunk: Chunk) -> Iterator[tuple[int, str]]:
             yield i, line
 
 
-def record_text(line: str, field: str, where: Callable[[], str]) -> str:
-    """The string `field` of one JSON line ("" when blank); ValueError naming `where()` ('file:line') and the fix."""
+def json_records(chunk: Chunk) -> Iterator[tuple[str, object]]:
+    """('file:line', its parsed JSON) of each non-blank line of a chunk."""
+    first = line_number(chunk.path, chunk.start)
+    for i, line in _lines(chunk):
+        where = f"{chunk.path}:{first + i}"
+        yield where, _parsed(line, lambda where=where: where)
+
+
+def _parsed(line: str, where: Callable[[], str]):
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where()}: not a JSON object ({e.msg}); fix or remove the line") from None
+
+
+def record_text(line: str, field: str, where: Callable[[], str]) -> str:
+    """The string `field` of one JSON line ("" when blank); ValueError naming `where()` ('file:line') and the fix."""
+    record = _parsed(line, where)
     value = record.get(field) if isinstance(record, dict) else None
     if not isinstance(value, str):
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
@@ -118,3 +131,10 @@ def record_text(line: str, field: str, where: Callable[[], str]) -> str:
             "fix the line"
         )
     return value if value.strip() else ""
+
+
+def in_valid_split(text: str, fraction: float) -> bool:
+    """Whether a document goes to the valid split: blake2b(its text) / 2^64 < fraction, a pure function of the text
+    (of how `run.py prepare` chunks the inputs and of its workers too)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64

@@ -13,13 +13,19 @@ transformers' apply_chat_template does.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
 
 from txjax.data.tokenizer_base import Tokenizer
 from txjax.extras import require
+
+# (blocks rendered so far, spans found) while render_chat_spans renders: where {% generation %} records its block
+_GENERATION_SPANS: ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = ContextVar("spans", default=None)
 
 
 class HFTokenizer(Tokenizer):
@@ -74,21 +80,46 @@ class HFTokenizer(Tokenizer):
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The chat template applied to [{"role": ..., "content": ...}, ...] (jinja2, as transformers does); a template
         that does not compile or render is a one-line ValueError."""
+        return self.render_chat_spans(messages, add_generation_prompt)[0]
+
+    def render_chat_spans(self, messages: list[dict], add_generation_prompt: bool = False):
+        """(text, spans): the rendered conversation and the [start, stop) characters of its {% generation %} blocks
+        (the assistant's parts a template marks for training; [] when it marks none), as transformers records them
+        for apply_chat_template(return_assistant_tokens_mask=True)."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template: drop --chat")
         where, fix = "the workdir's tokenizer/tokenizer.json", "correct its chat_template there, or drop --chat"
         template = chat_template(self.chat_template, where, fix)
         import jinja2  # installed: chat_template required it
 
+        blocks, spans = [], []
+        token = _GENERATION_SPANS.set((blocks, spans))
         try:
-            return template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.token(self.bos_id) or "",
-                eos_token=self.token(self.eos_id) or "",
+            blocks.extend(
+                template.generate(
+                    messages=messages,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self.token(self.bos_id) or "",
+                    eos_token=self.token(self.eos_id) or "",
+                )
             )
         except jinja2.TemplateError as e:  # a template's raise_exception refusing the conversation, or its own error
             raise ValueError(f"the chat template of the workdir's tokenizer fails on this conversation: {e}") from None
+        finally:
+            _GENERATION_SPANS.reset(token)
+        return "".join(blocks), spans
+
+    @property
+    def marks_generation(self) -> bool:
+        """Whether the chat template marks the assistant's parts with {% generation %} (transformers' test)."""
+        return bool(self.chat_template and re.search(r"\{\%-?\s*generation\s*-?\%\}", self.chat_template))
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32[N], offsets int64[N, 2]): the text's tokens (special tokens written in it included, as
+        apply_chat_template tokenizes a rendered chat) and the [start, stop) characters each covers."""
+        encoding = self.tok.encode(text, add_special_tokens=False)
+        offsets = np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
+        return np.asarray(encoding.ids, np.int32), offsets
 
     def _config(self, directory: Path) -> dict:
         self.tok.save(str(directory / self.FILE))
@@ -156,6 +187,7 @@ def pipeline_adding_around(tokenizer: HFTokenizer):
     return pipeline
 
 
+@functools.lru_cache(maxsize=8)  # compiled once: chat data renders every conversation several times
 def chat_template(source: str, where: str, fix: str):
     """The compiled jinja2 template of a chat template's `source` (in jinja2's sandbox, with transformers' options and
     its raise_exception); a syntax error is a one-line ValueError naming `where` (the file), the template's line and
@@ -166,7 +198,9 @@ def chat_template(source: str, where: str, fix: str):
     def raise_exception(message):  # templates call it to refuse a conversation
         raise jinja2.TemplateError(message)
 
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension(), "jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = raise_exception
     try:
         return env.from_string(source)
@@ -174,3 +208,28 @@ def chat_template(source: str, where: str, fix: str):
         raise ValueError(
             f"{where}: the chat template does not compile (line {e.lineno} of the template: {e.message}): {fix}"
         ) from None
+
+
+def _generation_extension():
+    """transformers' {% generation %} ... {% endgeneration %} tag (its AssistantTracker): renders its body as it is,
+    and while render_chat_spans renders, records the [start, stop) characters of that body in the output."""
+    import jinja2.ext
+    import jinja2.nodes
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_span"), [], [], body).set_lineno(lineno)
+
+        def _span(self, caller):
+            text = caller()
+            if (tracking := _GENERATION_SPANS.get()) is not None:
+                blocks, spans = tracking
+                start = sum(map(len, blocks))
+                spans.append((start, start + len(text)))
+            return text
+
+    return Generation

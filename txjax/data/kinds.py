@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from txjax.data.chat import ChatDataset
 from txjax.data.parallel import ParallelDataset
 from txjax.data.shard_pairs import ShardPairsDataset
 from txjax.data.shards import ShardLMDataset, load_shards_tokenizer
@@ -63,6 +64,12 @@ def _parallel(d, split, form, tokenizer, path):
     return ParallelDataset(path(), tokenizer, max_src_len=d.max_src_len, max_tgt_len=d.max_tgt_len, pack=pack)
 
 
+def _chat(d, split, form, tokenizer, path):
+    """Conversations, the loss on the assistant's tokens (txjax.data.chat); valid split off by conversation."""
+    _two_splits(split, "conversations have train and valid splits only (config.data.val_fraction)")
+    return ChatDataset(path(), tokenizer, d.seq_len, split, d.val_fraction, pack=d.pack)
+
+
 def _shard_documents(d, split, form, tokenizer, path):
     _two_splits(split, "prepared shards have train and valid splits only (prepare --valid_fraction)")
     return ShardLMDataset(path(), tokenizer, d.seq_len, split, pack=d.pack)
@@ -78,6 +85,7 @@ KINDS = {
     "synthetic": DataKind({"lm": _synthetic, "seq2seq": _synthetic}, files=None, bos_first=True, exact_match=True),
     "text": DataKind({"text": _text}, files="file", windows=True),
     "parallel": DataKind({"parallel": _parallel}, files="files", pairs=True, translates=True),
+    "chat": DataKind({"chat": _chat}, files="file"),
     "shards": DataKind(
         {"shards": _shard_documents, "shards of pairs": _shard_pairs},  # a decoder LM's documents; TSV pairs
         files="folder",

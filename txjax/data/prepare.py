@@ -10,7 +10,9 @@ prepare.py cuts its one file at 90% of the tokens; here `--delimiter='\\n\\n'` m
 documents). An LM document is stored as its tokens followed by EOS (when the tokenizer has one): each split is one
 flat stream, the nanoGPT layout, and `{stream}-documents.npy` (int64[D + 1]) holds where each document starts in it.
 TSV pairs (the translation task) are two streams, `src` and `tgt`, without EOS (the reader truncates and appends
-it). Tokens are uint16 when the vocabulary has at most 65,536 ids, else uint32.
+it). Tokens are uint16 when the vocabulary has at most 65,536 ids, else uint32. Conversations (--chat,
+txjax.data.chat) are two streams as well, `tokens` (the rendered chat, no EOS added: the template ends its turns)
+and `mask` (uint8, 1 on the assistant's tokens), and index.json counts those cut and dropped.
 
 Everything is written into DIR.partial-PID, renamed to DIR once index.json is in it: a DIR that exists is complete;
 a failed write (a full or read-only disk) is one line naming DIR, and the partial folder is removed.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import inspect
 import json
 import multiprocessing
@@ -35,8 +36,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from txjax.data import chat as chat_lib
 from txjax.data import readers
 from txjax.data import tokenizers as tok_lib
+from txjax.data.documents import in_valid_split
 from txjax.data.prepare_tokenizer import RECIPES, TokenizerInputs, batches, closing
 from txjax.data.shards import INDEX_FILE, fingerprint, shard_dtype
 from txjax.data.tokenizer_base import TOKENIZER_DIR
@@ -60,12 +63,17 @@ def prepare(
     shard_mb: float = 16.0,
     workers: int = 0,
     progress: bool = True,
+    chat: bool = False,
+    max_tokens: int = 0,
 ) -> dict:
     """Tokenizes `inputs` (files or globs) into shards in `output`; returns a summary (throughput included).
 
     tokenizer: a kind of txjax.data.prepare_tokenizer.RECIPES (char, byte, sentencepiece or bpe: the last two
     trained to `vocab_size` ids on about `sample_mb` of documents spread over the inputs) or the path of a workdir
     or tokenizer folder. `inputs`: files, globs or folders in any format of txjax.data.readers.FORMATS.
+    chat: the documents are conversations (JSONL or Parquet, txjax.data.chat) rendered with the workdir tokenizer's
+    chat template, each cut at a turn boundary to at most `max_tokens` (0: whole), their assistant mask the stream
+    `mask` beside `tokens`.
     """
     began = time.monotonic()
     paths = readers.expand_inputs(inputs)
@@ -79,8 +87,10 @@ def prepare(
     tokenizer_dir = _tokenizer_dir(tokenizer)
     trained = tokenizer in RECIPES and RECIPES[tokenizer].trained
     given = {"delimiter": delimiter, "field": field, "vocab_size": vocab_size, "sample_mb": sample_mb}
-    if refused := unread_options(fmt, tokenizer, trained, given):
+    if refused := unread_options(fmt, tokenizer, trained, given | {"chat": chat, "max_tokens": max_tokens}):
         raise ValueError(refused)
+    if chat:
+        chat_lib.check_chat_inputs(fmt, tokenizer_dir and tok_lib.load_tokenizer(tokenizer_dir), tokenizer)
     options = {
         "format": fmt,
         "delimiter": delimiter if fmt == "text" else "",
@@ -91,6 +101,8 @@ def prepare(
         "valid_fraction": valid_fraction,
         "shard_mb": shard_mb,
     }
+    if chat:  # only then: the options of folders prepared before --chat stay as they were
+        options |= {"chat": True, "max_tokens": max_tokens}
     if tokenizer_dir:
         options["tokenizer_fingerprint"] = fingerprint(tok_lib.load_tokenizer(tokenizer_dir))
     files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": storage.sha256(p)} for p in paths]
@@ -124,7 +136,7 @@ def prepare(
         "mb_per_s": total_bytes / 1e6 / seconds,
         "tokens_per_s": tokens / seconds,
         "workers": index["workers"],
-    }
+    } | ({"chat": index["chat"]} if chat else {})
 
 
 def unread_options(fmt: str, tokenizer: str, trained: bool, given: dict) -> str | None:
@@ -138,8 +150,11 @@ def unread_options(fmt: str, tokenizer: str, trained: bool, given: dict) -> str 
         "field": (readers.FORMATS[fmt].field, f"--format {', '.join(with_field)}", f"--format={fmt}"),
         "vocab_size": (trained, f"--tokenizer {' or '.join(by_recipe)}", f"--tokenizer={tokenizer}"),
         "sample_mb": (trained, f"--tokenizer {' or '.join(by_recipe)}", f"--tokenizer={tokenizer}"),
+        "max_tokens": (given["chat"], "--chat", "documents of text"),
     }
-    unread = [name for name, value in given.items() if not reads[name][0] and value != defaults[name]]
+    if given["chat"]:  # a conversation is its `messages` field
+        reads["field"] = (False, reads["field"][1], "--chat")
+    unread = [n for n, value in given.items() if n in reads and not reads[n][0] and value != defaults[n]]
     if not unread:
         return None
     shown = lambda name, value: repr(value) if name == "delimiter" else value  # a delimiter's \n as typed
@@ -211,7 +226,8 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
     chunk_bytes = max(int(options["shard_mb"] * 2**20), 1)
     chunks = readers.plan_chunks(paths, fmt, delimiter, chunk_bytes)
     workers = max(1, min(workers or os.cpu_count() or 1, len(chunks) or 1))
-    streams = ["src", "tgt"] if fmt == "tsv" else ["tokens"]
+    chat = options.get("chat", False)
+    streams = ["src", "tgt"] if fmt == "tsv" else ["tokens", "mask"] if chat else ["tokens"]
     bar = lambda desc: tqdm(total=sum(f["bytes"] for f in files), unit="B", unit_scale=True, desc=desc,
                             disable=not progress)  # fmt: skip
     pool = None  # one worker: tokenize in this process
@@ -229,8 +245,9 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         tok_fingerprint = fingerprint(tok)
         for split in SHARD_SPLITS:
             (partial / split).mkdir()
+        capacity = (options["max_tokens"] or 2**62) if chat else 0
         tasks = [
-            (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams, tok_fingerprint)
+            (i, c, fmt, delimiter, field, options["valid_fraction"], str(partial), streams, tok_fingerprint, capacity)
             for i, c in enumerate(chunks)
         ]
         results, documents, tokens = [], 0, 0
@@ -249,9 +266,10 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         raise ValueError(f"no documents in {', '.join(map(str, paths))}: the inputs are empty (or blank)")
     index = {
         "format": 1,
-        "kind": "pairs" if fmt == "tsv" else "lm",
+        "kind": "pairs" if fmt == "tsv" else "chat" if chat else "lm",
         "streams": streams,
         "dtype": np.dtype(shard_dtype(tok.vocab_size)).name,
+        "dtypes": {"mask": "uint8"} if chat else {},  # a stream's own, where it is not `dtype`
         "tokenizer": {
             "kind": tok.kind,
             "vocab_size": tok.vocab_size,
@@ -263,6 +281,8 @@ def _write(partial, paths, files, options, tokenizer, tokenizer_dir, workers, pr
         "splits": {split: _split_index(partial, split, streams, results, options, documents) for split in SHARD_SPLITS},
         "workers": workers,
     }
+    if chat:  # conversations cut at a turn boundary (to max_tokens), dropped (no assistant token left)
+        index["chat"] = {k: sum(r[k] for r in results) for k in ("cut", "dropped")}
     (partial / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")
     return index
 
@@ -295,11 +315,6 @@ def _split_fix(split: str, options: dict, total: int) -> str:
     return fix + (", or split the files into documents with --delimiter" if one_per_file else "")
 
 
-def _is_valid(text: str, fraction: float) -> bool:
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") < fraction * 2**64
-
-
 def _die_with_parent(parent: int) -> None:
     """A worker's initializer: the kernel SIGKILLs it when the parent dies, even by SIGKILL (Linux's
     PR_SET_PDEATHSIG; elsewhere nothing). It ignores SIGINT from its start (preemption.starting_processes): a
@@ -318,34 +333,52 @@ def _die_with_parent(parent: int) -> None:
 def _tokenize_chunk(task) -> dict:
     """One chunk's documents tokenized into one shard per split and stream, a batch of documents at a time (memory
     does not grow with the chunk); returns the documents' lengths."""
-    i, chunk, fmt, delimiter, field, valid_fraction, partial, streams, tokenizer_fingerprint = task
+    i, chunk, fmt, delimiter, field, valid_fraction, partial, streams, tokenizer_fingerprint, capacity = task
     if tokenizer_fingerprint not in _worker_tokenizers:
         _worker_tokenizers[tokenizer_fingerprint] = tok_lib.load_tokenizer(os.path.join(partial, TOKENIZER_DIR))
     tok = _worker_tokenizers[tokenizer_fingerprint]
-    dtype = shard_dtype(tok.vocab_size)
+    dtypes = {s: np.uint8 if s == "mask" else shard_dtype(tok.vocab_size) for s in streams}
+    counts = {"cut": 0, "dropped": 0}  # conversations (capacity > 0: chat)
     names = {split: {s: f"{split}/{s}-{i:05d}.bin" for s in streams} for split in SHARD_SPLITS}
     lengths = {split: {s: [] for s in streams} for split in SHARD_SPLITS}
     with contextlib.ExitStack() as files:
         opened = {}  # name -> file, opened at its first token: a split without tokens has no shard file
-        for batch in batches(readers.documents(chunk, fmt, delimiter, field)):
+        source = chat_lib.conversations(chunk, fmt) if capacity else readers.documents(chunk, fmt, delimiter, field)
+        for batch in batches(source):
             parts = {split: [] for split in SHARD_SPLITS}
             for d in batch:
-                key = "\t".join(d) if isinstance(d, tuple) else d
-                parts["valid" if _is_valid(key, valid_fraction) else "train"].append(d)
+                if capacity:
+                    valid = chat_lib.in_valid(d.messages, valid_fraction)
+                else:
+                    valid = in_valid_split("\t".join(d) if isinstance(d, tuple) else d, valid_fraction)
+                parts["valid" if valid else "train"].append(d)
             for split, documents in parts.items():
-                for j, s in enumerate(streams):
-                    texts = [d[j] for d in documents] if len(streams) > 1 else documents
-                    ids, n = _encode(tok, texts, len(streams) == 1 and tok.eos_id is not None, chunk, fmt)
+                if capacity:
+                    kept = chat_lib.fit_all(tok, documents, capacity, counts)
+                    n = np.array([len(t.ids) for t in kept], np.int64)
+                    encoded = {"tokens": ([t.ids for t in kept], n), "mask": ([t.mask for t in kept], n)}
+                else:
+                    encoded = _texts(tok, documents, streams, chunk, fmt)
+                for s, (ids, n) in encoded.items():
                     if n.sum():
                         name = names[split][s]
                         if name not in opened:
                             opened[name] = files.enter_context(storage.Appending(os.path.join(partial, name)))
-                        opened[name].write(np.concatenate(ids).astype(dtype).data)
+                        opened[name].write(np.concatenate(ids).astype(dtypes[s]).data)
                     lengths[split][s].append(n)
-    result = {"bytes": chunk.nbytes, "files": names}
+    result = {"bytes": chunk.nbytes, "files": names, **counts}
     for split in SHARD_SPLITS:
         result[split] = {s: np.concatenate([np.zeros(0, np.int64), *lengths[split][s]]) for s in streams}
     return result
+
+
+def _texts(tok, documents: list, streams: list[str], chunk, fmt: str) -> dict:
+    """{stream: (ids, lengths)} of documents of text: LM documents end with EOS, TSV pairs are two streams."""
+    out = {}
+    for j, s in enumerate(streams):
+        texts = [d[j] for d in documents] if len(streams) > 1 else documents
+        out[s] = _encode(tok, texts, len(streams) == 1 and tok.eos_id is not None, chunk, fmt)
+    return out
 
 
 def _encode(tok, texts: list[str], eos: bool, chunk, fmt: str) -> tuple[list[np.ndarray], np.ndarray]:

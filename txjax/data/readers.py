@@ -122,6 +122,25 @@ def _read_parquet(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
             yield from _texts(batch.column(0), lambda where=where: where)
 
 
+def parquet_values(chunk: Chunk, column: str) -> Iterator[tuple[str, object]]:
+    """('file (row N)', the value) of each row's `column` in the chunk's row groups (a list or struct column as
+    Python lists and dicts)."""
+    pa, f = _pyarrow(), _parquet_file(chunk.path)
+    if column not in f.schema_arrow.names:
+        raise ValueError(f"{chunk.path}: no column {column!r} (it has: {', '.join(f.schema_arrow.names)})")
+    row = sum(f.metadata.row_group(g).num_rows for g in range(chunk.start))
+    batches = f.iter_batches(
+        BATCH_ROWS, row_groups=list(range(chunk.start, chunk.stop)), columns=[column], use_threads=False
+    )
+    try:
+        for batch in batches:
+            for value in batch.column(0).to_pylist():
+                yield f"{chunk.path} (row {row})", value
+                row += 1
+    except (pa.ArrowException, OSError) as e:
+        raise _damaged(f"{chunk.path} (row {row})", e, "Parquet") from None
+
+
 def _read_arrow(chunk: Chunk, delimiter: str, field: str) -> Iterator[str]:
     """An Arrow IPC stream (what `datasets` writes) or IPC file, one record batch in memory at a time (read, not
     memory-mapped: touched pages of a mapping stay in the resident set)."""

@@ -16,6 +16,8 @@ any iterator state:
       first-fit packs the C = ceil(B * pieces_per_row) pieces at positions [kC, (k+1)C) of that order into B rows
       (pieces that fit no row are skipped). Each piece is one segment: segment ids 1..n along the row, positions
       restarting at 0, so with the model's segment mask no token attends across documents.
+Conversations (prepare --chat) carry a second stream, `mask`, read with the tokens: a target's weight is its mask
+(1 on the assistant's tokens), in windows, packed rows and evaluation alike.
 Evaluation reads the valid split in order, as consecutive windows of L targets, in fixed-shape [B, L] batches
 (the last padded with weight-0 rows); with pack=True the segments and positions restart at each document and a
 target in the next document gets weight 0.
@@ -36,7 +38,7 @@ from pathlib import Path
 import grain
 import numpy as np
 
-from txjax.data.batching import Batch
+from txjax.data.batching import Batch, packed_lm_rows
 from txjax.data.packing import first_fit
 from txjax.data.tokenizer_base import TOKENIZER_DIR, Tokenizer
 from txjax.data.tokenizers import load_tokenizer
@@ -98,7 +100,7 @@ class TokenStream:
 
     def __init__(self, directory: str | os.PathLike, index: dict, split: str, name: str = "tokens"):
         directory = Path(directory).expanduser().resolve()
-        self.dtype = np.dtype(index["dtype"])
+        self.dtype = np.dtype(index.get("dtypes", {}).get(name, index["dtype"]))
         info = index["splits"][split]["streams"][name]
         self.paths = [directory / shard["file"] for shard in info["shards"]]
         for path, shard in zip(self.paths, info["shards"]):
@@ -179,11 +181,13 @@ class ShardLMDataset:
     ):
         self.directory = Path(directory).expanduser().resolve()
         index = read_index(self.directory)
-        if index["kind"] != "lm":
+        if index["kind"] == "pairs":
             raise ValueError(f"{self.directory} holds TSV pairs: train on them with --config.family=encoder_decoder")
         check_shards_tokenizer(self.directory, index, tokenizer)
         self.tokenizer, self.seq_len, self.split, self.pack = tokenizer, seq_len, split, pack
         self.stream = TokenStream(self.directory, index, split)
+        # conversations (prepare --chat): the loss only on targets the mask marks (the assistant's tokens)
+        self.mask = TokenStream(self.directory, index, split, "mask") if index["kind"] == "chat" else None
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
         if len(self.stream) < seq_len + 1:
             raise ValueError(
@@ -217,10 +221,13 @@ class ShardLMDataset:
             tokens_RxL1 = np.stack([self.stream.read(a, a + L + 1) for a in starts])
             ones_RxL = np.ones((len(starts), L), np.int32)
             positions_RxL = np.broadcast_to(np.arange(L, dtype=np.int32), ones_RxL.shape).copy()
+            weights_RxL = (
+                np.stack([self.mask.read(a + 1, a + L + 1) for a in starts]) if self.mask is not None else ones_RxL
+            )
             return {
                 "inputs": tokens_RxL1[:, :-1],
                 "targets": tokens_RxL1[:, 1:],
-                "weights": ones_RxL.astype(np.float32),
+                "weights": weights_RxL.astype(np.float32),
                 "positions": positions_RxL,
                 "segment_ids": ones_RxL,
             }
@@ -229,22 +236,8 @@ class ShardLMDataset:
         lengths_Ex1 = np.array([[stop - start - 1] for start, stop in spans])
         packed = first_fit(lengths_Ex1, (L,), max_rows=B)
         packed = (packed + [[]] * (B - len(packed)))[rows]
-        return self._packed_rows([[self.stream.read(*spans[i]) for i in row] for row in packed])
-
-    def _packed_rows(self, rows: list[list[np.ndarray]]) -> Batch:
-        """Rows of pieces side by side: piece s (tokens t) is segment s + 1, inputs t[:-1], targets t[1:]."""
-        R, L = len(rows), self.seq_len
-        out = {k: np.zeros((R, L), np.int32) for k in ("inputs", "targets", "positions", "segment_ids")}
-        out["inputs"][:], out["targets"][:] = self.pad_id, self.pad_id
-        for b, pieces in enumerate(rows):
-            at = 0
-            for s, t in enumerate(pieces):
-                n = len(t) - 1
-                out["inputs"][b, at : at + n], out["targets"][b, at : at + n] = t[:-1], t[1:]
-                out["positions"][b, at : at + n], out["segment_ids"][b, at : at + n] = np.arange(n), s + 1
-                at += n
-        out["weights"] = (out["segment_ids"] > 0).astype(np.float32)
-        return out
+        masks = [[self.mask.read(*spans[i]) for i in row] for row in packed] if self.mask is not None else None
+        return packed_lm_rows([[self.stream.read(*spans[i]) for i in row] for row in packed], L, self.pad_id, masks)
 
     def num_eval_batches(self, batch_size: int) -> int:
         return math.ceil(math.ceil((len(self.stream) - 1) / self.seq_len) / batch_size)
@@ -272,6 +265,11 @@ class ShardLMDataset:
         else:
             weights_BxL, segments_BxL = valid_BxL, valid_BxL.astype(np.int32)
             positions_BxL = np.where(valid_BxL, pos_BxL - pos_BxL[:, :1], 0)
+        if self.mask is not None:  # conversations: the targets the mask marks
+            marked = np.zeros(batch_size * L, bool)
+            read = self.mask.read(first + 1, min(first + batch_size * L + 1, N))
+            marked[: len(read)] = read
+            weights_BxL = weights_BxL & marked.reshape(batch_size, L)
         return {
             "inputs": np.where(valid_BxL, tokens[:-1].reshape(batch_size, L), self.pad_id),
             "targets": np.where(weights_BxL, tokens[1:].reshape(batch_size, L), self.pad_id),

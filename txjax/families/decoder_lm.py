@@ -16,7 +16,7 @@ class DecoderLMFamily(Family):
     inputs = ("inputs", "positions", "segment_ids")
     labels = ("targets", "weights")
     source = None
-    data_kinds = {"text": "text", "synthetic": "lm", "shards": "shards"}
+    data_kinds = {"text": "text", "synthetic": "lm", "chat": "chat", "shards": "shards"}
     ring_attention = True
 
     def longest(self, data, dataset):

@@ -26,7 +26,7 @@ class DataConfig:
 
     kind: str = setting("synthetic", choices=KINDS, resume=False)  # its names (a kind added later too)
     # text / parallel training file, or the shards folder; relative: see txjax.config.resolve_data_path
-    path: str = setting("", resume=False, read_by=_forms("text", "parallel", "shards", "shards of pairs"))
+    path: str = setting("", resume=False, read_by=_forms("text", "parallel", "chat", "shards", "shards of pairs"))
     valid_path: str = setting("", read_by=_forms("parallel"))  # parallel: validation TSV
     test_path: str = setting("", read_by=_forms("parallel"))  # parallel: test TSV
     # synthetic: copy | reverse | sort | add | passkey (max_digits: its context)
@@ -41,7 +41,7 @@ class DataConfig:
         "task",
         choices=(*TOKENIZER_KINDS, "task"),
         resume=False,
-        read_by=_forms("text", "parallel", "shards", "shards of pairs"),
+        read_by=_forms("text", "parallel", "chat", "shards", "shards of pairs"),
     )
     vocab_size: int = setting(
         8000,
@@ -52,12 +52,13 @@ class DataConfig:
             ReadBy("data.tokenizer", ("sentencepiece",), "only sentencepiece is trained to a vocabulary size"),
         ),
     )
-    seq_len: int = setting(64, bounds=at_least(1), resume=False, read_by=_forms("text", "shards"))  # tokens a window
-    # text: the last 10% of the file is the valid split (nanoGPT)
+    # tokens a window (text, shards), a row of conversations (chat)
+    seq_len: int = setting(64, bounds=at_least(1), resume=False, read_by=_forms("text", "chat", "shards"))
+    # text: the last 10% of the file is the valid split (nanoGPT); chat: conversations by hash (txjax.data.chat)
     val_fraction: float = setting(
-        0.1, bounds=within(0, 1, open_lo=True, open_hi=True), resume=False, read_by=_forms("text")
+        0.1, bounds=within(0, 1, open_lo=True, open_hi=True), resume=False, read_by=_forms("text", "chat")
     )
     max_src_len: int = setting(128, bounds=at_least(1), resume=False, read_by=_forms(*_PAIRS))
     max_tgt_len: int = setting(128, bounds=at_least(1), resume=False, read_by=_forms(*_PAIRS))
-    # parallel: several pairs per row; shards: documents packed (no attention across)
-    pack: bool = setting(False, resume=False, read_by=_forms("parallel", "shards", "shards of pairs"))
+    # parallel: several pairs per row; shards, chat: documents packed (no attention across)
+    pack: bool = setting(False, resume=False, read_by=_forms("parallel", "chat", "shards", "shards of pairs"))
