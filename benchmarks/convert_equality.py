@@ -54,12 +54,14 @@ FAMILIES = {
     "qwen2": ("decoder_lm", "qwen2", 2, 32),
     "qwen3": ("decoder_lm", "qwen3", 2, 32),
     "qwen3_yarn": ("decoder_lm", None, 2, 32),  # llama.cpp's YaRN keys are not read (one line)
+    "smollm3": ("decoder_lm", None, 2, 32),
     "gemma2": ("decoder_lm", "gemma2", 1, 40),
     "gemma3_text": ("decoder_lm", "gemma3", 1, 40),
     "mixtral": ("decoder_lm", None, 1, 40),
     "qwen2_moe": ("decoder_lm", None, 1, 40),
     "qwen3_moe": ("decoder_lm", None, 1, 40),
     "olmoe": ("decoder_lm", None, 1, 40),
+    "gpt_oss": ("decoder_lm", None, 1, 40),
 }
 PROMPT = 5
 

@@ -34,6 +34,11 @@ FAMILIES = {
     "qwen2": ("Qwen2 (`qwen2`; GGUF `qwen2`)", "import, export, GGUF in", "as Llama, q/k/v biases (`qkv_bias`)"),
     "qwen3": ("Qwen3 (`qwen3`; GGUF `qwen3`)", "import, export, GGUF in", "as Llama, per-head q/k RMSNorm (`qk_norm`)"),
     "qwen3_yarn": ("Qwen3 with YaRN (`qwen3`, rope_type `yarn`)", "import, export", "`rope_scaling=yarn`, `qk_norm`"),
+    "smollm3": (
+        "SmolLM3 (`smollm3`)",
+        "import, export",
+        "as Llama, `rope_layers` from `no_rope_layers` (R: RoPE, N: a NoPE layer)",
+    ),
     "marian": (
         "MarianMT (`marian`: the opus-mt models)",
         "import, export",
@@ -91,6 +96,13 @@ FAMILIES = {
         "OLMoE (`olmoe`)",
         "import, export",
         "q/k RMSNorm over the whole projection (`qk_norm_all_heads`); `router=softmax_then_topk`, `moe_norm_topk`",
+    ),
+    "gpt_oss": (
+        "GPT-OSS (`gpt_oss`, the bfloat16 folders transformers saves)",
+        "import, export",
+        "`attention_sinks`, `attention_bias` (q, k, v, o), `window_pattern` from `layer_types` with "
+        "`attention_window`, YaRN with `rope_truncate=false`; `router=topk_then_softmax` with `moe_bias` (router "
+        "and expert biases), `activation=swiglu_clamped` (alpha 1.702, limit 7, up + 1)",
     ),
 }
 _NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py does not build

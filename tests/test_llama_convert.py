@@ -87,7 +87,7 @@ def test_export_round_trip(hf, tmp_path):
         ({"rope_scaling": {"type": "yarn", "factor": 2.0, "mscale": 0.7}}, "rope_scaling.mscale"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
         ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
     ],
 )

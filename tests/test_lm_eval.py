@@ -131,11 +131,12 @@ def test_rolling_uses_the_windows_of_eval_text(models):
     assert metrics["tokens"] == len(ids) - 1
 
 
-@pytest.mark.parametrize("kind", ["llama3", "mistral_window", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama3", "mistral_window", "qwen3", "smollm3", "gpt_oss"])
 def test_newer_families_score_requests_as_the_hf_model(kind, tmp_path):
-    """Llama 3 (rope scaling llama3), Mistral (a window of 8 tokens, shorter than the requests) and Qwen3 (q/k
-    norms), each a random model imported with `run.py import`: the capitals task's multiple-choice requests get
-    the harness's `hf` model's log-likelihoods within 1e-4 nats and its is-greedy flags."""
+    """Llama 3 (rope scaling llama3), Mistral (a window of 8 tokens, shorter than the requests), Qwen3 (q/k
+    norms), SmolLM3 (a NoPE layer) and GPT-OSS (sinks, a 4-token window, biased experts), each a random model
+    imported with `run.py import`: the capitals task's multiple-choice requests get the harness's `hf` model's
+    log-likelihoods within 1e-4 nats and its is-greedy flags."""
     save_tiny_decoder(tmp_path / "hf", TEXT, vocab_size=400, max_positions=96, kind=kind)
     (tmp_path / "text.txt").write_text(TEXT)
     flags = [f"--config.data.path={tmp_path / 'text.txt'}", "--config.data.seq_len=16"]

@@ -1,6 +1,7 @@
 """Mixture-of-experts interop against transformers' MixtralForCausalLM, Qwen2MoeForCausalLM (shared expert and its
-gate, a dense layer by decoder_sparse_step), Qwen3MoeForCausalLM and OlmoeForCausalLM (q/k norm over the whole
-projection): logits, greedy generation, the export round trip, and `run.py import` / `export` of a folder with its
+gate, a dense layer by decoder_sparse_step), Qwen3MoeForCausalLM, OlmoeForCausalLM (q/k norm over the whole
+projection) and GptOssForCausalLM (sinks, biases, clamped SwiGLU experts, a local layer): logits, greedy generation,
+the export round trip, and `run.py import` / `export` of a folder with its
 tokenizer (skipped without the `interop` extra)."""
 
 import dataclasses
@@ -35,6 +36,7 @@ EXPECTED = {  # (router, moe_norm_topk, num_shared_experts, moe_every, qk_norm, 
     "qwen2_moe": ("softmax_then_topk", False, 2, 2, False, False, True),
     "qwen3_moe": ("softmax_then_topk", True, 0, 1, True, False, False),
     "olmoe": ("softmax_then_topk", False, 0, 1, True, True, False),
+    "gpt_oss": ("topk_then_softmax", False, 0, 1, False, False, False),
 }
 TOKENS = np.random.default_rng(0).integers(0, MOE["vocab_size"], (2, MOE["max_position_embeddings"]))
 

@@ -1,6 +1,7 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
 reads: the decoder LMs (the Llama family: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
-Qwen3, SmolLM3 with a NoPE layer; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE) and
+Qwen3, SmolLM3 with a NoPE layer; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and
+GPT-OSS) and
 the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which
 measures every converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips
 them first."""
@@ -150,6 +151,8 @@ MOES = {  # 4 experts, top-2 in each; the fields each family adds
         dict(num_experts=4, intermediate_size=40, moe_intermediate_size=16, head_dim=16, norm_topk_prob=True),
     ),
     "olmoe": ("OlmoeConfig", dict(num_experts=4, intermediate_size=24)),
+    # GPT-OSS: sinks, biases, a 4-token window in layer 0 (global layer 1), its default YaRN (truncate false)
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=4)),
 }
 DECODERS = {  # kind -> (config class, its fields)
     kind: (config_class, base | fields)

@@ -14,7 +14,8 @@ token embedding or not. Hugging Face Linear weights are [out, in] (y = x W^T), s
 
 RoPE's scalings (rope_parameters.rope_type linear, llama3, yarn: Llama 3.x) map to model.rope_scaling and its
 parameters, Mistral's sliding_window to model.attention_window (every layer local), SmolLM3's no_rope_layers (1: RoPE,
-0: none, one per layer) to model.rope_layers (one R or N per layer).
+0: none, one per layer) to model.rope_layers (one R or N per layer); attention_bias (q, k, v and o_proj) to
+model.attention_bias, which GPT-OSS's attention shares with its sinks (txjax.convert.moe).
 
 RoPE layout. Hugging Face rotates channel i of a head with channel i + K/2 (`rotate_half`); txjax's apply_rope
 rotates the adjacent pair (2i, 2i+1), both by the angle p * base^(-2i/K). Scores q . k are sums over channels, so
@@ -80,6 +81,7 @@ _ROPE_FIELDS = {
     "beta_fast": "rope_beta_fast",
     "beta_slow": "rope_beta_slow",
     "attention_factor": "rope_attention_factor",
+    "truncate": "rope_truncate",
 }
 _ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
 
@@ -99,7 +101,7 @@ def _rope(hf: Mapping) -> dict:
         fields["rope_base"] = float(section.pop("rope_theta", fields["rope_base"]))
         fields["rope_scaling"] = _ROPE_TYPES[kind]
         for key, value in section.items():
-            if value is None or (key, value) in (("truncate", True), ("partial_rotary_factor", 1.0)):
+            if value is None or (key, value) == ("partial_rotary_factor", 1.0):
                 continue
             if kind == "default" or key not in _ROPE_FIELDS:
                 raise ValueError(f"config.json: {name}.{key}={value!r} is not supported for rope_type {kind!r}")
@@ -116,7 +118,7 @@ def _rope_to_hf(cfg: ModelConfig) -> dict:
             "linear": ("factor",),
             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
             "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"),
-        }[kind]
+        }[kind] + (("truncate",) if kind == "yarn" else ())
         out |= {key: getattr(cfg, _ROPE_FIELDS[key]) for key in used}
         if kind == "yarn" and not cfg.rope_attention_factor:
             del out["attention_factor"]  # transformers derives it from the factor as txjax does
@@ -132,7 +134,6 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     hf_folder.integers(hf, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     unsupported = {
         "hidden_act": ("silu", "txjax's SwiGLU gates with silu"),
-        "attention_bias": (False, "txjax has no bias on o_proj"),
         "mlp_bias": (False, "txjax's SwiGLU has no biases"),
         "use_sliding_window": (False, "Qwen's window spares the first max_window_layers layers: txjax has none"),
         "partial_rotary_factor": (1.0, "Llama rotates every channel"),
@@ -157,6 +158,7 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
         num_layers=hf["num_hidden_layers"],
         max_len=max_len,
         qkv_bias=kind == "qwen2",
+        attention_bias=bool(hf.get("attention_bias", False)),
         qk_norm=kind == "qwen3",
         attention_window=window if window is not None and window < max_len else 0,
         rope_layers="" if set(ropes) <= {"R"} else ropes,
@@ -179,6 +181,8 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     if len(kinds) > 1:
         raise ValueError(f"model: {' and '.join(kinds)} features together have no Hugging Face architecture")
     kind = kinds[0] if kinds else "llama"
+    if cfg.attention_bias and kind != "llama":
+        raise ValueError(f"model.attention_bias=true cannot be exported to {kind} (LlamaForCausalLM holds it)")
     extra = {"sliding_window": cfg.attention_window} if kind == "mistral" else {}
     if kind == "smollm3":  # one flag per layer (transformers' no_rope_layer_interval would make its own)
         extra = {"no_rope_layers": [int(layer.rope) for layer in cfg.layer_attention], "use_sliding_window": False}
@@ -194,6 +198,7 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
         "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
+        "attention_bias": cfg.attention_bias,
         "max_position_embeddings": cfg.max_len,
         "rms_norm_eps": cfg.norm_eps,
         "rope_parameters": _rope_to_hf(cfg),
@@ -242,10 +247,14 @@ def attention_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray) -> 
         n = heads if cfg.qk_norm_all_heads else 1  # OLMoE's gains span the whole projection
         scale = get(f"self_attn.{theirs}.weight", (n * k,)).reshape(n, k)[..., to_pairs]
         attn[ours] = {"scale": scale if cfg.qk_norm_all_heads else scale[0]}
-    if cfg.qkv_bias:
+    if cfg.qkv_bias or cfg.attention_bias:
         attn["query_bias"] = get("self_attn.q_proj.bias", (h * k,)).reshape(h, k)[..., to_pairs]
         attn["key_bias"] = get("self_attn.k_proj.bias", (g * k,)).reshape(g, k)[..., to_pairs]
         attn["value_bias"] = get("self_attn.v_proj.bias", (g * k,)).reshape(g, k)
+    if cfg.attention_bias:
+        attn["out_bias"] = get("self_attn.o_proj.bias", (d,))
+    if cfg.attention_sinks:  # GPT-OSS: one logit per head
+        attn["sinks"] = get("self_attn.sinks", (h,))
     return {
         "self_attention_norm": norm("input_layernorm"),
         "self_attention": attn,
@@ -284,10 +293,14 @@ def attention_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     if cfg.qk_norm:  # [K] per head, or [H, K] over the whole projection: flattened either way
         out["self_attn.q_norm.weight"] = a["query_norm"]["scale"][..., to_halves].reshape(-1)
         out["self_attn.k_norm.weight"] = a["key_norm"]["scale"][..., to_halves].reshape(-1)
-    if cfg.qkv_bias:
+    if cfg.qkv_bias or cfg.attention_bias:
         out["self_attn.q_proj.bias"] = a["query_bias"][..., to_halves].reshape(-1)
         out["self_attn.k_proj.bias"] = a["key_bias"][..., to_halves].reshape(-1)
         out["self_attn.v_proj.bias"] = a["value_bias"].reshape(-1)
+    if cfg.attention_bias:
+        out["self_attn.o_proj.bias"] = a["out_bias"]
+    if cfg.attention_sinks:
+        out["self_attn.sinks"] = a["sinks"]
     return out
 
 

@@ -1,5 +1,5 @@
 """Mixture-of-experts checkpoints (Hugging Face MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
-OlmoeForCausalLM) <-> DecoderLM with model.num_experts > 0 (txjax.model.moe).
+OlmoeForCausalLM, GptOssForCausalLM) <-> DecoderLM with model.num_experts > 0 (txjax.model.moe).
 
 Each is a Llama-family model (txjax.convert.llama reads and writes its embeddings, attention, norms and RoPE's pair
 layout) whose FFN is a mixture of experts. Per layer, HF [out, in] weights transposed, experts stacked in index order:
@@ -12,6 +12,14 @@ layout) whose FFN is a mixture of experts. Per layer, HF [out, in] weights trans
                [D, 1] (model.shared_expert_gate: sigmoid(x w_s) scales the shared experts); q/k/v biases
     Qwen3-MoE  as Qwen2-MoE without shared experts or biases, with q/k RMSNorm per head (model.qk_norm)
     OLMoE      as Qwen3-MoE, its q/k RMSNorm over the whole projection, gains [H K] and [G K] (qk_norm_all_heads)
+    GPT-OSS    mlp.router.weight [X, D], bias [X] -> ffn.router.kernel [D, X], bias (model.moe_bias);
+               mlp.experts.gate_up_proj [X, D, 2F] (gate and up interleaved: columns 2i, 2i+1), its bias [X, 2F]
+               -> ffn.experts.wi, wi_gate [X, D, F] and their biases; down_proj [X, F, D], bias [X, D] -> wo, wo_bias
+               (not transposed: its experts compute x W); the clamped SwiGLU (activation=swiglu_clamped); biases on
+               q, k, v, o (attention_bias); self_attn.sinks [H] (attention_sinks); layer_types' sliding_attention
+               layers local with sliding_window (window_pattern); YaRN with truncate false (rope_truncate). The
+               bfloat16 folders transformers saves; the published MXFP4 ones (*_blocks, *_scales) are refused as extra
+               tensors.
 
 Routers: Mixtral's top-k of the softmax renormalised, i.e. a softmax over the top-k logits, is
 router=topk_then_softmax; the others' softmax then top-k is router=softmax_then_topk, renormalised when
@@ -39,16 +47,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from txjax.convert import exportable, hf_folder, llama
+from txjax.model.activations import GPT_OSS_ALPHA, GPT_OSS_LIMIT
 from txjax.model.config import ModelConfig
 
-MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 _ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
-_ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "qwen3"}  # llama's kinds
+_ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "qwen3", "gpt_oss": "llama"}
 # the MoE block's name and its experts' (gate, up, down) weight names
 _BLOCKS = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
 _BLOCKS |= dict.fromkeys(("qwen2_moe", "qwen3_moe", "olmoe"), ("mlp", llama.MLP_NAMES))
@@ -63,7 +73,7 @@ def _experts_and_step(hf: Mapping, kind: str) -> tuple[int, int]:
     experts = hf.get("num_experts", hf.get("num_local_experts"))  # transformers 5 writes Qwen3-MoE's as the latter
     if not isinstance(experts, int) or experts <= 0:
         raise ValueError(f"config.json: num_experts={experts!r} must be a positive integer (a mixture of experts)")
-    if kind in ("mixtral", "olmoe"):
+    if kind in ("mixtral", "olmoe", "gpt_oss"):
         return experts, 1
     layers, step = hf["num_hidden_layers"], hf.get("decoder_sparse_step", 1)
     if not isinstance(step, int) or step <= 0 or layers % step:
@@ -106,9 +116,10 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     no_bias = kind == "qwen2_moe" and not hf.get("qkv_bias", True)  # transformers 5 lets Qwen2-MoE turn them off
     attention = "llama" if no_bias else _ATTENTION[kind]
     base = llama.config_from_hf({**hf, "model_type": attention}, has_head)
-    mixtral = kind == "mixtral"
+    mixtral = kind in ("mixtral", "gpt_oss")  # both a softmax over the top-k logits
     return dataclasses.replace(
         base,
+        **(_gpt_oss_fields(hf) if kind == "gpt_oss" else {}),
         num_experts=experts,
         experts_per_token=hf["num_experts_per_tok"],
         num_shared_experts=shared,
@@ -121,6 +132,23 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     )
 
 
+def _gpt_oss_fields(hf: Mapping) -> dict:
+    """ModelConfig's fields of what GPT-OSS adds to a Llama attention and a Mixtral router (the module docstring);
+    another SwiGLU clamp, or a layer type other than sliding and full attention, is a ValueError naming it."""
+    for name, want in (("swiglu_alpha", GPT_OSS_ALPHA), ("swiglu_limit", GPT_OSS_LIMIT)):
+        if hf.get(name, want) != want:
+            raise ValueError(f"config.json: {name}={hf[name]!r} is not supported (txjax's swiglu_clamped has {want})")
+    layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"config.json: layer_types={types!r} must be sliding_attention or full_attention each")
+    pattern, window = "".join("L" if t == "sliding_attention" else "G" for t in types), hf.get("sliding_window") or 0
+    local = {"attention_window": window, "window_pattern": "" if set(pattern) == {"L"} else pattern}
+    fields = {"activation": "swiglu_clamped", "moe_bias": True, "attention_sinks": True}
+    fields["attention_bias"] = bool(hf.get("attention_bias", True))
+    return fields | (local if window and "L" in pattern else {})
+
+
 def _kind(cfg: ModelConfig) -> str:
     """The Hugging Face architecture of an MoE ModelConfig, or a ValueError naming the field none of them has."""
     if cfg.router == "sigmoid" or cfg.num_experts == 0:
@@ -128,13 +156,14 @@ def _kind(cfg: ModelConfig) -> str:
         raise ValueError(f"model.{field}={getattr(cfg, field)!r} has no Hugging Face MoE architecture txjax writes")
     kind = "olmoe" if cfg.qk_norm_all_heads else "qwen3_moe" if cfg.qk_norm else "qwen2_moe"
     if not (cfg.qk_norm or cfg.num_shared_experts or cfg.qkv_bias):
-        kind = "mixtral"
+        kind = "gpt_oss" if cfg.moe_bias else "mixtral"
     # each architecture's fixed features: (field, the value it needs)
     needs = {
         "mixtral": [("moe_every", 1)],
         "qwen2_moe": [("shared_expert_gate", True), ("attention_window", 0)],
         "qwen3_moe": [("num_shared_experts", 0), ("qkv_bias", False), ("attention_window", 0)],
         "olmoe": [("num_shared_experts", 0), ("qkv_bias", False), ("attention_window", 0), ("moe_every", 1)],
+        "gpt_oss": [("moe_every", 1), ("router", "topk_then_softmax"), ("activation", "swiglu_clamped")],
     }[kind]
     if kind == "mixtral" and cfg.router == "softmax_then_topk" and not cfg.moe_norm_topk:
         needs.append(("moe_norm_topk", True))  # renormalised, softmax-then-top-k is Mixtral's softmax over the top k
@@ -152,6 +181,8 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     """MoE ModelConfig -> a config.json of the architecture its features name (OLMoE with qk_norm_all_heads, Qwen3-MoE
     with per-head q/k norms, Qwen2-MoE with shared experts or q/k/v biases, else Mixtral)."""
     kind = _kind(cfg)
+    if kind == "gpt_oss":
+        return _gpt_oss_config(cfg, bos_id, eos_id)
     hf = llama.config_to_hf(cfg, bos_id, eos_id)  # the attention and norms; the MoE fields follow
     # a renormalised top-k of the softmax equals Mixtral's softmax over the top-k logits
     norm = cfg.moe_norm_topk or cfg.router == "topk_then_softmax"
@@ -168,8 +199,60 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     return hf
 
 
+def _gpt_oss_config(cfg: ModelConfig, bos_id, eos_id) -> dict:
+    """An MoE ModelConfig with model.moe_bias -> GPT-OSS's config.json (what it cannot hold is refused on reading
+    it back: exportable.checked)."""
+    plain = dataclasses.replace(cfg, attention_window=0, window_pattern="", attention_bias=False)
+    return llama.config_to_hf(plain, bos_id, eos_id) | {
+        "architectures": [_ARCHITECTURES["gpt_oss"]],
+        "model_type": "gpt_oss",
+        "num_local_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.experts_per_token,
+        "intermediate_size": cfg.expert_d_ff,
+        "attention_bias": cfg.attention_bias,
+        "sliding_window": cfg.attention_window or None,
+        "layer_types": ["sliding_attention" if w else "full_attention" for w in cfg.layer_windows],
+        "swiglu_alpha": GPT_OSS_ALPHA,
+        "swiglu_limit": GPT_OSS_LIMIT,
+        "output_router_logits": False,
+    }
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # tensors <-> params
+
+
+def _interleave(a, b):
+    """Columns a_0, b_0, a_1, b_1, ... of two [..., F] arrays (GPT-OSS's gate_up layout), NumPy or traced."""
+    xp = jnp if isinstance(a, jax.core.Tracer) else np
+    return xp.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
+
+
+def _gpt_oss_from_hf(get: Callable, cfg: ModelConfig) -> dict:
+    """One GPT-OSS MoE block's params (the module docstring's table)."""
+    d, x, f = cfg.d_model, cfg.num_experts, cfg.expert_d_ff
+    gate_up, gate_up_bias = (
+        get("mlp.experts.gate_up_proj", (x, d, 2 * f)),
+        get("mlp.experts.gate_up_proj_bias", (x, 2 * f)),
+    )
+    experts = {"wi": gate_up[..., ::2], "wi_gate": gate_up[..., 1::2], "wo": get("mlp.experts.down_proj", (x, f, d))}
+    experts |= {"wi_bias": gate_up_bias[:, ::2], "wi_gate_bias": gate_up_bias[:, 1::2]}
+    experts["wo_bias"] = get("mlp.experts.down_proj_bias", (x, d))
+    router = {"kernel": get("mlp.router.weight", (x, d)).T, "bias": get("mlp.router.bias", (x,))}
+    return {"router": router, "experts": experts}
+
+
+def _gpt_oss_to_hf(ffn: Mapping) -> dict:
+    """Inverse of _gpt_oss_from_hf: {name: array} without `model.layers.i.`."""
+    e = ffn["experts"]
+    return {
+        "mlp.router.weight": ffn["router"]["kernel"].T,
+        "mlp.router.bias": ffn["router"]["bias"],
+        "mlp.experts.gate_up_proj": _interleave(e["wi"], e["wi_gate"]),
+        "mlp.experts.gate_up_proj_bias": _interleave(e["wi_bias"], e["wi_gate_bias"]),
+        "mlp.experts.down_proj": e["wo"],
+        "mlp.experts.down_proj_bias": e["wo_bias"],
+    }
 
 
 def _stack(arrays: list):
@@ -179,6 +262,8 @@ def _stack(arrays: list):
 
 def _moe_from_hf(get: Callable, cfg: ModelConfig, kind: str) -> dict:
     """One MoE block's params (ffn.router, experts, shared experts and their gate) from get(name, shape)."""
+    if kind == "gpt_oss":
+        return _gpt_oss_from_hf(get, cfg)
     d, x, f = cfg.d_model, cfg.num_experts, cfg.expert_d_ff
     block, names = _BLOCKS[kind]
     each = [llama.ffn_from_hf(lambda n, s, e=e: get(f"{block}.experts.{e}.{n}", s), d, f, names) for e in range(x)]
@@ -214,13 +299,15 @@ def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray, kind:
 
 def _layers_to_hf(dec: Mapping, cfg: ModelConfig, kind: str) -> list[dict]:
     """Inverse of _layers_from_hf: HF layer i's tensors (names without `model.layers.i.`) for each i."""
-    block, names = _BLOCKS[kind]
+    block, names = _BLOCKS.get(kind, (None, None))
     n, out = cfg.moe_every, []
     for i in range(cfg.num_layers):
         p = dec[f"layers_{i}"] if n == 1 else dec[f"layers_{i // n}"][f"block_{i % n}"]
         tensors, ffn = llama.attention_to_hf(p, cfg), p["ffn"]
         if (i + 1) % n:
             tensors |= {f"mlp.{k}": v for k, v in llama.ffn_to_hf(ffn).items()}
+        elif kind == "gpt_oss":
+            tensors |= _gpt_oss_to_hf(ffn)
         else:
             tensors[f"{block}.gate.weight"] = ffn["router"]["kernel"].T
             for e in range(cfg.num_experts):

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.model import attention, kv_cache, precision, score
-from txjax.model.activations import ACTIVATIONS
+from txjax.model.activations import hidden_units
 from txjax.model.ffn import FeedForward
 from txjax.model.multi_head import MultiHeadAttention
 from txjax.model.replaceable import Layout
@@ -151,7 +151,7 @@ def _ffn_hidden(own, module, x_BxLxD):
         return own(x_BxLxD)
     cfg, width = module.cfg, module.hidden_width
     h1, h3 = jnp.split(module.linear("wi_fused", 2 * width, ("embed", "mlp"), cfg.hidden_init_std)(x_BxLxD), 2, -1)
-    return ACTIVATIONS[cfg.activation](h1) * h3
+    return hidden_units(cfg.activation, h1, h3)
 
 
 def _update_cache(own, module, k_new, v_new, q_pos, k_pos, mask, window=0):

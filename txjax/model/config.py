@@ -15,8 +15,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from txjax.fields import ReadBy, setting
-from txjax.model import positional, precision, score
-from txjax.model.activations import ACTIVATIONS
+from txjax.model import activations, positional, precision, score
 from txjax.model.attention import ATTENTION_IMPLS
 
 NORMS = ("layernorm", "rmsnorm")
@@ -27,7 +26,7 @@ _CHOICES = {
     "positional": positional.POSITIONAL_KINDS,
     "norm": NORMS,
     "norm_placement": ("pre", "post", "sandwich"),  # txjax.model.layers: sandwich = pre + a norm of each branch
-    "activation": tuple(ACTIVATIONS),
+    "activation": activations.ACTIVATION_NAMES,
     "dtype": ("float32", "bfloat16"),
     "attention_impl": ATTENTION_IMPLS,
     "matmul_precision": precision.PRECISIONS,
@@ -84,6 +83,7 @@ class ModelConfig:
     share_embeddings: bool = True  # encoder-decoder: one table for source and target tokens
     use_bias: bool = False
     qkv_bias: bool = False  # biases on the query/key/value projections only (Qwen2), whatever use_bias says
+    attention_bias: bool = False  # biases on q, k, v and the output projection (Llama's attention_bias; GPT-OSS)
     dropout: float = setting(0.0)  # a resumed run may change these (setting: the state's shapes stay)
     attention_dropout: float = setting(0.0)
     dtype: str = setting("float32")  # matmul/attention dtype; parameters, the residual stream and norms stay float32
@@ -142,6 +142,7 @@ class ModelConfig:
     )  # llama3, yarn: the pretraining context (original_max_position_embeddings)
     rope_beta_fast: float = setting(32.0, resume=False, read_by=_scaled("yarn"))  # yarn
     rope_beta_slow: float = setting(1.0, resume=False, read_by=_scaled("yarn"))  # yarn
+    rope_truncate: bool = setting(True, resume=False, read_by=_scaled("yarn"))  # yarn: ramp ends at whole dimensions
     rope_attention_factor: float = setting(
         0.0, resume=False, read_by=_scaled("yarn")
     )  # yarn: multiplies cos and sin; 0 = 0.1 ln(factor) + 1
@@ -161,6 +162,7 @@ class ModelConfig:
     moe_norm_topk: bool = False  # softmax_then_topk / sigmoid: renormalise the k chosen gates to sum 1
     moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
     shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x w_g), one gate per token (Qwen2-MoE)
+    moe_bias: bool = False  # biases on the router's logits and on every expert's weights (GPT-OSS)
     # family prefix_lm: the source read both ways (T5's prefix LM) or causally (T5's decoder-only "LM" baseline)
     prefix_attention: str = setting("bidirectional", resume=False, read_by=(_PREFIX,))
 
@@ -269,7 +271,7 @@ class ModelConfig:
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
         moe_fields = ("experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router", "moe_norm_topk")
-        moe_fields += ("moe_capacity_factor", "shared_expert_gate")
+        moe_fields += ("moe_capacity_factor", "shared_expert_gate", "moe_bias")
         if not isinstance(self.num_experts, int) or self.num_experts < 0:
             raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
         if self.num_experts == 0:
@@ -300,7 +302,7 @@ class ModelConfig:
                 "model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1: set model.moe_norm_topk=false"
             )
         if self.use_bias:
-            raise ValueError("model.num_experts > 0 has experts without biases: set model.use_bias=false")
+            raise ValueError("model.num_experts > 0 puts its biases by model.moe_bias: set model.use_bias=false")
         if self.shared_expert_gate and not self.num_shared_experts:
             raise ValueError("model.shared_expert_gate gates the shared experts: set model.num_shared_experts > 0")
 
@@ -343,7 +345,7 @@ class ModelConfig:
     def rope(self) -> positional.Rope:
         """The RoPE of the global layers (and of the local ones unless rope_local_base is set)."""
         fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_len", "beta_fast", "beta_slow")
-        kwargs = {name: getattr(self, f"rope_{name}") for name in (*fields, "attention_factor", "fraction")}
+        kwargs = {name: getattr(self, f"rope_{name}") for name in (*fields, "truncate", "attention_factor", "fraction")}
         return positional.Rope(self.rope_base, self.rope_scaling, **kwargs)
 
     @property

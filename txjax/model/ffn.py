@@ -11,7 +11,7 @@ import flax.linen as nn
 
 from txjax.model import precision as precision_lib
 from txjax.model import roles
-from txjax.model.activations import ACTIVATIONS, GATED
+from txjax.model.activations import GATED, hidden_units
 from txjax.model.config import ModelConfig
 
 
@@ -58,8 +58,8 @@ class FeedForward(nn.Module):
     def hidden(self, x_BxLxD):
         """act(x W1 + b1), or a gated act(x W1) * x W3 (SwiGLU, GeGLU): [B, L, F]."""
         w_in = lambda name: self.linear(name, self.hidden_width, ("embed", "mlp"), self.cfg.hidden_init_std)(x_BxLxD)
-        act = ACTIVATIONS[self.cfg.activation]
-        return act(w_in("wi")) * w_in("wi_gate") if self.cfg.activation in GATED else act(w_in("wi"))
+        gated = self.cfg.activation in GATED
+        return hidden_units(self.cfg.activation, w_in("wi"), w_in("wi_gate") if gated else None)
 
     def linear(self, name, features, axes, std):
         return dense(features, axes, self.cfg.use_bias, self.cfg.compute_dtype, std, name=name)

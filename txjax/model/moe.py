@@ -1,12 +1,13 @@
 """Mixture of experts: a router sends each token to k of X expert FFNs; shared experts see every token.
 
-    z = x W_r                                      router logits, float32, W_r [D, X]
+    z = x W_r (+ b_r)                              router logits, float32, W_r [D, X]; b_r with model.moe_bias
     'topk_then_softmax' (Mixtral):                 (v, e) = top_k(z);        g = softmax(v)
     'softmax_then_topk' (Switch, Qwen-MoE, OLMoE): p = softmax(z);           (g, e) = top_k(p)
     'sigmoid' (DeepSeek-V3):                       s = sigmoid(z);           e = top_k(s + b);  g = s_e
                                                    b: a per-expert bias that only selects (no gradient)
     g <- g / sum_j g_j with model.moe_norm_topk (the last two routers)
-    y = sum_j g_j FFN_{e_j}(x) + FFN_shared(x)     FFN_i(x) = act(x W1_i) W2_i, or (silu(x W1_i) * x W3_i) W2_i
+    y = sum_j g_j FFN_{e_j}(x) + FFN_shared(x)     FFN_i(x) = act(x W1_i) W2_i, or (silu(x W1_i) * x W3_i) W2_i;
+                                                   with model.moe_bias each product + its expert's bias (GPT-OSS)
 top_k breaks ties toward the lower expert index (jax.lax.top_k). The shared experts are one FeedForward of width
 num_shared_experts x moe_d_ff (DeepSeek-MoE); with model.shared_expert_gate its output is scaled per token by
 sigmoid(x w_s), w_s [D, 1] (Qwen2-MoE's shared_expert_gate).
@@ -51,7 +52,7 @@ from flax import traverse_util
 
 from txjax.model import precision as precision_lib
 from txjax.model import roles
-from txjax.model.activations import ACTIVATIONS, GATED
+from txjax.model.activations import GATED, hidden_units
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import FeedForward, dense
 from txjax.parallel import expert_parallel
@@ -121,15 +122,19 @@ def grouping(group_sizes_X, rows: int):
     """The grouped matmul for `rows` rows sorted by group (group g: group_sizes[g] of them; rows past their sum give
     0), as three steps, so that a chain of products (an expert FFN) enters and leaves the grouped form once:
     (enter(rows [A, I]) -> grouped form, product(grouped, w [X, I, O]) -> grouped form of (row of group g) w[g],
-    leave(grouped) -> [A, O]); products in the rows' dtype (the weights cast to it) with float32 sums.
+    leave(grouped) -> [A, O]); products in the rows' dtype (the weights cast to it) with float32 sums; product's
+    optional bias [X, O] adds each row's group's row of it (rows past the groups get 0 or a bias: callers mask them).
     jax.lax.ragged_dot, or `blocked` on XLA:CPU (see the module docstring) with blocks of a power of two near half a
     group's mean size (XLA:CPU's batched product runs small blocks slowly, large ones waste more padding)."""
     x = group_sizes_X.shape[0]
     if jax.default_backend() == "cpu":
         return blocked(group_sizes_X, rows, max(8, 2 ** int(math.log2(max(rows // (2 * x), 1)))))
 
-    def product(h_AxI, w_XxIxO):
+    def product(h_AxI, w_XxIxO, bias_XxO=None):
         out = jax.lax.ragged_dot(h_AxI, w_XxIxO.astype(h_AxI.dtype), group_sizes_X, preferred_element_type=jnp.float32)
+        if bias_XxO is not None:
+            group_A = jnp.searchsorted(jnp.cumsum(group_sizes_X), jnp.arange(rows), side="right")  # x: past them
+            out = out + bias_XxO.at[group_A].get(mode="fill", fill_value=0)
         return out.astype(h_AxI.dtype)
 
     return (lambda rows_AxI: rows_AxI), product, (lambda out_AxO: out_AxO)
@@ -154,9 +159,12 @@ def blocked(group_sizes_X, rows: int, block: int):
         jnp.minimum(jnp.searchsorted(padded_ends_X, jnp.arange(blocks) * block, side="right"), x - 1), x
     )
 
-    def product(h_NxBxI, w_XxIxO):
+    def product(h_NxBxI, w_XxIxO, bias_XxO=None):
         w_NxIxO = jnp.einsum("nx,xio->nio", pick_NxX.astype(w_XxIxO.dtype), w_XxIxO).astype(h_NxBxI.dtype)
-        return precision_lib.einsum("nbi,nio->nbo", h_NxBxI, w_NxIxO)
+        out = precision_lib.einsum("nbi,nio->nbo", h_NxBxI, w_NxIxO)
+        if bias_XxO is None:
+            return out
+        return out + jnp.einsum("nx,xo->no", pick_NxX, bias_XxO)[:, None, :].astype(out.dtype)
 
     enter = lambda rows_AxI: take_rows(rows_AxI, row_P, slot_A).reshape(blocks, block, -1)
     leave = lambda out_NxBxO: take_rows(out_NxBxO.reshape(blocks * block, -1), slot_A, row_P)
@@ -198,8 +206,9 @@ def across_devices(cfg: ModelConfig, weights, x_BxLxD, experts_MxJ, keep_A):
 
 
 class Experts(nn.Module):
-    """X expert FFNs as stacked weights, wi (and wi_gate) [X, D, F], wo [X, F, D], applied to rows sorted by expert:
-    one grouped matmul per weight (rows past the groups' sum come out 0)."""
+    """X expert FFNs as stacked weights, wi (and wi_gate) [X, D, F], wo [X, F, D] (with model.moe_bias their biases
+    wi_bias, wi_gate_bias [X, F], wo_bias [X, D]), applied to rows sorted by expert: one grouped matmul per weight
+    (rows past the groups' sum come out 0, or as a bias: the caller masks them)."""
 
     cfg: ModelConfig
 
@@ -212,15 +221,20 @@ class Experts(nn.Module):
             init = roles.init(nn.initializers.normal(std), axes, roles.MATRIX)
             return self.param(name, init, shape, jnp.float32)
 
+        def bias(name, width, axis):
+            init = roles.init(nn.initializers.zeros, ("expert", axis), roles.BIAS)
+            return self.param(f"{name}_bias", init, (experts, width), jnp.float32) if cfg.moe_bias else None
+
         enter, product, leave = grouping(group_sizes_X, x_AxD.shape[0])
         x_grouped = enter(x_AxD.astype(cfg.compute_dtype))
         w_in = lambda name: product(
-            x_grouped, weight(name, (experts, d, f), ("expert", "embed", "mlp"), cfg.hidden_init_std)
+            x_grouped,
+            weight(name, (experts, d, f), ("expert", "embed", "mlp"), cfg.hidden_init_std),
+            bias(name, f, "mlp"),
         )
-        h_grouped = ACTIVATIONS[cfg.activation](w_in("wi"))  # act(0) = 0: a padding row stays 0
-        if cfg.activation in GATED:
-            h_grouped = h_grouped * w_in("wi_gate")
-        return leave(product(h_grouped, weight("wo", (experts, f, d), ("expert", "mlp", "embed"), cfg.out_init_std)))
+        h_grouped = hidden_units(cfg.activation, w_in("wi"), w_in("wi_gate") if cfg.activation in GATED else None)
+        w_out = weight("wo", (experts, f, d), ("expert", "mlp", "embed"), cfg.out_init_std)
+        return leave(product(h_grouped, w_out, bias("wo", d, "embed")))
 
 
 class MoE(nn.Module):
@@ -235,7 +249,7 @@ class MoE(nn.Module):
         num_experts, k = cfg.num_experts, cfg.experts_per_token
         x_MxD = x_BxLxD.reshape(-1, x_BxLxD.shape[-1])
         m = x_MxD.shape[0]
-        router = dense(num_experts, ("embed", None), False, jnp.float32, cfg.hidden_init_std, name="router")
+        router = dense(num_experts, ("embed", None), cfg.moe_bias, jnp.float32, cfg.hidden_init_std, name="router")
         # the dense layers read [B, L, D], the rank decoding's out-major kernels take (txjax.decode.kernels)
         z_MxX = router(x_BxLxD.astype(jnp.float32)).reshape(m, num_experts)
         bias_X = None

@@ -50,6 +50,7 @@ class Rope:
     beta_slow: float = 1.0
     attention_factor: float = 0.0  # yarn: 0 = 0.1 ln(factor) + 1
     fraction: float = 1.0
+    truncate: bool = True  # yarn: the ramp's ends rounded out to whole dimensions (transformers' truncate; GPT-OSS: no)
 
     def frequencies(self, head_dim: int):
         """theta [d/2] float32 for heads of head_dim channels (d = fraction * head_dim) and the factor that
@@ -79,7 +80,10 @@ class Rope:
         def dim_of(rotations):  # the dimension whose wavelength makes `rotations` turns in original_max_len
             return d * math.log(self.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(self.base))
 
-        low, high = max(math.floor(dim_of(self.beta_fast)), 0), min(math.ceil(dim_of(self.beta_slow)), d - 1)
+        low, high = dim_of(self.beta_fast), dim_of(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
         ramp = (np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low if high > low else 0.001)
         extrapolate = 1 - np.clip(ramp, 0, 1)
         interpolated, extrapolated = np.float32(1.0) / (np.float32(self.factor) * scale), np.float32(1.0) / scale
