@@ -106,7 +106,7 @@ def test_loss_is_the_target_tokens_cross_entropy_of_each_document_alone():
         [[0, 1], [2]], [np.array(s) for s in SOURCES], [np.array(t) for t in targets], 10, 8, PAD, BOS
     )
     batch = prefix_batch(pairs)
-    logits, targets_BxL, weights_BxL, _ = jax.jit(functools.partial(forward, model))(params, batch)
+    logits, targets_BxL, weights_BxL, *_ = jax.jit(functools.partial(forward, model))(params, batch)
     assert batch["weights"].sum() == sum(map(len, targets))
     want = 0.0
     for source, target in zip(SOURCES, targets):

@@ -31,10 +31,11 @@ OPTIONS = {  # every option that adds, removes or reshapes parameters
     ),
     "layers not scanned, GQA": dict(scan_layers=False, num_heads=4, num_kv_heads=2),
     "attention sinks": dict(attention_sinks=True),
+    "multi-token prediction": dict(mtp_depth=1),
 }
 # what each parameter is, from its name and its module's: the test's own reading, independent of the library's
 QKV, OUT = {"query", "key", "value"}, {"out"}
-MATRICES = {"wi", "wi_gate", "wo", "router", "shared_expert_gate"}  # Dense kernels and expert weights by module
+MATRICES = {"wi", "wi_gate", "wo", "router", "shared_expert_gate", "proj"}  # Dense kernels, expert weights by module
 NOT_DECAYED = {"scale", "bias", "sinks"}  # sinks: a logit per head, added (GPT-OSS's are not decayed)
 
 

@@ -189,8 +189,8 @@ def validate_trackers(trackers) -> None:
 
 def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
     """mesh.sequence = n > 1 (ring attention over n devices, txjax.model.ring_attention): a decoder LM whose context
-    splits into the zig-zag layout's 2n chunks, with no attention dropout, no ALiBi, no local window and no score
-    soft-capping (the ring has none)."""
+    splits into the zig-zag layout's 2n chunks, with no attention dropout, no ALiBi, no local window, no score
+    soft-capping (the ring has none) and no multi-token prediction."""
     n, m = config.mesh.sequence, config.model
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"config.mesh.sequence={n!r} must be a positive integer")
@@ -216,6 +216,10 @@ def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
     if m.get("attention_softcap", 0):
         raise ConfigError(
             f"config.mesh.sequence={n} (ring attention) has no score soft-capping: set model.attention_softcap=0"
+        )
+    if m.get("mtp_depth", 0):  # its depths' targets lie k places on, across the zig-zag layout's chunks
+        raise ConfigError(
+            f"config.mesh.sequence={n} (ring attention) has no multi-token prediction: set model.mtp_depth=0"
         )
 
 

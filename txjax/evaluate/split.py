@@ -3,6 +3,7 @@
     loss = sum_t w_t CE_t / sum_t w_t,   perplexity = exp(loss),   token_accuracy = sum_t w_t [argmax = y_t] / sum_t w_t
 By position (`by_position` = W > 0): the same loss over the tokens whose place in their row (the window's position,
 0-based) lies in [iW, (i+1)W), per bucket i: how the loss moves along the context (e.g. past the training length).
+A model with multi-token prediction adds each depth's loss (mtp_loss_1, ...: txjax.model.mtp).
 A mixture-of-experts model adds its routing metrics (txjax.model.moe.eval_metrics: expert load, tokens dropped, aux
 losses).
 The datasets pad the last batch with weight-0 rows, so every token counts exactly once, whatever the batch size.
@@ -32,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 from txjax import decode
 from txjax.data import KINDS, prefetch
 from txjax.families import family_of
-from txjax.families.objective import forward, hits, params_shardings, token_sums
+from txjax.families.objective import forward, hits, mtp_metrics, mtp_sums, params_shardings, token_sums
 from txjax.model import moe, ring_attention
 from txjax.ops import provenance
 from txjax.parallel import distributed
@@ -47,8 +48,9 @@ def make_eval_step(model, mesh: Mesh | None = None, by_position: bool = False):
     mesh = mesh or distributed.first_device_mesh()
 
     def eval_step(params, batch):
-        logits_BxLxV, targets_BxL, weights_BxL, stats = forward(model, params, batch)
+        logits_BxLxV, targets_BxL, weights_BxL, stats, depths = forward(model, params, batch)
         sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL) | moe.eval_sums(stats)
+        sums |= {k: v for k, v in mtp_sums(depths, 0.0).items() if k != "mtp_objective"}
         right_BxL = hits(logits_BxLxV, targets_BxL) | (weights_BxL == 0)
         real_B = weights_BxL.sum(-1) > 0  # padding rows hold no example
         if by_position:
@@ -101,6 +103,8 @@ def evaluate(eval_step, params, batches, exact_match: bool = False, by_position:
         }
     if by_position:
         metrics["by_position"] = bucketed(total["position_loss"], total["position_weight"], by_position)
+    if "mtp_loss" in total:
+        metrics |= {k: float(v) for k, v in mtp_metrics(total["mtp_loss"], total["mtp_weight"]).items()}
     return metrics | moe.eval_metrics(total, num_batches)
 
 

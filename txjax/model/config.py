@@ -165,6 +165,8 @@ class ModelConfig:
     moe_bias: bool = False  # biases on the router's logits and on every expert's weights (GPT-OSS)
     # family prefix_lm: the source read both ways (T5's prefix LM) or causally (T5's decoder-only "LM" baseline)
     prefix_attention: str = setting("bidirectional", resume=False, read_by=(_PREFIX,))
+    # multi-token prediction (txjax.model.mtp): modules after the decoder (DeepSeek-V3's 1); 0 = off
+    mtp_depth: int = setting(0, resume=False, read_by=(ReadBy("family", ("decoder_lm",), "only decoder LMs have MTP"),))
 
     def __post_init__(self):
         if str(self.remat).lower() in ("true", "false"):  # model.remat's values when it was a bool (True, "false")
@@ -266,6 +268,8 @@ class ModelConfig:
             )
         if self.qk_norm_all_heads and not self.qk_norm:
             raise ValueError("model.qk_norm_all_heads changes how qk_norm normalizes: set model.qk_norm=true")
+        if not isinstance(self.mtp_depth, int) or self.mtp_depth < 0:
+            raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
         self._check_moe()
 
     def _check_moe(self):

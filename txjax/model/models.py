@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import positional, precision, roles
+from txjax.model import mtp, positional, precision, roles
 from txjax.model.activations import soft_cap
 from txjax.model.blockwise import Segments
 from txjax.model.config import PLAIN_LAYER, LayerAttention, ModelConfig
@@ -76,7 +76,7 @@ class Embedder(nn.Module):
 
     def __call__(self, tokens_BxL, positions_BxL):
         cfg = self.cfg
-        x_BxLxD = self.tokens(tokens_BxL) * (cfg.d_model**0.5 if cfg.embed_scale else 1.0)
+        x_BxLxD = self.token_embedding(tokens_BxL)
         if cfg.positional == "learned":
             x_BxLxD = x_BxLxD + self.positions(positions_BxL)
         elif cfg.positional == "sinusoidal":
@@ -86,6 +86,10 @@ class Embedder(nn.Module):
         return (
             x_BxLxD  # float32: the residual stream stays float32, each matmul casts its inputs (txjax.model.precision)
         )
+
+    def token_embedding(self, tokens_BxL):
+        """The tokens' embeddings alone [B, L, D] (times sqrt(d_model) with embed_scale), no position added."""
+        return self.tokens(tokens_BxL) * (self.cfg.d_model**0.5 if self.cfg.embed_scale else 1.0)
 
     def logits(self, x_BxLxD):
         """LM head, float32 logits [B, L, V]: x E^T when tied to the token embedding E, else x W_head; the product
@@ -211,6 +215,10 @@ class DecoderLM(nn.Module):
         x_BxLxD = Stack(cfg, cfg.num_layers, causal=True, sow_weights=self.sow_weights, name="decoder")(
             x_BxLxD, ctx, deterministic, decode
         )
+        if cfg.mtp_depth and not decode and scored is None and self.is_mutable_collection(mtp.MTP):
+            depths = mtp.Modules(cfg, deterministic, name="mtp")(x_BxLxD, embedder.token_embedding(tokens_BxL), ctx)
+            for normed_BxLxD in depths:  # txjax.model.mtp: only a forward pass that asks for their logits runs them
+                self.sow(mtp.MTP, "logits", embedder.logits(normed_BxLxD))
         if scored is not None:
             x_BxLxD = jnp.take_along_axis(x_BxLxD, scored[..., None], axis=1)
         return embedder.logits(x_BxLxD)

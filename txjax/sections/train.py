@@ -32,6 +32,8 @@ class TrainConfig:
     moe_bias_rate: float = setting(
         0.0, bounds=_OFF, read_by=(_MOE, ReadBy("model.router", ("sigmoid",), "only the sigmoid router has a bias"))
     )
+    # multi-token prediction (txjax.model.mtp): the weight of its depths' mean loss (DeepSeek-V3's 0.3, then 0.1)
+    mtp_weight: float = setting(0.3, bounds=_OFF, read_by=(ReadBy("model.mtp_depth", lambda d: d > 0, "no MTP"),))
     log_every: int = setting(50, bounds=at_least(1))
     eval_every: int = setting(500, bounds=Range(lambda v: v >= 0, ">= 0 (0 = only at the end)"))
     # batches of the valid split per periodic eval; the final eval reads it all

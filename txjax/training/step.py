@@ -4,6 +4,7 @@ train_step(state, batch, dropout_key) -> (state, metrics):
     g = grad_theta(sum_t w_t CE_t^eps) / sum_t w_t     numerator summed over the grad_accum micro-batches in a
                                                        lax.scan before the one division: the full batch's gradient
     theta, opt_state <- opt(clip(g))                   train.optimizer, the global norm clipped (txjax.state.optim)
+    + mtp_weight * mean_k L_k                          multi-token prediction's depths (txjax.model.mtp)
     b <- b + gamma sign(mean n - n)                    an MoE sigmoid router's bias (train.moe_bias_rate)
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
@@ -20,7 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from txjax.families.objective import forward, moe_sums, token_sums
+from txjax.families.objective import forward, moe_sums, mtp_metrics, mtp_sums, token_sums
 from txjax.model import moe
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding, on_mesh
@@ -53,10 +54,10 @@ def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig)
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(params, batch, rng):
-        logits_BxLxV, targets_BxL, weights_BxL, stats = forward(model, params, batch, rng if dropout else None)
+        logits_BxLxV, targets_BxL, weights_BxL, stats, depths = forward(model, params, batch, rng if dropout else None)
         sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL, t.label_smoothing, t.z_loss)
-        sums |= moe_sums(stats, sums["weight"], t.moe_aux_weight, t.moe_z_weight)
-        return sums["objective"] + sums.get("moe_objective", 0.0), sums
+        sums |= moe_sums(stats, sums["weight"], t.moe_aux_weight, t.moe_z_weight) | mtp_sums(depths, t.mtp_weight)
+        return sums["objective"] + sums.get("moe_objective", 0.0) + sums.get("mtp_objective", 0.0), sums
 
     grad_sums = jax.grad(objective_sum, has_aux=True)
 
@@ -89,6 +90,6 @@ def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig)
             "target_tokens": sums["weight"],
             "finite": finite.all(),
             "learning_rate": current_learning_rate(t.optim, state.opt_state, state.step),
-        }
+        } | (mtp_metrics(sums["mtp_loss"], sums["mtp_weight"]) if "mtp_loss" in sums else {})
 
     return train_step
