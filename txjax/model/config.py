@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from txjax.fields import ReadBy, setting
 from txjax.model import activations, positional, precision, score
 from txjax.model.attention import ATTENTION_IMPLS
+from txjax.model.latent_config import LatentFields, check_latent
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -63,7 +64,7 @@ PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cr
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), keyword-only
     """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
 
     vocab_size: int
@@ -267,6 +268,7 @@ class ModelConfig:
         if self.qk_norm_all_heads and not self.qk_norm:
             raise ValueError("model.qk_norm_all_heads changes how qk_norm normalizes: set model.qk_norm=true")
         self._check_moe()
+        check_latent(self)
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
