@@ -62,6 +62,14 @@ def empty_value(name: str) -> int:
     return SCHEMA[name].empty
 
 
+def bytes_per_token(cache, rows: int, slots: int) -> int:
+    """The bytes of a cache's keys and values (the growing leaves of the keys' dtype: MLA's latent and RoPE key)
+    per row and slot, every layer summed, from the cache of `rows` rows and `slots` slots (arrays or shapes)."""
+    leaves = jax.tree_util.tree_leaves_with_path(cache)
+    kept = [leaf for path, leaf in leaves if SCHEMA[path[-1].key].grows and SCHEMA[path[-1].key].dtype == "keys"]
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in kept) // (rows * slots)
+
+
 def _variable(module, name, shape, dtype):
     """The module's cache variable `name` of SCHEMA, created empty if missing."""
     dtype = jnp.int32 if SCHEMA[name].dtype == "int32" else dtype
