@@ -2,6 +2,8 @@
 logits within 1e-4 in float32, greedy generation by the latent cache (the absorbed form) equal to transformers',
 the export round trip (skipped without the `interop` extra)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -53,8 +55,13 @@ def test_cached_greedy_decoding_matches_transformers(converted):
 
 
 def test_export_round_trip(converted, tmp_path):
-    """write_deepseek's folder, reloaded by transformers, gives the logits txjax gives."""
+    """write_deepseek's folder, reloaded by transformers, gives the logits txjax gives; with YaRN also for txjax's own
+    attention factor (rope_attention_factor=0: 0.1 ln(factor) + 1) beside mscale_all_dim."""
     _, cfg, params = converted
-    write_deepseek(tmp_path, cfg, params)
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    np.testing.assert_allclose(torch_logits(reloaded, TOKENS), txjax_logits(cfg, params, TOKENS), atol=1e-4, rtol=0)
+    variants = [cfg] + ([dataclasses.replace(cfg, rope_attention_factor=0.0)] if cfg.rope_scaling == "yarn" else [])
+    for i, variant in enumerate(variants):
+        (tmp_path / str(i)).mkdir()
+        write_deepseek(tmp_path / str(i), variant, params)
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / str(i)).eval()
+        want = txjax_logits(variant, params, TOKENS)
+        np.testing.assert_allclose(torch_logits(reloaded, TOKENS), want, atol=1e-4, rtol=0)

@@ -87,8 +87,8 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     """ModelConfig -> a config.json that DeepseekV3ForCausalLM loads, every layer dense; what it cannot hold is
     refused when read back (exportable.check_fields)."""
     rope = llama._rope_to_hf(cfg)
-    if cfg.rope_mscale_all_dim:  # mscale = mscale_all_dim keeps the attention factor the one written
-        rope |= {"mscale": cfg.rope_mscale_all_dim, "mscale_all_dim": cfg.rope_mscale_all_dim}
+    if cfg.rope_mscale_all_dim:  # without mscale, transformers' attention factor is the one written or txjax's
+        rope["mscale_all_dim"] = cfg.rope_mscale_all_dim
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
