@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tiny_hf import assert_logits_match, hf_greedy, randomized, torch_logits, txjax_logits  # noqa: E402
@@ -26,6 +26,20 @@ CASES = {  # queries projected directly, rotate_half's RoPE; a query latent, YaR
     "q latent, yarn": dict(
         q_lora_rank=8, rope_interleave=True, tie_word_embeddings=False, rope_parameters=YARN | dict(mscale_all_dim=0.8)
     ),
+    # DeepSeek-V3's MoE in the second layer: 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid + bias,
+    # renormalised and scaled, one shared expert
+    "moe": dict(
+        q_lora_rank=8,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=16,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    ),
 }
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, 32))
 
@@ -33,15 +47,22 @@ TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, 32))
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     """(transformers model, txjax's ModelConfig and params read from the folder it saved) of a case."""
-    config = transformers.DeepseekV3Config(**SHAPE, **CASES[request.param])
+    config = transformers.DeepseekV3Config(**(SHAPE | CASES[request.param]))
     model, folder = randomized(transformers.AutoModelForCausalLM.from_config(config)), tmp_path_factory.mktemp("ds")
+    for name, buffer in model.named_buffers():  # the routers' selection biases (zeros at init): some choices move
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
     model.save_pretrained(folder)
     return model, *load_deepseek(folder)
 
 
 def test_logits_match_transformers(converted):
     model, cfg, params = converted
+    moe = model.config.first_k_dense_replace < LAYERS
     assert cfg.attention == "mla" and cfg.kv_lora_rank == 12
+    assert (cfg.num_experts, cfg.moe_every, cfg.moe_groups, cfg.moe_routed_scale) == (
+        (8, 2, 4, 2.5) if moe else (0, 1, 1, 1)
+    )
     assert_logits_match(model, cfg, params, TOKENS)
 
 

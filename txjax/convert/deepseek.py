@@ -12,8 +12,16 @@ DeepSeek-V3's blocks are Llama's (pre-RMSNorm, SwiGLU, a final RMSNorm; txjax.co
 A head's channels are [nope ; rope] there and [rope ; nope] here (no dot product sees the order); the RoPE channels
 keep their pairs with rope_interleave (transformers' default: pairs (2i, 2i+1), txjax's) and are permuted from
 rotate_half's layout without it (llama.pairs). YaRN's mscale_all_dim is model.rope_mscale_all_dim, and its mscale
-the attention factor it implies. Only dense stacks are read: the MoE layers (first_k_dense_replace <
-num_hidden_layers) are refused in one line, as is any field txjax cannot hold.
+the attention factor it implies.
+
+The MoE layers (those from first_k_dense_replace on) are txjax.model.moe's with router=sigmoid: mlp.gate.weight
+[X, D] and its e_score_correction_bias -> ffn.router.kernel [D, X] and ffn.router_bias, mlp.experts.e.{gate,up,
+down}_proj -> ffn.experts [X, ...], mlp.shared_experts (n_shared_experts x moe_intermediate_size wide) ->
+ffn.shared_experts; n_group / topk_group -> model.moe_groups / moe_topk_groups, routed_scaling_factor ->
+model.moe_routed_scale, norm_topk_prob -> model.moe_norm_topk. txjax places MoE layers every moe_every-th, so
+first_k_dense_replace is read when it is 0, num_hidden_layers - 1 (moe_every = the layers) or >= num_hidden_layers
+(dense); another value, and any field txjax cannot hold, is refused in one line. MTP layers (num_nextn_predict_layers)
+are not read.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from txjax.convert import exportable, hf_folder, llama
+from txjax.convert import exportable, hf_folder, llama, moe
 from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("deepseek_v3",)
@@ -47,18 +55,17 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     unsupported = {
         "hidden_act": ("silu", "txjax's SwiGLU gates with silu"),
         "attention_bias": (False, "txjax's MLA has no biases"),
-        "first_k_dense_replace": (layers, "the MoE layers of DeepSeek-V3 are not read yet: a dense stack is"),
         "rms_norm_eps": (_LATENT_EPS, "the latent norms' eps is 1e-6 and txjax's MLA shares the model's"),
     }
     for name, (want, why) in unsupported.items():
-        if hf.get(name, want) != want and not (name == "first_k_dense_replace" and hf[name] > layers):
+        if hf.get(name, want) != want:
             raise ValueError(f"config.json: {name}={hf[name]!r} is not supported ({why})")
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     mscale, mscale_all_dim = rope.pop("mscale", None), rope.pop("mscale_all_dim", None)
     if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("attention_factor") is None:
         if mscale and mscale_all_dim:  # transformers' _compute_yarn_parameters
             rope["attention_factor"] = _mscale(rope["factor"], mscale) / _mscale(rope["factor"], mscale_all_dim)
-    fields = llama._rope({**hf, "rope_parameters": rope, "rope_scaling": None})
+    fields = llama._rope({**hf, "rope_parameters": rope, "rope_scaling": None}) | _experts(hf)
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         d_model=hf["hidden_size"],
@@ -83,6 +90,32 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
     )
 
 
+def _experts(hf: Mapping) -> dict:
+    """ModelConfig's MoE fields of DeepSeek-V3's layers past first_k_dense_replace ({}: every layer dense): only the
+    placements model.moe_every has, all MoE (0) or the last layer alone (num_hidden_layers - 1)."""
+    layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 0)
+    if dense >= layers:
+        return {}
+    if dense not in (0, layers - 1):
+        raise ValueError(
+            f"config.json: first_k_dense_replace={dense} is not supported (txjax's MoE layers are every moe_every-th: "
+            f"0 or num_hidden_layers - 1 = {layers - 1} dense layers first, or all of them)"
+        )
+    hf_folder.integers(hf, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group")
+    return dict(
+        num_experts=hf["n_routed_experts"],
+        experts_per_token=hf["num_experts_per_tok"],
+        num_shared_experts=hf.get("n_shared_experts") or 0,
+        moe_d_ff=hf["moe_intermediate_size"],
+        moe_every=1 if dense == 0 else layers,
+        router="sigmoid",
+        moe_norm_topk=bool(hf.get("norm_topk_prob", True)),
+        moe_groups=hf["n_group"],
+        moe_topk_groups=hf.get("topk_group") or 1,
+        moe_routed_scale=float(hf.get("routed_scaling_factor", 1.0)),
+    )
+
+
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
     """ModelConfig -> a config.json that DeepseekV3ForCausalLM loads, every layer dense; what it cannot hold is
     refused when read back (exportable.check_fields)."""
@@ -95,9 +128,21 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
-        "moe_intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.num_layers,
-        "first_k_dense_replace": cfg.num_layers,
+        # dense first: all layers (no experts), none (moe_every 1) or all but the last (moe_every = the layers)
+        "first_k_dense_replace": cfg.num_layers
+        if not cfg.num_experts
+        else 0
+        if cfg.moe_every == 1
+        else cfg.num_layers - 1,
+        "n_routed_experts": cfg.num_experts or 1,
+        "num_experts_per_tok": cfg.experts_per_token,
+        "n_shared_experts": cfg.num_shared_experts,
+        "moe_intermediate_size": cfg.expert_d_ff,
+        "n_group": cfg.moe_groups,
+        "topk_group": cfg.moe_topk_groups,
+        "norm_topk_prob": cfg.moe_norm_topk,
+        "routed_scaling_factor": cfg.moe_routed_scale,
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_heads,
         "q_lora_rank": cfg.q_lora_rank or None,
@@ -173,24 +218,75 @@ def latent_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     }
 
 
-def _layer_from_hf(get: Callable, cfg: ModelConfig, interleave: bool = True) -> dict:
-    ffn = llama.ffn_from_hf(lambda name, s: get(f"mlp.{name}", s), cfg.d_model, cfg.d_ff)
-    return latent_from_hf(get, cfg, interleave) | {"ffn": ffn}
+def _is_moe(cfg: ModelConfig, i: int) -> bool:
+    """Whether layer i's FFN is a mixture of experts (txjax.model.layers: every moe_every-th layer)."""
+    return cfg.num_experts > 0 and (i + 1) % cfg.moe_every == 0
 
 
-def _layer_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
-    return latent_to_hf(p, cfg) | {f"mlp.{k}": v for k, v in llama.ffn_to_hf(p["ffn"]).items()}
+def _moe_from_hf(get: Callable, cfg: ModelConfig) -> dict:
+    """An MoE layer's FFN: mlp.gate.weight [X, D] and e_score_correction_bias [X] -> ffn.router.kernel [D, X] and
+    ffn.router_bias; mlp.experts.e.{gate,up,down}_proj -> ffn.experts [X, ...]; mlp.shared_experts -> shared_experts."""
+    d, x, f = cfg.d_model, cfg.num_experts, cfg.expert_d_ff
+    each = [llama.ffn_from_hf(lambda n, s, e=e: get(f"mlp.experts.{e}.{n}", s), d, f) for e in range(x)]
+    ffn = {
+        "router": {"kernel": get("mlp.gate.weight", (x, d)).T},
+        "router_bias": get("mlp.gate.e_score_correction_bias", (x,)),
+        "experts": {key: moe.stack_experts([p[key]["kernel"] for p in each]) for key in ("wi", "wi_gate", "wo")},
+    }
+    if cfg.num_shared_experts:
+        width = cfg.num_shared_experts * f
+        ffn["shared_experts"] = llama.ffn_from_hf(lambda n, s: get(f"mlp.shared_experts.{n}", s), d, width)
+    return ffn
+
+
+def _moe_to_hf(ffn: Mapping, cfg: ModelConfig) -> dict:
+    """Inverse of _moe_from_hf: {name without `model.layers.i.`: array}."""
+    out = {"mlp.gate.weight": ffn["router"]["kernel"].T, "mlp.gate.e_score_correction_bias": ffn["router_bias"]}
+    for e in range(cfg.num_experts):
+        expert = {key: {"kernel": ffn["experts"][key][e]} for key in ("wi", "wi_gate", "wo")}
+        out |= {f"mlp.experts.{e}.{k}": v for k, v in llama.ffn_to_hf(expert).items()}
+    if cfg.num_shared_experts:
+        out |= {f"mlp.shared_experts.{k}": v for k, v in llama.ffn_to_hf(ffn["shared_experts"]).items()}
+    return out
+
+
+def _where(cfg: ModelConfig, i: int) -> tuple[str, ...]:
+    """Layer i's place in the looped decoder: layers_i, or layers_{i // n}.block_{i % n} in Groups of moe_every."""
+    n = cfg.moe_every if cfg.num_experts else 1
+    return (f"layers_{i}",) if n == 1 else (f"layers_{i // n}", f"block_{i % n}")
+
+
+def _layer_from_hf(get: Callable, cfg: ModelConfig, i: int, interleave: bool) -> dict:
+    """HF layer i (`get(name, shape)` of `model.layers.i.<name>`): MLA, norms, and a dense or MoE FFN."""
+    dense = lambda: llama.ffn_from_hf(lambda n, s: get(f"mlp.{n}", s), cfg.d_model, cfg.d_ff)
+    return latent_from_hf(get, cfg, interleave) | {"ffn": _moe_from_hf(get, cfg) if _is_moe(cfg, i) else dense()}
+
+
+def _layer_to_hf(p: Mapping, cfg: ModelConfig, i: int) -> dict:
+    """Inverse of _layer_from_hf."""
+    dense = lambda: {f"mlp.{k}": v for k, v in llama.ffn_to_hf(p["ffn"]).items()}
+    return latent_to_hf(p, cfg) | (_moe_to_hf(p["ffn"], cfg) if _is_moe(cfg, i) else dense())
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, interleave: bool = True) -> dict:
     """HF DeepSeek-V3 tensors -> DecoderLM params (llama.params_from_hf's embeddings, head and final norm)."""
-    layer = lambda get, cfg_, _pairs: _layer_from_hf(get, cfg_, interleave)
-    return llama.params_from_hf(tensors, cfg, layers=llama.each_layer_from_hf(layer))
+
+    def layers(get, cfg_, _pairs):
+        out = {}
+        for i in range(cfg_.num_layers):
+            *outer, last = _where(cfg_, i)
+            tree = functools.reduce(lambda t, key: t.setdefault(key, {}), outer, out)
+            tree[last] = _layer_from_hf(functools.partial(get, i), cfg_, i, interleave)
+        return out
+
+    return llama.params_from_hf(tensors, cfg, layers=layers)
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params -> HF tensors as DeepseekV3ForCausalLM.save_pretrained names them (rope_interleave)."""
-    return llama.params_to_hf(params, cfg, layers=llama.each_layer_to_hf(_layer_to_hf))
+    at = lambda dec, i: functools.reduce(lambda t, key: t[key], _where(cfg, i), dec)
+    layers = lambda dec, cfg_: [_layer_to_hf(at(dec, i), cfg_, i) for i in range(cfg_.num_layers)]
+    return llama.params_to_hf(params, cfg, layers=layers)
 
 
 def load_deepseek(folder) -> tuple[ModelConfig, dict]:
