@@ -12,11 +12,13 @@ import pytest
 from txjax import config as config_lib
 from txjax.decode.cache import init_cache
 from txjax.errors import ConfigError
+from txjax.families import init_params
 from txjax.model import kv_cache, positional
 from txjax.model.config import ModelConfig
 from txjax.model.latent import LatentAttention
 from txjax.model.models import DecoderLM
 from txjax.ops.summary import summarize
+from txjax.parallel.sharding import make_mesh, shardings_for
 
 SIZES = dict(kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=3)
 
@@ -83,6 +85,16 @@ def test_the_cache_holds_the_latent_and_the_rope_key_per_token_and_layer(dtype):
     assert summary.kv_bytes_per_token == per_token and f"{per_token:,} B" in summary.table()
     mha = summarize(ModelConfig(**fields, dtype=dtype), batch_size=3, context=8)
     assert mha.kv_bytes_per_token == 2 * 4 * 4 * jnp.dtype(dtype).itemsize * 2
+
+
+def test_parameters_map_onto_a_mesh():
+    """Every MLA parameter's logical axes map onto a mesh (no axis named twice: the latent axes are unsharded), as a
+    run's state and run.py import need."""
+    cfg = ModelConfig(vocab_size=16, d_model=16, num_heads=4, d_ff=32, num_layers=2, max_len=8, positional="rope",
+                      attention="mla", q_lora_rank=4, **SIZES)  # fmt: skip
+    boxed = jax.eval_shape(lambda: init_params(DecoderLM(cfg), jax.random.key(0), boxed=True))
+    shardings = shardings_for(boxed, make_mesh(devices=jax.devices()[:1]))
+    assert set(shardings["decoder"]["layers"]["self_attention"]) >= {"q_down", "q_up", "kv_down", "key_up"}
 
 
 @pytest.mark.parametrize(

@@ -99,18 +99,18 @@ class LatentAttention(MultiHeadAttention):
             return precision.einsum(
                 "bld,dhk->blhk", x, self.matrix("q", (d, *heads), ("embed", "heads", "kv"), roles.QKV)
             )
-        down = self.matrix("q_down", (d, self.q_lora_rank), ("embed", "kv"), roles.MATRIX)
+        down = self.matrix("q_down", (d, self.q_lora_rank), ("embed", None), roles.MATRIX)
         c_q = rms_norm(self.norm_eps, False, "kv", "q_norm")(precision.einsum("bld,dq->blq", x, down))
-        up = self.matrix("q_up", (self.q_lora_rank, *heads), ("kv", "heads", "kv"), roles.QKV)
+        up = self.matrix("q_up", (self.q_lora_rank, *heads), (None, "heads", "kv"), roles.QKV)
         return precision.einsum("blq,qhk->blhk", c_q.astype(self.dtype), up)
 
     def latent(self, x_BxLxD):
         """x W^DKV split into the latent c [B, L, C] (RMSNorm'd) and the shared RoPE key k^R [B, L, R], unrotated."""
         shape = (x_BxLxD.shape[-1], self.kv_lora_rank + self.rope_dim)
-        down = self.matrix("kv_down", shape, ("embed", "kv"), roles.MATRIX)
+        down = self.matrix("kv_down", shape, ("embed", None), roles.MATRIX)
         c, kr = jnp.split(precision.einsum("bld,dc->blc", x_BxLxD.astype(self.dtype), down), [self.kv_lora_rank], -1)
         return rms_norm(self.norm_eps, False, "kv", "kv_norm")(c).astype(self.dtype), kr
 
     def up(self, name, width):
         """W^UK or W^UV [C, H, width]: the latent into each head's key (no RoPE) or value channels."""
-        return self.matrix(name, (self.kv_lora_rank, self.num_heads, width), ("kv", "heads", "kv"), roles.QKV)
+        return self.matrix(name, (self.kv_lora_rank, self.num_heads, width), (None, "heads", "kv"), roles.QKV)
