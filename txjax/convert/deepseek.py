@@ -56,7 +56,6 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
         "hidden_act": ("silu", "txjax's SwiGLU gates with silu"),
         "attention_bias": (False, "txjax's MLA has no biases"),
         "rms_norm_eps": (_LATENT_EPS, "the latent norms' eps is 1e-6 and txjax's MLA shares the model's"),
-        "num_key_value_heads": (hf["num_attention_heads"], "MLA's heads each rebuild their own key and value"),
     }
     for name, (want, why) in unsupported.items():
         if hf.get(name, want) != want:
