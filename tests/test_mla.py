@@ -102,6 +102,7 @@ def test_parameters_map_onto_a_mesh():
     [
         (dict(attention="mla", positional="rope", num_kv_heads=2, **SIZES), "model.num_kv_heads=None"),
         (dict(attention="mla", positional="learned", **SIZES), "model.positional=rope"),
+        (dict(attention="mla", positional="rope", attention_bias=True, **SIZES), "attention_bias=false"),
         (dict(attention="mla", positional="rope", attention_impl="fused", **SIZES), "attention_impl=reference"),
         (dict(attention="mla", positional="rope", **(SIZES | dict(kv_lora_rank=0))), "model.kv_lora_rank > 0"),
         (dict(kv_lora_rank=6), "read by model.attention=mla only"),

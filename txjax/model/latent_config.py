@@ -65,7 +65,7 @@ def check_latent(cfg) -> None:
         "model.qk_norm=false": cfg.qk_norm,
         "model.num_kv_heads=None": cfg.num_kv_heads is not None,  # every head reads the one latent
         "model.d_head=None": cfg.d_head is not None,  # qk_nope/qk_rope/v_head_dim give the heads' widths
-        "model.qkv_bias=false and model.use_bias=false": cfg.qkv_bias or cfg.use_bias,
+        "model.qkv_bias, use_bias and attention_bias=false": cfg.qkv_bias or cfg.use_bias or cfg.attention_bias,
     }
     if wrong := [fix for fix, bad in lacking.items() if bad]:
         raise ValueError(f"model.attention=mla has no form for this: set {', '.join(wrong)}")
