@@ -21,26 +21,16 @@ SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_
 SHAPE |= dict(first_k_dense_replace=LAYERS, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5)
 SHAPE |= dict(max_position_embeddings=32, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, mscale=1.0)
-CASES = {  # queries projected directly, rotate_half's RoPE; a query latent, YaRN with DeepSeek's mscale_all_dim
-    "q_proj, rotate_half": dict(q_lora_rank=None, rope_interleave=False, tie_word_embeddings=True),
-    "q latent, yarn": dict(
-        q_lora_rank=8, rope_interleave=True, tie_word_embeddings=False, rope_parameters=YARN | dict(mscale_all_dim=0.8)
+CASES = {  # dense, queries projected directly, rotate_half's RoPE; a query latent, YaRN with DeepSeek's mscale_all_dim
+    # and MoE in the second layer: 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid + bias, renormalised
+    # and scaled, one shared expert
+    "dense, q_proj, rotate_half": dict(q_lora_rank=None, rope_interleave=False, tie_word_embeddings=True),
+    "q latent, yarn, moe": dict(
+        q_lora_rank=8, rope_interleave=True, tie_word_embeddings=False, rope_parameters=YARN | dict(mscale_all_dim=0.8),
+        first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2, n_shared_experts=1,
+        moe_intermediate_size=16, routed_scaling_factor=2.5, norm_topk_prob=True,
     ),
-    # DeepSeek-V3's MoE in the second layer: 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid + bias,
-    # renormalised and scaled, one shared expert
-    "moe": dict(
-        q_lora_rank=8,
-        first_k_dense_replace=1,
-        n_routed_experts=8,
-        n_group=4,
-        topk_group=2,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        moe_intermediate_size=16,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-    ),
-}
+}  # fmt: skip
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, 32))
 
 

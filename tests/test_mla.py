@@ -53,7 +53,7 @@ def test_one_layer_matches_its_equations_in_numpy():
     shapes = nn.meta.unbox(jax.eval_shape(lambda: layer.init(jax.random.key(0), x, None, q_pos=pos))["params"])
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.5, s.shape), s.dtype), shapes)
-    got = layer.apply({"params": params}, x, None, q_pos=pos, causal=True)
+    got = jax.jit(lambda p: layer.apply({"params": p}, x, None, q_pos=pos, causal=True))(params)
 
     p = jax.tree.map(np.asarray, params)
     q = np.einsum("lq,qhk->lhk", np_rms(x[0] @ p["q_down"], p["q_norm"]["scale"]), p["q_up"])
