@@ -62,6 +62,8 @@ FAMILIES = {
     "qwen3_moe": ("decoder_lm", None, 1, 40),
     "olmoe": ("decoder_lm", None, 1, 40),
     "gpt_oss": ("decoder_lm", None, 1, 40),
+    "deepseek_v3": ("decoder_lm", None, 1, 40),
+    "deepseek_v3_moe": ("decoder_lm", None, 1, 40),
 }
 PROMPT = 5
 

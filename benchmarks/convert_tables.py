@@ -104,6 +104,20 @@ FAMILIES = {
         "`attention_window`, YaRN with `rope_truncate=false`; `router=topk_then_softmax` with `moe_bias` (router "
         "and expert biases), `activation=swiglu_clamped` (alpha 1.702, limit 7, up + 1)",
     ),
+    "deepseek_v3": (
+        "DeepSeek-V3, dense (`deepseek_v3`, first_k_dense_replace = the layers)",
+        "import, export",
+        "`attention=mla` (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; "
+        "heads' channels reordered, rotate_half's RoPE channels permuted to pairs unless `rope_interleave`), "
+        "`rope_scaling=yarn` with `rope_mscale_all_dim`, Llama's norms and SwiGLU",
+    ),
+    "deepseek_v3_moe": (
+        "DeepSeek-V3 with MoE layers (`deepseek_v3`)",
+        "import, export",
+        "as dense, `router=sigmoid` with its bias (e_score_correction_bias), `moe_groups` / `moe_topk_groups` "
+        "(n_group, topk_group), `moe_routed_scale`, `moe_norm_topk`, shared experts; first_k_dense_replace 0 or "
+        "the layers - 1 (`moe_every`)",
+    ),
 }
 _NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py does not build
 

@@ -148,6 +148,26 @@ def test_routers_against_numpy_and_ties_go_to_the_lower_expert(router):
     np.testing.assert_allclose(probs, scores / scores.sum(-1, keepdims=True), rtol=1e-6)
 
 
+def test_group_limited_sigmoid_router_against_numpy():
+    """DeepSeek-V3's router: 12 experts in 4 groups of 3, the 2 groups whose two best s + b sum most, the top 3 of
+    their experts by s + b; gates s renormalised, times routed_scaling_factor 2.5; for some tokens the limit changes
+    the choice."""
+    rng = np.random.default_rng(4)
+    z_MxX, bias = rng.normal(size=(16, 12)).astype(np.float32), rng.normal(0, 0.3, 12).astype(np.float32)
+    gates, experts, _ = moe.route(jnp.asarray(z_MxX), "sigmoid", 3, True, jnp.asarray(bias), (4, 2), 2.5)
+    changed = 0
+    for t in range(16):
+        s = 1.0 / (1.0 + np.exp(-z_MxX[t].astype(np.float64)))
+        c = s + bias
+        group_scores = [sum(sorted(c[3 * g : 3 * g + 3])[-2:]) for g in range(4)]
+        allowed = [e for g in top_k_lower_index_first(group_scores, 2) for e in range(3 * g, 3 * g + 3)]
+        want = top_k_lower_index_first(np.where(np.isin(np.arange(12), allowed), c, -np.inf), 3)
+        assert list(np.asarray(experts[t])) == want
+        np.testing.assert_allclose(gates[t], 2.5 * s[want] / s[want].sum(), rtol=1e-6)
+        changed += want != top_k_lower_index_first(c, 3)
+    assert changed > 0
+
+
 def expected_keep(experts_MxJ, capacity):
     """GShard's order: first choices before second ones, each in token order; an expert keeps its first C."""
     used, keep = [0] * X, np.zeros(experts_MxJ.shape, bool)

@@ -32,10 +32,20 @@ OPTIONS = {  # every option that adds, removes or reshapes parameters
     "layers not scanned, GQA": dict(scan_layers=False, num_heads=4, num_kv_heads=2),
     "attention sinks": dict(attention_sinks=True),
     "multi-token prediction": dict(mtp_depth=1),
+    "MLA with a query latent": dict(
+        positional="rope",
+        attention="mla",
+        q_lora_rank=4,
+        kv_lora_rank=6,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=2,
+        v_head_dim=3,
+    ),
 }
 # what each parameter is, from its name and its module's: the test's own reading, independent of the library's
-QKV, OUT = {"query", "key", "value"}, {"out"}
+QKV, OUT = {"query", "key", "value", "q", "q_up", "key_up", "value_up"}, {"out"}  # MLA's [latent or D, heads, K]
 MATRICES = {"wi", "wi_gate", "wo", "router", "shared_expert_gate", "proj"}  # Dense kernels, expert weights by module
+LATENT_DOWN = {"q_down", "kv_down"}  # MLA's [D, latent]
 NOT_DECAYED = {"scale", "bias", "sinks"}  # sinks: a logit per head, added (GPT-OSS's are not decayed)
 
 
@@ -49,7 +59,7 @@ def expected(path, ndim):
         return True, optax.contrib.MuonDimensionNumbers(ndim - 3, (ndim - 2, ndim - 1))
     if name in OUT:  # [..., H, K, D]
         return True, optax.contrib.MuonDimensionNumbers((ndim - 3, ndim - 2), ndim - 1)
-    if (name == "kernel" and parent in MATRICES) or parent == "experts":
+    if (name == "kernel" and parent in MATRICES) or parent == "experts" or name in LATENT_DOWN:
         return True, optax.contrib.MuonDimensionNumbers(ndim - 2, ndim - 1)
     assert name in ("embedding", "relative_table") or parent == "lm_head", path  # the embeddings and the head
     return True, None

@@ -30,6 +30,20 @@ OPTIONS = {
     "window": (dict(attention_window=3, window_pattern="LG"), ("ring",)),
     "sinks": (dict(attention_sinks=True), ("fused", "ring")),
     "nope_layers": (dict(rope_layers="RN"), ()),  # not a score term: the per-layer setting beside the window
+    # not a score term: multi-head latent attention's heads (txjax.model.latent; decoding: its latent cache and the
+    # absorbed form), v_head_dim != the query's width, which the fused kernels and ring attention refuse
+    "mla": (
+        dict(
+            attention="mla",
+            num_kv_heads=None,
+            q_lora_rank=8,
+            kv_lora_rank=12,
+            qk_nope_head_dim=6,
+            qk_rope_head_dim=4,
+            v_head_dim=5,
+        ),
+        ("fused", "ring"),
+    ),  # fmt: skip
 }
 BACKENDS = {
     "blockwise": dict(attention_impl="blockwise", attention_block_q=4, attention_block_kv=4),

@@ -1,7 +1,7 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
 reads: the decoder LMs (the Llama family: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
 Qwen3, SmolLM3 with a NoPE layer; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and
-GPT-OSS) and
+GPT-OSS; DeepSeek-V3, dense and with an MoE layer) and
 the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which
 measures every converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips
 them first."""
@@ -154,9 +154,22 @@ MOES = {  # 4 experts, top-2 in each; the fields each family adds
     # GPT-OSS: sinks, biases, a 4-token window in layer 0 (global layer 1), its default YaRN (truncate false)
     "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=4)),
 }
+# DeepSeek-V3: multi-head latent attention (a query latent), YaRN with mscale_all_dim; dense, or an MoE second layer
+DEEPSEEK = SHAPE | dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_key_value_heads=4, q_lora_rank=8)
+DEEPSEEK |= dict(kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, max_position_embeddings=48)
+DEEPSEEK |= dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, mscale_all_dim=0.8))
+DEEPSEEK["rope_parameters"] |= dict(original_max_position_embeddings=12, mscale=1.0)
+DEEPSEEKS = {
+    "deepseek_v3": ("DeepseekV3Config", dict(first_k_dense_replace=2)),
+    "deepseek_v3_moe": (
+        "DeepseekV3Config",
+        dict(first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+             n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5, norm_topk_prob=True),
+    ),
+}  # fmt: skip
 DECODERS = {  # kind -> (config class, its fields)
     kind: (config_class, base | fields)
-    for base, kinds in [(COMMON, LLAMAS), (GEMMA, GEMMAS), (MOE, MOES)]
+    for base, kinds in [(COMMON, LLAMAS), (GEMMA, GEMMAS), (MOE, MOES), (DEEPSEEK, DEEPSEEKS)]
     for kind, (config_class, fields) in kinds.items()
 }
 

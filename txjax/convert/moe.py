@@ -255,8 +255,8 @@ def _gpt_oss_to_hf(ffn: Mapping) -> dict:
     }
 
 
-def _stack(arrays: list):
-    """np.stack, or jnp.stack in check_headers' abstract pass (tracers)."""
+def stack_experts(arrays: list):
+    """np.stack of the experts' weights, or jnp.stack in check_headers' abstract pass (tracers)."""
     return jnp.stack(arrays) if isinstance(arrays[0], jax.core.Tracer) else np.stack(arrays)
 
 
@@ -269,7 +269,7 @@ def _moe_from_hf(get: Callable, cfg: ModelConfig, kind: str) -> dict:
     each = [llama.ffn_from_hf(lambda n, s, e=e: get(f"{block}.experts.{e}.{n}", s), d, f, names) for e in range(x)]
     ffn = {
         "router": {"kernel": get(f"{block}.gate.weight", (x, d)).T},
-        "experts": {key: _stack([p[key]["kernel"] for p in each]) for key in ("wi", "wi_gate", "wo")},
+        "experts": {key: stack_experts([p[key]["kernel"] for p in each]) for key in ("wi", "wi_gate", "wo")},
     }
     if cfg.num_shared_experts:
         width = cfg.num_shared_experts * f

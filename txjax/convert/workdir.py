@@ -1,20 +1,21 @@
 """A pretrained checkpoint <-> a txjax workdir: `run.py import --from=PATH --workdir=DIR` and `run.py export`.
 
 Import reads a Hugging Face GPT-2 folder, a Llama/Mistral/Qwen2/Qwen3 or Gemma 2/3 folder (txjax.convert.gpt2,
-.llama, .gemma), a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE folder (txjax.convert.moe), a Marian, BART or T5
-encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf file (txjax.convert.gguf) and writes what
-`run.py train` writes (txjax.experiment.load_workdir reads it): config.json (the resolved config, its model section
-and family the checkpoint's), tokenizer/ (the model's own) and checkpoints/ holding step 0 (the imported parameters
-alone: training makes its optimizer state when it starts). So `run.py eval`, `generate`, `attention` and `inspect`
-work on it, and training from it (or from `train.init_from=DIR`) fine-tunes the model. The data and train sections
-default to a small fine-tuning run on tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an
-encoder-decoder's on ../shared/data/bible's English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change
-them. Everything is read and checked before the workdir appears; a failure leaves nothing behind.
+.llama, .gemma), a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE folder (txjax.convert.moe), a dense DeepSeek-V3 folder
+(txjax.convert.deepseek), a Marian, BART or T5 encoder-decoder folder (txjax.convert.marian, .bart, .t5) or a .gguf
+file (txjax.convert.gguf) and writes what `run.py train` writes (txjax.experiment.load_workdir reads it):
+config.json (the resolved config, its model section and family the checkpoint's), tokenizer/ (the model's own) and
+checkpoints/ holding step 0 (the imported parameters alone: training makes its optimizer state when it starts). So
+`run.py eval`, `generate`, `attention` and `inspect` work on it, and training from it (or from
+`train.init_from=DIR`) fine-tunes the model. The data and train sections default to a small fine-tuning run on
+tinyshakespeare (nanoGPT's finetune_shakespeare, shortened for a CPU; an encoder-decoder's on ../shared/data/bible's
+English-Spanish pairs); `--config=FILE` and `--config.a.b=value` change them. Everything is read and checked before
+the workdir appears; a failure leaves nothing behind.
 
 Export writes a workdir's latest parameters as a Hugging Face folder (GPT-2, Llama/Qwen2/Mistral/Qwen3, Gemma 2/3,
-Mixtral/Qwen-MoE/OLMoE, Marian, BART or T5: config.json, model.safetensors, the tokenizer's files) that
-transformers' from_pretrained loads, whole or not at all: a field the format cannot express or a parameter its
-writer does not read is one line naming them, and nothing is written (txjax.convert.exportable).
+Mixtral/Qwen-MoE/OLMoE, DeepSeek-V3 (dense), Marian, BART or T5: config.json, model.safetensors, the tokenizer's
+files) that transformers' from_pretrained loads, whole or not at all: a field the format cannot express or a
+parameter its writer does not read is one line naming them, and nothing is written (txjax.convert.exportable).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import bart, gemma, gguf, gpt2, llama, marian, moe, t5
+from txjax.convert import bart, deepseek, gemma, gguf, gpt2, llama, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
@@ -57,6 +58,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, Family]:
         return (*bart.load_bart(path), bart.FAMILY)
     if hf.get("model_type") in t5.MODEL_TYPES:
         return (*t5.load_t5(path), t5.FAMILY)
+    if hf.get("model_type") in deepseek.MODEL_TYPES:
+        return (*deepseek.load_deepseek(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in moe.MODEL_TYPES:
         return (*moe.load_moe(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in (*gemma.MODEL_TYPES, "gemma3"):  # gemma3, the multimodal model, refused in one line
@@ -158,6 +161,7 @@ def _export_decoder_lm(run, target) -> dict:
     cfg, tokenizer = run.model.cfg, run.tokenizer
     write_model = (
         gpt2.write_gpt2 if cfg.positional == "learned"
+        else deepseek.write_deepseek if cfg.attention == "mla"
         else moe.write_moe if cfg.num_experts
         else gemma.write_gemma if cfg.norm_placement == "sandwich"
         else llama.write_llama

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from txjax.fields import ReadBy, setting
 from txjax.model import activations, positional, precision, score
 from txjax.model.attention import ATTENTION_IMPLS
+from txjax.model.latent_config import LatentFields, check_latent
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -63,7 +64,7 @@ PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cr
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), keyword-only
     """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
 
     vocab_size: int
@@ -163,6 +164,9 @@ class ModelConfig:
     moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
     shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x w_g), one gate per token (Qwen2-MoE)
     moe_bias: bool = False  # biases on the router's logits and on every expert's weights (GPT-OSS)
+    moe_groups: int = 1  # sigmoid: experts in n groups, top-k among the moe_topk_groups best (DeepSeek-V3's n_group)
+    moe_topk_groups: int = 1  # the groups a token's experts come from (topk_group), ranked by their 2 best scores
+    moe_routed_scale: float = 1.0  # the routed experts' gates times this (DeepSeek-V3's routed_scaling_factor)
     # family prefix_lm: the source read both ways (T5's prefix LM) or causally (T5's decoder-only "LM" baseline)
     prefix_attention: str = setting("bidirectional", resume=False, read_by=(_PREFIX,))
     # multi-token prediction (txjax.model.mtp): modules after the decoder (DeepSeek-V3's 1); 0 = off
@@ -271,11 +275,13 @@ class ModelConfig:
         if not isinstance(self.mtp_depth, int) or self.mtp_depth < 0:
             raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
         self._check_moe()
+        check_latent(self)
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
         moe_fields = ("experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router", "moe_norm_topk")
-        moe_fields += ("moe_capacity_factor", "shared_expert_gate", "moe_bias")
+        moe_fields += ("moe_capacity_factor", "shared_expert_gate", "moe_bias", "moe_groups", "moe_topk_groups")
+        moe_fields += ("moe_routed_scale",)
         if not isinstance(self.num_experts, int) or self.num_experts < 0:
             raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
         if self.num_experts == 0:
@@ -309,6 +315,16 @@ class ModelConfig:
             raise ValueError("model.num_experts > 0 puts its biases by model.moe_bias: set model.use_bias=false")
         if self.shared_expert_gate and not self.num_shared_experts:
             raise ValueError("model.shared_expert_gate gates the shared experts: set model.num_shared_experts > 0")
+        groups, top = self.moe_groups, self.moe_topk_groups
+        if not (isinstance(groups, int) and isinstance(top, int) and groups >= 1):
+            raise ValueError(f"model.moe_groups={groups!r} and model.moe_topk_groups={top!r} must be integers >= 1")
+        per_group = self.num_experts // groups
+        if groups > 1 and (self.router != "sigmoid" or self.num_experts % groups or per_group < 2):
+            raise ValueError("model.moe_groups > 1 needs model.router=sigmoid and groups of >= 2 of model.num_experts")
+        if not (1 <= top <= groups and self.experts_per_token <= top * per_group):
+            raise ValueError(f"model.moe_topk_groups={top} must be in [1, model.moe_groups={groups}] and hold top-k")
+        if not self.moe_routed_scale > 0:
+            raise ValueError(f"model.moe_routed_scale={self.moe_routed_scale!r} must be > 0")
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:

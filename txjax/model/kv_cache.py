@@ -35,6 +35,7 @@ class Leaf:
 KEYS, VALUES, POSITIONS, INDEX = "cached_key", "cached_value", "cached_pos", "cache_index"
 WINDOW_KEYS, WINDOW_VALUES, WINDOW_POSITIONS = "window_key", "window_value", "window_pos"
 CROSS_KEYS, CROSS_VALUES = "cross_key", "cross_value"
+LATENT, ROPE_KEY = "cached_latent", "cached_rope_key"  # multi-head latent attention's (txjax.model.latent)
 SCHEMA = {
     KEYS: Leaf(("B", "S", "KV", "K"), ("B*KV", "K", "S"), "keys", 0, True, True),
     VALUES: Leaf(("B", "S", "KV", "K"), ("B*KV", "S", "K"), "keys", 0, True, True),
@@ -45,6 +46,9 @@ SCHEMA = {
     WINDOW_POSITIONS: Leaf(("B", "W"), ("B", "W"), "int32", -1, True, False),
     CROSS_KEYS: Leaf(("B", "R", "KV", "K"), ("B*KV", "K", "R"), "keys", 0, True, False),
     CROSS_VALUES: Leaf(("B", "R", "KV", "K"), ("B*KV", "R", "K"), "keys", 0, True, False),
+    # MLA: a token's compressed keys and values (C = kv_lora_rank) and the RoPE key its heads share (KR), one layout
+    LATENT: Leaf(("B", "S", "C"), ("B", "S", "C"), "keys", 0, True, True),
+    ROPE_KEY: Leaf(("B", "S", "KR"), ("B", "S", "KR"), "keys", 0, True, True),
 }
 
 
@@ -56,6 +60,14 @@ def length_axis(name: str, layout: str) -> int:
 
 def empty_value(name: str) -> int:
     return SCHEMA[name].empty
+
+
+def bytes_per_token(cache, rows: int, slots: int) -> int:
+    """The bytes of a cache's keys and values (the growing leaves of the keys' dtype: MLA's latent and RoPE key)
+    per row and slot, every layer summed, from the cache of `rows` rows and `slots` slots (arrays or shapes)."""
+    leaves = jax.tree_util.tree_leaves_with_path(cache)
+    kept = [leaf for path, leaf in leaves if SCHEMA[path[-1].key].grows and SCHEMA[path[-1].key].dtype == "keys"]
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in kept) // (rows * slots)
 
 
 def _variable(module, name, shape, dtype):
@@ -134,17 +146,18 @@ def cross_kv_cache(module, k_new, v_new):
     return module.get_variable("cache", CROSS_KEYS), module.get_variable("cache", CROSS_VALUES)
 
 
-def append_kv_cache(module, k_new, v_new, q_pos, mask, layout: str = "trained"):
+def append_kv_cache(module, k_new, v_new, q_pos, mask, layout: str = "trained", names=(KEYS, VALUES)):
     """Self-attention's cache: write the new keys/values (L slots of `layout`) at cache_index of the cache of max_len
     slots (cached_pos [B, max_len]: each slot's position, -1 = empty) -> the whole cache, its positions and mask (a
-    filled slot at a position <= the query's that `mask`, the new tokens' [B, 1, L, L], does not exclude)."""
-    (b, l), is_init = q_pos.shape, not module.has_variable("cache", KEYS)
-    ck = _variable(module, KEYS, k_new.shape, k_new.dtype)
-    cv = _variable(module, VALUES, v_new.shape, v_new.dtype)
+    filled slot at a position <= the query's that `mask`, the new tokens' [B, 1, L, L], does not exclude).
+    `names`: the two leaves written (MLA's: LATENT and ROPE_KEY)."""
+    (b, l), is_init = q_pos.shape, not module.has_variable("cache", names[0])
+    ck = _variable(module, names[0], k_new.shape, k_new.dtype)
+    cv = _variable(module, names[1], v_new.shape, v_new.dtype)
     cpos = _variable(module, POSITIONS, (b, l), None)
     cidx = _variable(module, INDEX, (), None)
     if is_init:  # model.init(decode=True) on a [B, max_len] dummy only allocates the cache
         return k_new, v_new, q_pos, mask
-    ck.value = write_slots(ck.value, k_new, cidx.value, axis=length_axis(KEYS, layout))
-    cv.value = write_slots(cv.value, v_new, cidx.value, axis=length_axis(VALUES, layout))
+    ck.value = write_slots(ck.value, k_new, cidx.value, axis=length_axis(names[0], layout))
+    cv.value = write_slots(cv.value, v_new, cidx.value, axis=length_axis(names[1], layout))
     return ck.value, cv.value, *cache_positions(cpos, cidx, q_pos, mask)

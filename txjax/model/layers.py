@@ -15,12 +15,15 @@ Dropout is applied to each residual branch before the addition and is off when d
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 
 from txjax.model import score
 from txjax.model.attention import resolve_impl
 from txjax.model.config import PLAIN_LAYER, LayerAttention, ModelConfig
 from txjax.model.ffn import FeedForward
+from txjax.model.latent import LatentAttention
 from txjax.model.moe import MoE
 from txjax.model.multi_head import MultiHeadAttention
 from txjax.model.norms import make_norm
@@ -33,17 +36,20 @@ def make_ffn(cfg: ModelConfig, moe: bool, name: str = "ffn") -> nn.Module:
 
 
 def make_attention(cfg, cross: bool, name: str, sow_weights=False):
-    """The one attention module, configured for self- (rope/alibi apply) or cross-attention (they do not)."""
-    return MultiHeadAttention(
+    """The one attention module, configured for self- (rope/alibi apply) or cross-attention (they do not);
+    model.attention=mla's self-attention is LatentAttention (txjax.model.latent), MultiHeadAttention's kin."""
+    latent = cfg.attention == "mla" and not cross
+    sizes = dict(q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.qk_rope_head_dim)
+    return (functools.partial(LatentAttention, **sizes, v_head_dim=cfg.v_head_dim) if latent else MultiHeadAttention)(
         num_heads=cfg.num_heads,
-        num_kv_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim,
+        num_kv_heads=cfg.num_heads if latent else cfg.kv_heads,
+        head_dim=cfg.qk_head_dim if latent else cfg.head_dim,
         dtype=cfg.compute_dtype,
         use_bias=cfg.use_bias or cfg.attention_bias,
         qkv_bias=cfg.qkv_bias,
         dropout=cfg.attention_dropout,
         score=score.spec_of(cfg, cross),
-        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim, bool(score.fused_lacks(cfg))),
+        impl=resolve_impl(cfg.attention_impl, cfg.compute_dtype, cfg.head_dim, bool(score.fused_lacks(cfg)) or latent),
         block_sizes=(cfg.attention_block_q, cfg.attention_block_kv),
         rope=cfg.rope if (not cross and cfg.positional == "rope") else None,
         local_rope=cfg.local_rope,

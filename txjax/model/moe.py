@@ -4,8 +4,10 @@
     'topk_then_softmax' (Mixtral):                 (v, e) = top_k(z);        g = softmax(v)
     'softmax_then_topk' (Switch, Qwen-MoE, OLMoE): p = softmax(z);           (g, e) = top_k(p)
     'sigmoid' (DeepSeek-V3):                       s = sigmoid(z);           e = top_k(s + b);  g = s_e
-                                                   b: a per-expert bias that only selects (no gradient)
-    g <- g / sum_j g_j with model.moe_norm_topk (the last two routers)
+                                                   b: a per-expert bias that only selects (no gradient); with
+                                                   model.moe_groups = G > 1 the experts are G groups and e is the
+                                                   top-k of the moe_topk_groups groups whose two best s + b sum most
+    g <- g / sum_j g_j with model.moe_norm_topk (the last two routers);  g <- r g, r = model.moe_routed_scale
     y = sum_j g_j FFN_{e_j}(x) + FFN_shared(x)     FFN_i(x) = act(x W1_i) W2_i, or (silu(x W1_i) * x W3_i) W2_i;
                                                    with model.moe_bias each product + its expert's bias (GPT-OSS)
 top_k breaks ties toward the lower expert index (jax.lax.top_k). The shared experts are one FeedForward of width
@@ -62,9 +64,9 @@ MOE_STATS = "moe"  # the collection of each MoE layer's routing statistics and a
 _OVERWRITE = dict(init_fn=lambda: jnp.zeros(()), reduce_fn=lambda _, value: value)  # sow one value, not a tuple
 
 
-def route(z_MxX, router: str, k: int, norm_topk: bool = False, bias_X=None):
+def route(z_MxX, router: str, k: int, norm_topk: bool = False, bias_X=None, groups=(1, 1), scale: float = 1.0):
     """(gates f32[M, J], experts i32[M, J], probabilities f32[M, X]) of router logits, by the equations above; the
-    probabilities are what the balance loss averages."""
+    probabilities are what the balance loss averages. groups: (G, the groups kept) of the sigmoid router."""
     if router == "topk_then_softmax":
         top_MxJ, experts_MxJ = jax.lax.top_k(z_MxX, k)
         return jax.nn.softmax(top_MxJ, axis=-1), experts_MxJ, jax.nn.softmax(z_MxX, axis=-1)
@@ -74,11 +76,22 @@ def route(z_MxX, router: str, k: int, norm_topk: bool = False, bias_X=None):
     else:  # sigmoid: the bias chooses, the scores weigh
         scores_MxX = jax.nn.sigmoid(z_MxX)
         probs_MxX = scores_MxX / scores_MxX.sum(-1, keepdims=True)
-        _, experts_MxJ = jax.lax.top_k(scores_MxX + jax.lax.stop_gradient(bias_X), k)
+        _, experts_MxJ = jax.lax.top_k(limit_groups(scores_MxX + jax.lax.stop_gradient(bias_X), *groups), k)
         gates_MxJ = jnp.take_along_axis(scores_MxX, experts_MxJ, axis=-1)
     if norm_topk:
         gates_MxJ = gates_MxJ / gates_MxJ.sum(-1, keepdims=True)
-    return gates_MxJ, experts_MxJ, probs_MxX
+    return gates_MxJ * scale, experts_MxJ, probs_MxX
+
+
+def limit_groups(choice_MxX, groups: int, kept: int):
+    """DeepSeek-V3's group-limited choice: the experts as `groups` equal groups, each ranked by the sum of its two
+    best scores, those outside the `kept` best groups set to -inf (the choice as it is for one group)."""
+    if groups == 1:
+        return choice_MxX
+    by_group = choice_MxX.reshape(*choice_MxX.shape[:-1], groups, -1)
+    _, best_MxK = jax.lax.top_k(jax.lax.top_k(by_group, 2)[0].sum(-1), kept)
+    chosen_MxG = jax.nn.one_hot(best_MxK, groups, dtype=bool).any(-2)
+    return jnp.where(chosen_MxG[..., None], by_group, -jnp.inf).reshape(choice_MxX.shape)
 
 
 def plan(experts_MxJ, num_experts: int, capacity: int | None = None):
@@ -256,7 +269,8 @@ class MoE(nn.Module):
         if cfg.router == "sigmoid":
             init = roles.init(nn.initializers.zeros, (None,), roles.BIAS)
             bias_X = self.param("router_bias", init, (num_experts,), jnp.float32)
-        gates_MxJ, experts_MxJ, probs_MxX = route(z_MxX, cfg.router, k, cfg.moe_norm_topk, bias_X)
+        groups, scale = (cfg.moe_groups, cfg.moe_topk_groups), cfg.moe_routed_scale
+        gates_MxJ, experts_MxJ, probs_MxX = route(z_MxX, cfg.router, k, cfg.moe_norm_topk, bias_X, groups, scale)
         capacity = math.ceil(cfg.moe_capacity_factor * m * k / num_experts) if cfg.moe_capacity_factor else None
         order_A, sizes_X, keep_A, counts_X = plan(experts_MxJ, num_experts, capacity)
         experts = Experts(cfg, name="experts")

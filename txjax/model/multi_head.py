@@ -85,10 +85,7 @@ class MultiHeadAttention(nn.Module):
         [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
         -> [B, Lq, D]."""
         bidirectional, k_pos, window = not causal, q_pos if k_pos is None else k_pos, layer.window
-        needs_scores = decode or self.sow_weights
-        by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.score.softcap)
-        if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
-            mask = segment_mask(*mask)
+        by_segments, mask = self.backend(mask, decode, window)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
         if self.rope is not None and layer.rope is not False:  # a static NoPE layer rotates nothing
             theta, factor = positional.layer_rope(self.rope, self.local_rope, window, self.head_dim)
@@ -99,20 +96,40 @@ class MultiHeadAttention(nn.Module):
         if decode:  # the cache's mask holds the causal order of its slots
             k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask, window)
             causal = False
+        out_BxLxHxK = self.heads(
+            q_BxLxHxK, k, v, mask, q_pos, k_pos, by_segments,
+            causal=causal, window=window, deterministic=deterministic, relative_table=relative_table,
+            bidirectional=bidirectional,
+        )  # fmt: skip
+        return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
+
+    def backend(self, mask, decode, window=0):
+        """segment_backend's choice for this call, and the mask as that backend reads it (blockwise.Segments made
+        dense for the dense paths)."""
+        needs_scores = decode or self.sow_weights
+        by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.score.softcap)
+        if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
+            mask = segment_mask(*mask)
+        return by_segments, mask
+
+    def heads(
+        self, q_BxLxHxK, k, v, mask, q_pos, k_pos, by_segments, *, causal, window, deterministic, relative_table,
+        bidirectional,
+    ):  # fmt: skip
+        """The heads' attention over the scores' terms (txjax.model.score) by the backend `backend` chose: q
+        [B, L, H, K], k [B, S, KV, K], v [B, S, KV, V] -> [B, L, H, V]; the scale is the one of head_dim."""
         if by_segments is not None and relative_table is not None:
             raise ValueError("model.positional='relative_buckets' needs model.attention_impl=reference (or auto)")
         heads_H = score.head_terms(self)
         if by_segments is not None:  # masks and ALiBi made block by block (ring step by ring step)
             scale = self.score.factor(self.head_dim)  # the soft cap is bound into by_segments
-            out_BxLxHxK = by_segments(q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, heads_H=heads_H, scale=scale)
-            return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
+            return by_segments(q_BxLxHxK, k, v, mask, q_pos, k_pos, causal=causal, heads_H=heads_H, scale=scale)
         by_index = self.impl != "reference"  # the fused kernels' is_causal and local_window_size
         terms = score.dense_terms(
             self.score, self.head_dim, heads_H, q_pos, k_pos, mask,
             causal=causal, window=window, by_index=by_index, relative_table=relative_table, bidirectional=bidirectional,
         )  # fmt: skip
-        out_BxLxHxK = self.attend(q_BxLxHxK, k, v, terms, deterministic)
-        return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
+        return self.attend(q_BxLxHxK, k, v, terms, deterministic)
 
     def heads_in(self, name, heads, x_BxLxD):
         """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K or W_i^V of each head)."""
@@ -164,7 +181,7 @@ class MultiHeadAttention(nn.Module):
 
     def project_out(self, out_BxLxHxK, d_model):
         """Concat(head_1..head_h) W^O [+ b]: W^O [H, K, D] -> [B, L, D]."""
-        spec, shape = ("heads", "kv", "embed"), (self.num_heads, self.head_dim, d_model)
+        spec, shape = ("heads", "kv", "embed"), (self.num_heads, out_BxLxHxK.shape[-1], d_model)
         w_out = self.param("out", roles.init(nn.initializers.normal(self.out_init_std), spec, roles.OUT), shape)
         y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
         if not self.use_bias:

@@ -76,6 +76,13 @@ class Rope:
             return np.where((wavelength >= high) & (wavelength <= low), smoothed, scaled).astype(np.float32), 1.0
         return self._yarn(scale, d)
 
+    def softmax_multiplier(self, mscale_all_dim: float) -> float:
+        """DeepSeek's YaRN factor on the scores' scale, mscale^2 with mscale = 0.1 m ln(factor) + 1 for m =
+        mscale_all_dim (transformers' yarn_apply_mscale): 1 unless yarn stretches the context (factor > 1) and m > 0."""
+        if self.scaling != "yarn" or self.factor <= 1 or not mscale_all_dim:
+            return 1.0
+        return (0.1 * mscale_all_dim * math.log(self.factor) + 1.0) ** 2
+
     def _yarn(self, scale, d: int):
         def dim_of(rotations):  # the dimension whose wavelength makes `rotations` turns in original_max_len
             return d * math.log(self.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(self.base))

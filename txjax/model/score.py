@@ -48,11 +48,12 @@ class Spec:
     alibi: bool = False  # ALiBi's bias -m_h |i - j| (self-attention)
     max_distance: int = 128  # T5's relative buckets: distances from it on share the last bucket
     sinks: bool = False  # a learned logit per head in the softmax's denominator (self-attention)
+    multiplier: float = 1.0  # times the scale: DeepSeek's YaRN mscale^2 (positional.Rope.softmax_multiplier)
 
     def factor(self, head_dim: int) -> float:
         """The scores' scale for heads of head_dim channels."""
         d = self.scale_dim or head_dim
-        return {"sqrt": d**-0.5, "none": 1.0, "linear": 1.0 / d}[self.scale]
+        return {"sqrt": d**-0.5, "none": 1.0, "linear": 1.0 / d}[self.scale] * self.multiplier
 
 
 def spec_of(cfg, cross: bool) -> Spec:
@@ -64,6 +65,7 @@ def spec_of(cfg, cross: bool) -> Spec:
         alibi=not cross and cfg.positional == "alibi",
         max_distance=cfg.relative_max_distance,
         sinks=not cross and cfg.attention_sinks,
+        multiplier=1.0 if cross else cfg.rope.softmax_multiplier(cfg.rope_mscale_all_dim),
     )
 
 

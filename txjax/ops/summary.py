@@ -16,7 +16,8 @@
   with N_enc the encoder's weights and N_dec = N - N_enc (every decoder weight, cross-attention's key and value
   included, counted once per target position). Every position counts, padding included.
 - memory: parameters and gradients (float32), AdamW's two moments (2x the parameters), and the KV cache
-  (keys, values and slot positions of every layer) at the given batch and context, in the compute dtype.
+  (keys, values and slot positions of every layer) at the given batch and context, in the compute dtype; and the
+  bytes one token adds to one row's keys and values (MLA's latent and RoPE key), slot positions aside.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import jax
 from txjax import families
 from txjax.decode.cache import init_cache
 from txjax.families import init_params
+from txjax.model import kv_cache
 from txjax.model.config import ModelConfig
 
 
@@ -44,6 +46,7 @@ class Summary:
     param_bytes: int
     optimizer_bytes: int
     kv_cache_bytes: int
+    kv_bytes_per_token: int  # what one more token adds to one row's cache: its keys and values in every layer
     batch_size: int
     context: int
     scanned: bool
@@ -69,6 +72,8 @@ class Summary:
             f"memory: AdamW moments (2x)       {_bytes(self.optimizer_bytes):>16}",
             f"memory: KV cache                 {_bytes(self.kv_cache_bytes):>16}   batch {self.batch_size} x "
             f"context {self.context}",
+            f"memory: KV cache per token       {self.kv_bytes_per_token:>14,} B   keys and values (MLA: latent and "
+            "RoPE key), every layer, one row",
         ]
         return "\n".join(lines)
 
@@ -141,6 +146,7 @@ def summarize(
         param_bytes=4 * total,
         optimizer_bytes=8 * total,
         kv_cache_bytes=sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(cache)),
+        kv_bytes_per_token=kv_cache.bytes_per_token(cache, batch_size, context),
         batch_size=batch_size,
         context=context,
         scanned=cfg.scan_layers,
