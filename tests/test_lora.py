@@ -1,0 +1,160 @@
+"""LoRA (txjax.state.lora): adapters beside the weights of a small random Llama imported from transformers, the base
+frozen. At init the model is the base bit for bit; training changes the adapters alone and the optimizer holds
+their moments alone; what evaluation and generation read is W + s A B, written here in NumPy; a resumed run equals
+the uninterrupted one; bad settings are one line each."""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tiny_hf import save_tiny_decoder  # noqa: E402
+
+import run  # noqa: E402
+from txjax import config as config_lib  # noqa: E402
+from txjax import families  # noqa: E402
+from txjax.experiment import CHECKPOINT_DIR, load_workdir  # noqa: E402
+from txjax.state import lora  # noqa: E402
+from txjax.state.checkpoint import Checkpointer  # noqa: E402
+from txjax.state.optim import OptimConfig  # noqa: E402
+from txjax.state.train_state import init_state, optimizer  # noqa: E402
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 30
+RANK, ALPHA = 4, 8.0
+
+
+def train_flags(folder: Path, source: Path, *more: str) -> list[str]:
+    return [
+        f"--config.train.init_from={source}",
+        "--config.data.kind=text",
+        f"--config.data.path={folder / 'text.txt'}",
+        "--config.data.seq_len=16",
+        "--config.train.steps=4",
+        "--config.train.batch_size=2",
+        "--config.train.learning_rate=1e-2",
+        "--config.train.warmup_steps=0",
+        "--config.train.eval_batches=1",
+        "--config.train.checkpoint_every=2",
+        f"--config.train.lora_rank={RANK}",
+        f"--config.train.lora_alpha={ALPHA}",
+        *more,
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(folder with the transformers model and text, the imported workdir, a LoRA run of 4 steps from it)."""
+    root = tmp_path_factory.mktemp("lora")
+    save_tiny_decoder(root / "hf", TEXT, vocab_size=280, max_positions=32)
+    (root / "text.txt").write_text(TEXT)
+    flags = [f"--config.data.path={root / 'text.txt'}", "--config.data.seq_len=16"]
+    assert run.main(["import", f"--from={root / 'hf'}", f"--workdir={root / 'base'}", *flags]) == 0
+    assert run.main(["train", f"--workdir={root / 'tuned'}", *train_flags(root, root / "base")]) == 0
+    return root, root / "base", root / "tuned"
+
+
+def saved_state(workdir: Path, step: int):
+    """The whole TrainState a LoRA run saved at `step` (adapters, base and optimizer state)."""
+    config = config_lib.load(workdir)
+    model, settings = families.build(config.family, config_lib.model_config(config.model.to_dict())), config.train
+    lora_config = lora.LoraConfig.of(settings)
+    tx = optimizer(model, OptimConfig.of(settings), lora_config)
+    abstract = jax.eval_shape(lambda: init_state(model, tx, settings.seed, lora_config=lora_config))
+    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, 3)
+    try:
+        return ckpt.restore(abstract, step)
+    finally:
+        ckpt.close()
+
+
+def numpy_merged(adapted: lora.Adapted) -> dict:
+    """W + (alpha / r) A B for each adapted weight, reshaped as W, in NumPy (float64)."""
+    flat = {k: np.asarray(v, np.float64) for k, v in _flat(adapted.base).items()}
+    adapters = _flat(adapted.lora)
+    for path in {p[:-1] for p in adapters}:
+        a, b = (np.asarray(adapters[(*path, x)], np.float64) for x in "ab")
+        flat[path] = flat[path] + (ALPHA / RANK * np.einsum("...ir,...ro->...io", a, b)).reshape(flat[path].shape)
+    return flat
+
+
+def _flat(tree) -> dict:
+    return {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_at_init_the_adapted_model_is_the_base_bit_for_bit(runs):
+    _, base, _ = runs
+    source = load_workdir(base)
+    config = lora.LoraConfig(lora_rank=RANK, lora_alpha=ALPHA)
+    adapted = lora.adapted(source.params, families.param_roles(source.model), config, jax.random.key(0))
+    jax.tree.map(np.testing.assert_array_equal, lora.model_params(adapted), source.params)
+    adapters = _flat(adapted.lora)
+    assert {p[-2] for p in adapters} == {"query", "key", "value", "out", "kernel"}  # the FFN's: wi/kernel, ...
+    assert all(not np.asarray(v).any() for p, v in adapters.items() if p[-1] == "b")
+    a = np.concatenate([np.ravel(v) for p, v in adapters.items() if p[-1] == "a"])
+    assert abs(a.std() * RANK - 1) < 0.1  # peft's gaussian init: N(0, 1/r^2)
+
+
+def test_training_changes_the_adapters_alone_and_evaluation_reads_the_merged_weights(runs):
+    _, base, tuned = runs
+    state = saved_state(tuned, 4)
+    jax.tree.map(np.testing.assert_array_equal, state.params.base, load_workdir(base).params)  # frozen bit for bit
+    assert all(np.abs(np.asarray(v)).max() > 0 for p, v in _flat(state.params.lora).items() if p[-1] == "b")
+    merged = _flat(load_workdir(tuned).params)  # what eval, generate and export read
+    want = numpy_merged(state.params)
+    assert set(merged) == set(want)
+    for path, value in want.items():
+        np.testing.assert_allclose(merged[path], value, rtol=1e-5, atol=1e-6)
+    assert any(not np.array_equal(merged[p], _flat(state.params.base)[p]) for p in want)
+
+
+def test_the_optimizer_state_holds_the_adapters_moments_alone(runs):
+    """AdamW's two moments of each adapter and scalars: no array of the base's size."""
+    _, _, tuned = runs
+    state = saved_state(tuned, 4)
+    adapters = sum(x.size for x in jax.tree.leaves(state.params.lora))
+    base = sum(x.size for x in jax.tree.leaves(state.params.base))
+    moments = [x for x in jax.tree.leaves(state.opt_state) if np.ndim(x) > 0]
+    assert sum(x.size for x in moments) == 2 * adapters and adapters < base / 4
+
+
+def test_a_resumed_lora_run_equals_the_uninterrupted_one(runs, tmp_path):
+    folder, base, tuned = runs
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tuned, resumed)
+    shutil.rmtree(resumed / CHECKPOINT_DIR / "4")
+    (resumed / "train_result.json").unlink()
+    assert run.main(["train", f"--workdir={resumed}", *train_flags(folder, base)]) == 0
+    jax.tree.map(np.testing.assert_array_equal, saved_state(resumed, 4), saved_state(tuned, 4))
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (
+            ["--config.train.lora_targets=query,qeury"],
+            "config.train.lora_targets=['query', 'qeury']: unknown 'qeury'; LoRA adapts the weight matrices",
+        ),
+        (["--config.train.lora_targets=router"], "names no weight matrix of this model; its matrices: key, out,"),
+        (["--config.train.lora_rank=20"], "config.train.lora_rank=20 is above the dimension of decoder/layers/self_"),
+        (["--config.train.lora_rank=0"], "config.train.lora_alpha=8.0 is not read by train.lora_rank=0 (LoRA is off"),
+    ],
+    ids=["unknown_target", "no_such_weight", "rank_above_dimension", "alpha_without_lora"],
+)
+def test_bad_lora_settings_are_one_line_and_write_nothing(runs, tmp_path, capsys, flags, words):
+    folder, base, _ = runs
+    target = tmp_path / "run"
+    assert run.main(["train", f"--workdir={target}", *train_flags(folder, base), *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not target.exists()
+
+
+def test_the_lora_settings_are_in_the_saved_config(runs):
+    saved = json.loads((runs[2] / config_lib.CONFIG_FILE).read_text())["train"]
+    assert (saved["lora_rank"], saved["lora_alpha"], saved["lora_scaling"]) == (RANK, ALPHA, "lora")
