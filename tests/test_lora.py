@@ -158,3 +158,47 @@ def test_bad_lora_settings_are_one_line_and_write_nothing(runs, tmp_path, capsys
 def test_the_lora_settings_are_in_the_saved_config(runs):
     saved = json.loads((runs[2] / config_lib.CONFIG_FILE).read_text())["train"]
     assert (saved["lora_rank"], saved["lora_alpha"], saved["lora_scaling"]) == (RANK, ALPHA, "lora")
+
+
+def test_the_peft_export_loads_onto_the_base_with_the_runs_logits_and_merged_equals_it(runs, tmp_path, capsys):
+    """peft.PeftModel.from_pretrained(the imported transformers model, the exported folder) gives the logits txjax
+    computes from the run (float32, within 1e-4), and --merged's folder, loaded by transformers alone, the same."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    folder, base, tuned = runs
+    assert run.main(["export", f"--workdir={tuned}", f"--to={tmp_path / 'adapter'}"]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (RANK, ALPHA, str(base))
+    assert set(config["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder / "hf").eval()
+    tokens = np.arange(3, 35).reshape(2, 16) * 7 % 280
+    with torch.no_grad():
+        base_logits = hf(torch.as_tensor(tokens)).logits.numpy()
+        adapted = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()  # adapts hf in place
+        want = adapted(torch.as_tensor(tokens)).logits.numpy()
+    result = load_workdir(tuned)
+    got = np.asarray(result.model.apply({"params": result.params}, tokens))
+    assert np.abs(want).max() > 3.0
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.abs(base_logits - want).max() > 1e-3  # the adapters change the model: the base's are not the run's
+    assert run.main(["export", f"--workdir={tuned}", f"--to={tmp_path / 'merged'}", "--merged"]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(merged(torch.as_tensor(tokens)).logits.numpy(), want, atol=1e-4, rtol=0)
+
+
+def test_merged_on_a_run_without_lora_is_one_line(runs, tmp_path, capsys):
+    assert run.main(["export", f"--workdir={runs[1]}", f"--to={tmp_path / 'out'}", "--merged"]) == 2
+    err = capsys.readouterr().err
+    assert "has no LoRA adapters to merge (train.lora_rank=0); drop --merged" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

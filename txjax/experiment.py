@@ -152,12 +152,14 @@ class TrainedRun(NamedTuple):
 
 
 def load_workdir(
-    workdir: str | Path, step: int | None = None, mesh: Mesh | None = None, average: int = 1
+    workdir: str | Path, step: int | None = None, mesh: Mesh | None = None, average: int = 1, merge: bool = True
 ) -> TrainedRun:
     """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir, laid out
     on `mesh` (default: the first device), whatever mesh and process count wrote them. average=N: the element-wise
     mean of the parameters of the N newest checkpoints (up to `step`), Vaswani et al. 2017 (section 6.1: "a single
-    model obtained by averaging the last 5 checkpoints"); `step` is then the newest of them."""
+    model obtained by averaging the last 5 checkpoints"); `step` is then the newest of them. A LoRA run's parameters
+    are its merged weights, or with merge=False its base and adapters (txjax.state.lora.Adapted: what export writes
+    as a peft adapter)."""
     if average < 1:
         raise config_lib.ConfigError(f"--average={average}: the number of checkpoints to average must be at least 1")
     workdir = Path(workdir)
@@ -177,7 +179,7 @@ def load_workdir(
         # the parameters alone (schedule-free AdamW's evaluation point needs its state too): no optimizer moments read
         only = () if config.train.optimizer == "schedule_free_adamw" else ("step", "params")
         for saved, state in ckpt.restore_newest(jax.eval_shape(init), average, step, only):
-            params = eval_params(config.train.optimizer, state)  # schedule-free AdamW's averaged point; LoRA merged
+            params = eval_params(config.train.optimizer, state, merge)  # schedule-free AdamW's averaged point
             if average > 1:
                 f32 = jax.tree.map(lambda leaf: leaf.astype(jnp.float32), params)
                 total = f32 if total is None else jax.tree.map(jnp.add, total, f32)

@@ -30,6 +30,7 @@ import ml_collections
 from txjax import config as config_lib
 from txjax.convert import bart, gemma, gguf, gpt2, llama, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
+from txjax.convert.peft_adapter import write_adapter
 from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
@@ -38,6 +39,7 @@ from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, init_
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 from txjax.state.checkpoint import Checkpointer
+from txjax.state.lora import Adapted
 from txjax.state.train_state import TrainState
 
 
@@ -142,26 +144,45 @@ def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> Non
     (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
 
 
-def export_workdir(workdir, target) -> dict:
+def export_workdir(workdir, target, merged: bool = False, base_model: str | None = None) -> dict:
     """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
     table, an MoE architecture when it has experts, Gemma 2/3 with sandwich norms, else Llama / Qwen2); its
-    tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
-    run = load_workdir(workdir)
+    tokenizer's files with them when it is a GPT-2 or a pretrained model's one. A LoRA run's: its adapters as a
+    peft adapter folder (txjax.convert.peft_adapter, adapter_config.json's base_model_name_or_path `base_model`,
+    default its train.init_from), or with `merged` its merged weights as that folder."""
+    run = load_workdir(workdir, merge=merged)
     family = family_of(run.model)
     if family not in _EXPORTERS:
         raise ValueError(f"{workdir}: family {family.name!r} cannot be exported (a decoder-only LM can)")
+    if merged and not run.config.train.lora_rank:
+        raise ValueError(f"--merged: {workdir} has no LoRA adapters to merge (train.lora_rank=0); drop --merged")
+    if isinstance(run.params, Adapted):
+        fields, base = run.config.train, base_model or run.config.train.init_from
+        params_to_hf = (_decoder_format(run.model.cfg) if family == DECODER_LM else _seq2seq_format(run)).params_to_hf
+        adapted = jax.device_get(run.params)
+        write = lambda tmp: write_adapter(tmp, adapted, run.model.cfg, params_to_hf, fields, family.name, base)
+        path = write_atomically(target, write)
+        return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
     return _EXPORTERS[family](run, target)
+
+
+def _decoder_format(cfg: ModelConfig):
+    """The converter of a DecoderLM's format, by its fields."""
+    return (
+        gpt2 if cfg.positional == "learned"
+        else moe if cfg.num_experts
+        else gemma if cfg.norm_placement == "sandwich"
+        else llama
+    )  # fmt: skip
+
+
+_WRITERS = {gpt2: gpt2.write_gpt2, moe: moe.write_moe, gemma: gemma.write_gemma, llama: llama.write_llama}
 
 
 def _export_decoder_lm(run, target) -> dict:
     """A DecoderLM -> a GPT-2, MoE, Gemma or Llama folder, by its fields."""
     cfg, tokenizer = run.model.cfg, run.tokenizer
-    write_model = (
-        gpt2.write_gpt2 if cfg.positional == "learned"
-        else moe.write_moe if cfg.num_experts
-        else gemma.write_gemma if cfg.norm_placement == "sandwich"
-        else llama.write_llama
-    )  # fmt: skip
+    write_model = _WRITERS[_decoder_format(cfg)]
     params = jax.device_get(run.params)
 
     def write(tmp: Path):
@@ -175,24 +196,28 @@ def _export_decoder_lm(run, target) -> dict:
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
 
 
-# an encoder-decoder's exporter, by the positions that tell its family apart
-_ENCODER_DECODER_WRITERS = {
-    "sinusoidal_halves": marian.write_marian,
-    "learned": bart.write_bart,
-    "relative_buckets": t5.write_t5,
-}
+# an encoder-decoder's converter, by the positions that tell its family apart
+_ENCODER_DECODER_FORMATS = {"sinusoidal_halves": marian, "learned": bart, "relative_buckets": t5}
+_ENCODER_DECODER_WRITERS = {marian: marian.write_marian, bart: bart.write_bart, t5: t5.write_t5}
 
 
-def _export_encoder_decoder(run, target) -> dict:
-    """A Marian-, BART- or T5-shaped EncoderDecoder (told apart by model.positional; each writer refuses a field its
-    family lacks in one line) with a pretrained tokenizer -> a MarianMTModel, BART or T5 folder."""
-    write = _ENCODER_DECODER_WRITERS.get(run.model.cfg.positional)
-    if write is None or not isinstance(run.tokenizer, HFTokenizer):
+def _seq2seq_format(run):
+    """The converter of a Marian-, BART- or T5-shaped EncoderDecoder (told apart by model.positional) with a
+    pretrained tokenizer; ValueError for another."""
+    found = _ENCODER_DECODER_FORMATS.get(run.model.cfg.positional)
+    if found is None or not isinstance(run.tokenizer, HFTokenizer):
         raise ValueError(
             f"model.positional={run.model.cfg.positional!r} with a {run.tokenizer.kind!r} tokenizer cannot be "
             "exported: an encoder-decoder imported from Marian, BART or T5 can (positional "
-            f"{', '.join(_ENCODER_DECODER_WRITERS)} with its pretrained tokenizer)"
+            f"{', '.join(_ENCODER_DECODER_FORMATS)} with its pretrained tokenizer)"
         )
+    return found
+
+
+def _export_encoder_decoder(run, target) -> dict:
+    """A Marian-, BART- or T5-shaped EncoderDecoder (each writer refuses a field its family lacks in one line) ->
+    a MarianMTModel, BART or T5 folder."""
+    write = _ENCODER_DECODER_WRITERS[_seq2seq_format(run)]
     params = jax.device_get(run.params)
     path = write_atomically(target, lambda tmp: write(tmp, run.model.cfg, params, run.tokenizer))
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}

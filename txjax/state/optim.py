@@ -266,9 +266,9 @@ def step_plan(o: OptimConfig) -> dict:
     return {"decay_from": o.steps - n, "decay_steps": n, "trained_s": jnp.zeros((), jnp.float32)}
 
 
-def eval_params(optimizer: str, state):
+def eval_params(optimizer: str, state, merge: bool = True):
     """The model's parameters of a TrainState to evaluate: the training iterate, or schedule-free AdamW's averaged
-    point; a LoRA run's merged (txjax.state.lora.model_params)."""
+    point; a LoRA run's merged (txjax.state.lora.model_params) unless not `merge`."""
     params = state.params
     if optimizer == "schedule_free_adamw":
         inner = state.opt_state.inner_state
@@ -276,4 +276,4 @@ def eval_params(optimizer: str, state):
         # the schedule-free state alone, or after the clipping's empty state in a chain
         averaged = optax.contrib.schedule_free_eval_params(inner if hasattr(inner, "z") else inner[-1], trained)
         params = lora.joined(averaged, frozen, params)
-    return lora.model_params(params)
+    return lora.model_params(params) if merge else params

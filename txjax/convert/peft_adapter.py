@@ -1,0 +1,116 @@
+"""A LoRA run's adapters as a Hugging Face peft adapter folder: `run.py export` of a run with train.lora_rank > 0.
+
+adapter_config.json (peft's LoraConfig: r, lora_alpha, use_rslora, target_modules, base_model_name_or_path) and
+adapter_model.safetensors, each adapted weight's pair named as peft names it,
+`base_model.model.<the weight's module>.lora_A.weight` [r, in] and `.lora_B.weight` [out, r], so that
+peft.PeftModel.from_pretrained(the model the base was imported from, FOLDER) runs W + s B_hf A_hf.
+
+Which Hugging Face tensor a txjax weight becomes, and how its entries move (Q/K's RoPE pairs permuted, [in, out]
+transposed, heads flattened, layers unstacked), is the converter's params_to_hf: it is asked once, on a probe tree
+whose adapted weights hold their own entries' indices (float64, exact). Each adapted weight must land as whole
+rows and columns of 2-D tensors ([out, in], one per layer or expert), its input axis on the columns and its output
+axis on the rows; then lora_A's columns are A's rows in the columns' order and lora_B's rows B's columns in the
+rows' order. A weight the format fuses with others (GPT-2's c_attn) or stores otherwise (fused experts) is refused
+in one line, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+from flax import traverse_util
+
+from txjax.model.config import ModelConfig
+from txjax.state.lora import Adapted
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+_TASKS = {"decoder_lm": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM"}
+
+
+def peft_tensors(adapted: Adapted, cfg: ModelConfig, params_to_hf: Callable) -> tuple[dict[str, np.ndarray], list]:
+    """({peft tensor name: array} of the adapters of `adapted` (a run's saved parameters), the names of every tensor
+    of the format), through the converter's `params_to_hf(params, cfg)`; ValueError naming a weight that is not one
+    Linear's weight per layer."""
+    base = traverse_util.flatten_dict(adapted.base)
+    pairs = traverse_util.flatten_dict(adapted.lora, is_leaf=lambda _, x: set(x) == {"a", "b"})
+    probe, starts, offset = {path: np.zeros(np.shape(w), np.float64) for path, w in base.items()}, {}, 1
+    for path in pairs:  # entry j of the weight at `path` holds start + j: 0 is no adapted weight's
+        shape = np.shape(base[path])
+        probe[path] = offset + np.arange(math.prod(shape), dtype=np.float64).reshape(shape)
+        starts[path], offset = offset, offset + math.prod(shape)
+    landed, written = {path: [] for path in pairs}, params_to_hf(traverse_util.unflatten_dict(probe), cfg)
+    for name, tensor in written.items():
+        tensor = np.asarray(tensor, np.float64)
+        if tensor.size and (top := tensor.max()) > 0:
+            path = max((p for p in starts if starts[p] <= top), key=starts.get)
+            landed[path].append((name, tensor - starts[path]))
+    out = {}
+    for path, ab in pairs.items():
+        a, b = (np.asarray(ab[x], np.float32) for x in "ab")
+        rows = a.shape[-2] * b.shape[-1]  # I x O entries of one layer's (one expert's) weight
+        a, b = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+        placed = [_placement(name, index, rows, b.shape[-1], path) for name, index in landed[path]]
+        if sum(index.size for _, index in landed[path]) != np.size(base[path]):
+            raise ValueError(_unlike(path, "its entries are not all written"))
+        for name, (k, inputs, outputs) in placed:
+            module = f"base_model.model.{name.removesuffix('.weight')}"
+            out[f"{module}.lora_A.weight"] = np.ascontiguousarray(a[k][inputs].T)
+            out[f"{module}.lora_B.weight"] = np.ascontiguousarray(b[k][:, outputs].T)
+    return out, list(written)
+
+
+def _placement(name: str, index: np.ndarray, rows: int, outputs: int, path: tuple):
+    """(name, (layer k, the input index of each column, the output index of each row)) of the Hugging Face tensor
+    `name` whose entries are the indices `index` of a weight of `rows` entries a layer and `outputs` outputs."""
+    if index.ndim != 2 or not name.endswith(".weight") or index.size != rows or (index != np.round(index)).any():
+        raise ValueError(_unlike(path, f"{name} is not one Linear weight of one layer"))
+    index = index.astype(np.int64)
+    k, inputs, outputs_of = index // rows, index % rows // outputs, index % outputs
+    if (k != k[0, 0]).any() or (inputs != inputs[:1]).any() or (outputs_of != outputs_of[:, :1]).any():
+        raise ValueError(_unlike(path, f"{name} does not hold its inputs in columns and outputs in rows"))
+    return name, (int(k[0, 0]), inputs[0], outputs_of[:, 0])
+
+
+def _unlike(path: tuple, why: str) -> str:
+    return (
+        f"the LoRA weight {'/'.join(path)} cannot be a peft adapter of this format ({why}); export the merged model "
+        "with --merged, or train without it in train.lora_targets"
+    )
+
+
+def write_adapter(
+    folder: Path, adapted: Adapted, cfg: ModelConfig, params_to_hf: Callable, lora: Mapping, family: str, base: str
+) -> None:
+    """adapter_config.json + adapter_model.safetensors into `folder`; `lora`: the run's LoraConfig fields, `base`:
+    base_model_name_or_path."""
+    from safetensors.numpy import save_file
+
+    tensors, names = peft_tensors(adapted, cfg, params_to_hf)
+    modules = sorted({name.removeprefix("base_model.model.").rsplit(".", 2)[0] for name in tensors})
+    config = {
+        "peft_type": "LORA",
+        "task_type": _TASKS[family],
+        "base_model_name_or_path": base,
+        "r": lora["lora_rank"],
+        "lora_alpha": lora["lora_alpha"],
+        "use_rslora": lora["lora_scaling"] == "rslora",
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "init_lora_weights": "gaussian",
+        "inference_mode": True,
+        "target_modules": _target_modules(modules, names),
+    }
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
+
+
+def _target_modules(adapted: list[str], all_tensors: list[str]) -> list[str]:
+    """The modules' last names (q_proj, ...) where they name the adapted modules alone, else their full names."""
+    short = {m.rsplit(".", 1)[-1] for m in adapted}
+    matched = {n.removesuffix(".weight") for n in all_tensors if n.removesuffix(".weight").rsplit(".", 1)[-1] in short}
+    return sorted(short) if matched == set(adapted) else adapted
