@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from flax import traverse_util
+from safetensors.numpy import save_file
 
 from txjax.model.config import ModelConfig
 from txjax.state.lora import Adapted
@@ -87,8 +88,6 @@ def write_adapter(
 ) -> None:
     """adapter_config.json + adapter_model.safetensors into `folder`; `lora`: the run's LoraConfig fields, `base`:
     base_model_name_or_path."""
-    from safetensors.numpy import save_file
-
     tensors, names = peft_tensors(adapted, cfg, params_to_hf)
     modules = sorted({name.removeprefix("base_model.model.").rsplit(".", 2)[0] for name in tensors})
     config = {
