@@ -229,3 +229,24 @@ def test_the_other_families_train_their_adapters_alone(family, pairs_tsv, tmp_pa
     adapted = {p[:-1] for p, v in _flat(state.params.lora).items() if p[-1] == "b" and np.abs(v).max() > 0}
     assert adapted == {p[:-1] for p in _flat(start.params.lora) if p[-1] == "b"}
     assert any("cross_attention" in p for p in adapted) == (family == "encoder_decoder")
+
+
+def test_a_weight_the_format_fuses_is_refused_in_one_line_naming_merged(tmp_path):
+    """GPT-2's c_attn holds W^Q, W^K and W^V in one tensor: no peft pair of one of them; refused, nothing written."""
+    import dataclasses
+
+    from txjax.convert import gpt2
+    from txjax.convert.peft_adapter import write_adapter
+    from txjax.model.models import DecoderLM
+
+    cfg = dataclasses.replace(gpt2.GPT2_SMALL, vocab_size=50, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=8)
+    model = DecoderLM(cfg)
+    params = families.init_params(model, jax.random.key(0))
+    config = lora.LoraConfig(lora_rank=2, lora_targets=("query",))
+    adapted = lora.adapted(params, families.param_roles(model), config, jax.random.key(1))
+    fields = {"lora_rank": 2, "lora_alpha": 16.0, "lora_scaling": "lora"}
+    with pytest.raises(ValueError) as refused:
+        write_adapter(tmp_path, jax.device_get(adapted), cfg, gpt2.params_to_hf, fields, "decoder_lm", "gpt2")
+    assert str(refused.value).startswith("the LoRA weight decoder/layers/self_attention/query cannot be a peft adapter")
+    assert "--merged" in str(refused.value) and "\n" not in str(refused.value)
+    assert list(tmp_path.iterdir()) == []
