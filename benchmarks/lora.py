@@ -21,7 +21,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import common
 import jax
@@ -34,12 +33,12 @@ from txjax.state.optim import OptimConfig
 from txjax.state.train_state import optimizer, start_state
 from txjax.training.step import make_train_step
 
-DEFAULT_WORKDIR = common.REPO / "runs" / "benchmarks" / "smollm2"
+DEFAULT_WORKDIR = "runs/benchmarks/smollm2"  # relative to the repository (its result file names no machine's path)
 
 
 def variant(args) -> dict:
     """One variant's figures, measured in this process."""
-    run = load_workdir(args.workdir)
+    run = load_workdir(common.REPO / args.workdir)
     model = run.model.clone(cfg=dataclasses.replace(run.model.cfg, dtype=args.dtype))
     lora = LoraConfig(lora_rank=args.rank if args.variant == "lora" else 0, lora_alpha=2.0 * args.rank)
     t = TrainConfig(batch_size=args.batch_size, optim=OptimConfig(warmup_steps=0), lora=lora)
@@ -76,7 +75,7 @@ def variant(args) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", default=str(DEFAULT_WORKDIR))
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--seq_len", type=int, default=256)
@@ -89,10 +88,10 @@ def main():
         print(json.dumps(variant(args)))
         return
     common.warn_if_loaded()
-    if not Path(args.workdir).exists():
+    if not (common.REPO / args.workdir).exists():
         import run  # the import subcommand, as a user runs it
 
-        assert run.main(["import", f"--from={common.smollm2_gguf()}", f"--workdir={args.workdir}"]) == 0
+        assert run.main(["import", f"--from={common.smollm2_gguf()}", f"--workdir={common.REPO / args.workdir}"]) == 0
     rows = []
     for name in ("full", "lora"):
         flags = [f"--{k}={v}" for k, v in vars(args).items() if v is not None and k not in ("variant", "out")]

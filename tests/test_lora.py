@@ -250,3 +250,29 @@ def test_a_weight_the_format_fuses_is_refused_in_one_line_naming_merged(tmp_path
     assert str(refused.value).startswith("the LoRA weight decoder/layers/self_attention/query cannot be a peft adapter")
     assert "--merged" in str(refused.value) and "\n" not in str(refused.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_peft_adapter_imported_onto_the_base_is_the_run_again(runs, tmp_path, capsys):
+    """run.py import --from=ADAPTER --base=WORKDIR: the exported adapter read back onto the imported base gives the
+    run's merged weights, and exported again the same tensors; a DoRA adapter is one line, nothing written."""
+    from safetensors.numpy import load_file
+
+    _, base, tuned = runs
+    adapter, again = tmp_path / "adapter", tmp_path / "again"
+    assert run.main(["export", f"--workdir={tuned}", f"--to={adapter}"]) == 0
+    assert run.main(["import", f"--from={adapter}", f"--base={base}", f"--workdir={again}"]) == 0
+    close = lambda got, want: np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    jax.tree.map(close, load_workdir(again).params, load_workdir(tuned).params)
+    assert run.main(["export", f"--workdir={again}", f"--to={tmp_path / 'twice'}"]) == 0
+    first, twice = (
+        load_file(adapter / "adapter_model.safetensors"),
+        load_file(tmp_path / "twice" / "adapter_model.safetensors"),
+    )
+    assert first.keys() == twice.keys() and all(np.array_equal(first[k], twice[k]) for k in first)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
+    capsys.readouterr()
+    assert run.main(["import", f"--from={adapter}", f"--base={base}", f"--workdir={tmp_path / 'dora'}"]) == 2
+    err = capsys.readouterr().err
+    assert "adapter_config.json: use_dora=True is not plain LoRA, which txjax reads" in err and err.count("\n") == 1
+    assert not (tmp_path / "dora").exists()

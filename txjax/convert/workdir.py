@@ -30,12 +30,12 @@ import ml_collections
 from txjax import config as config_lib
 from txjax.convert import bart, gemma, gguf, gpt2, llama, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
-from txjax.convert.peft_adapter import write_adapter
+from txjax.convert.peft_adapter import read_adapter, write_adapter
 from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
-from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, init_params
+from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, init_params, param_roles
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 from txjax.state.checkpoint import Checkpointer
@@ -118,6 +118,19 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
     if jax.tree.structure(params) != jax.tree.structure(expected):
         raise ValueError("the imported parameters do not have the structure `run.py train` builds")
 
+    path = _write_workdir(workdir, config, tokenizer, state)
+    return {
+        "workdir": str(path),
+        "params": sum(a.size for a in jax.tree.leaves(params)),
+        "vocab_size": cfg.vocab_size,
+        "max_len": cfg.max_len,
+        "num_layers": cfg.num_layers,
+    }
+
+
+def _write_workdir(workdir, config: ml_collections.ConfigDict, tokenizer, state: TrainState) -> Path:
+    """A new workdir holding `config`, `tokenizer` and `state` as step 0, atomically."""
+
     def write(tmp: Path):
         config_lib.save(config, tmp)
         tokenizer.save(tmp / TOKENIZER_DIR)
@@ -127,13 +140,32 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
         finally:
             ckpt.close()
 
-    path = write_atomically(workdir, write)
+    return write_atomically(workdir, write)
+
+
+def import_adapter(adapter, base, workdir) -> dict:
+    """A peft LoRA adapter folder (txjax.convert.peft_adapter.read_adapter) onto the model of the workdir `base`
+    (imported, or trained without LoRA) -> a new workdir: base's config with the adapter's LoRA settings, its
+    tokenizer, and step 0 holding base's parameters and the adapters, which eval, generate and export read as a LoRA
+    run's (merged; `run.py export` writes the adapter back)."""
+    run = load_workdir(base)
+    if run.config.train.lora_rank:
+        raise ValueError(f"--base={base}: a LoRA run's workdir; give the workdir of the model its adapters were on")
+    family = family_of(run.model)
+    params = jax.device_get(run.params)
+    params_to_hf = (_decoder_format(run.model.cfg) if family == DECODER_LM else _seq2seq_format(run)).params_to_hf
+    adapted, lora = read_adapter(adapter, params, param_roles(run.model), run.model.cfg, params_to_hf)
+    config = run.config
+    config.train.update(lora_rank=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_scaling=lora.lora_scaling)
+    config.train.lora_targets = list(lora.lora_targets)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=jax.tree.map(jnp.asarray, adapted), opt_state=None)
+    path = _write_workdir(workdir, config, run.tokenizer, state)
+    adapters = sum(a.size for a in jax.tree.leaves(adapted.lora))
     return {
         "workdir": str(path),
-        "params": sum(a.size for a in jax.tree.leaves(params)),
-        "vocab_size": cfg.vocab_size,
-        "max_len": cfg.max_len,
-        "num_layers": cfg.num_layers,
+        "adapter_params": adapters,
+        "lora_rank": lora.lora_rank,
+        "targets": config.train.lora_targets,
     }
 
 

@@ -79,7 +79,7 @@ def check_targets(targets) -> None:
         )
 
 
-def _name(path: tuple) -> str:
+def weight_name(path: tuple) -> str:
     """A parameter's name: nn.Dense's module name for its 'kernel', else its own."""
     return path[-2] if path[-1] == "kernel" else path[-1]
 
@@ -88,9 +88,11 @@ def targeted(roles, lora: LoraConfig) -> dict[tuple, Role]:
     """{path: role} of the weights `lora` adapts in a model of `roles` (txjax.families.param_roles); ConfigError
     when its targets name none of them, or its rank is above a weight's smaller dimension (its rank at most)."""
     flat = traverse_util.flatten_dict(roles)
-    found = {path: role for path, role in flat.items() if _name(path) in lora.lora_targets and role.kind == "matrix"}
+    found = {
+        path: role for path, role in flat.items() if weight_name(path) in lora.lora_targets and role.kind == "matrix"
+    }
     if not found:
-        have = sorted({_name(path) for path, role in flat.items() if role.kind == "matrix"})
+        have = sorted({weight_name(path) for path, role in flat.items() if role.kind == "matrix"})
         raise ConfigError(
             f"config.train.lora_targets={list(lora.lora_targets)!r} names no weight matrix of this model; its "
             f"matrices: {', '.join(have)}"
@@ -103,7 +105,7 @@ def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
     flat, adapters = traverse_util.flatten_dict(params), {}
     for i, (path, role) in enumerate(sorted(targeted(roles, lora).items())):
         w = nn.meta.unbox(flat[path])  # a boxed tree's (state_shardings') weight: its shape
-        batch, (inputs, outputs) = w.shape[: w.ndim - role.inputs - role.outputs], _sizes(w.shape, role)
+        batch, (inputs, outputs) = w.shape[: w.ndim - role.inputs - role.outputs], matrix_sizes(w.shape, role)
         if lora.lora_rank > min(inputs, outputs):
             raise ConfigError(
                 f"config.train.lora_rank={lora.lora_rank} is above the dimension of {'/'.join(path)} "
@@ -115,7 +117,7 @@ def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
     return Adapted(params, traverse_util.unflatten_dict(adapters), lora.scale)
 
 
-def _sizes(shape: tuple, role: Role) -> tuple[int, int]:
+def matrix_sizes(shape: tuple, role: Role) -> tuple[int, int]:
     """(I, O): the products of a weight's input and output axes."""
     return math.prod(shape[len(shape) - role.inputs - role.outputs : len(shape) - role.outputs]), math.prod(
         shape[len(shape) - role.outputs :]
