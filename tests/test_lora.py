@@ -276,3 +276,21 @@ def test_a_peft_adapter_imported_onto_the_base_is_the_run_again(runs, tmp_path, 
     err = capsys.readouterr().err
     assert "adapter_config.json: use_dora=True is not plain LoRA, which txjax reads" in err and err.count("\n") == 1
     assert not (tmp_path / "dora").exists()
+
+
+def test_lora_runs_differing_in_the_learning_rate_train_stacked(runs, tmp_path):
+    """Two LoRA runs of two learning rates: one vmapped program, each run's base the source's bit for bit, their
+    adapters apart."""
+    from txjax.training.stack import train_runs
+
+    folder, base, _ = runs
+    flags = lambda lr: [*train_flags(folder, base, f"--config.train.learning_rate={lr}"), "--config.train.steps=2"]
+    configs = [config_lib.from_command_line(None, flags(lr)) for lr in (1e-2, 1e-3)]
+    results = train_runs(configs, [tmp_path / "fast", tmp_path / "slow"])
+    assert [r["runs_vmapped"] for r in results] == [2, 2]
+    fast, slow = (saved_state(tmp_path / name, 2).params for name in ("fast", "slow"))
+    for params in (fast, slow):
+        jax.tree.map(np.testing.assert_array_equal, params.base, load_workdir(base).params)
+    assert not np.array_equal(
+        *(np.asarray(p.lora["decoder"]["layers"]["self_attention"]["query"]["b"]) for p in (fast, slow))
+    )
