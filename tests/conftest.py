@@ -113,6 +113,7 @@ LONGEST_FIRST = [
     "test_multiprocess.py",  # ~75: two-process jax.distributed runs
     "test_faults.py",  # ~70: signals and kills of run.py processes
     "test_gguf.py",  # ~50: SmolLM2-135M against transformers
+    "test_lora.py",  # ~55 at load 7-10 (90 at 10): LoRA runs of a tiny Llama and an encoder-decoder, peft, resume
     "test_expert_parallel.py",  # ~50 s of CPU: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
     "test_decode.py",  # ~50: 21 tests of cached decoding
     "test_seq2seq_convert.py",  # four encoder-decoders against transformers and exported back, a T5 fine-tuning

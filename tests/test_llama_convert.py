@@ -19,11 +19,13 @@ from tiny_hf import (  # noqa: E402
     LM_VOCAB,
     assert_logits_match,
     hf_greedy,
+    peft_loaded,
     random_decoder,
     torch_logits,
+    txjax_logits,
 )
 
-from txjax.convert.llama import config_from_hf, load_llama, pairs, save_llama  # noqa: E402
+from txjax.convert.llama import config_from_hf, load_llama, pairs, params_to_hf, save_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 from txjax.model.positional import apply_rope  # noqa: E402
@@ -96,3 +98,14 @@ def test_unrepresentable_config_names_the_field(change, field):
     with pytest.raises(ValueError, match=field) as e:
         config_from_hf(hf_config, has_head=True)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("hf", ["qwen2", "qwen3_yarn"], indirect=True)  # Q/K/V biases; Q/K norms, RoPE permuted
+def test_a_lora_adapter_loads_in_peft_with_txjaxs_logits(hf, tmp_path):
+    """txjax's peft export of adapters on every projection (txjax.convert.peft_adapter, through params_to_hf's
+    RoPE permutation of Q and K) loaded by peft onto the transformers model: txjax's merged model's logits."""
+    pytest.importorskip("peft")
+    _, model, cfg, params = hf
+    adapted, merged = peft_loaded(model, DecoderLM(cfg), params, params_to_hf, tmp_path / "adapter")
+    assert_logits_match(adapted, cfg, merged, TOKENS)
+    assert np.abs(txjax_logits(cfg, merged, TOKENS) - txjax_logits(cfg, params, TOKENS)).max() > 1e-2

@@ -20,13 +20,14 @@ from tiny_hf import (  # noqa: E402
     assert_logits_match,
     decoder_config,
     hf_greedy,
+    peft_loaded,
     random_decoder,
     torch_logits,
     txjax_logits,
 )
 
 import run  # noqa: E402
-from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, save_moe  # noqa: E402
+from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, params_to_hf, save_moe  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
@@ -160,3 +161,14 @@ def test_export_writes_topk_then_softmax_as_norm_topk_prob(convert, tmp_path):
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     want = txjax_logits(cfg, params, TOKENS)
     np.testing.assert_allclose(torch_logits(exported, TOKENS), want, atol=1e-4, rtol=0)
+
+
+def test_a_lora_adapter_on_the_experts_loads_in_peft_with_txjaxs_logits(convert, tmp_path):
+    """Qwen2-MoE (a dense layer 0, routed and shared experts): adapters on attention and every FFN, the routed
+    experts' one pair per expert, written by txjax's peft writer and loaded by peft onto transformers' model (whose
+    experts are fused tensors): txjax's merged model's logits within 1e-4."""
+    pytest.importorskip("peft")
+    _, model, cfg, params = convert("qwen2_moe")
+    adapted, merged = peft_loaded(model, DecoderLM(cfg), params, params_to_hf, tmp_path / "adapter")
+    assert_logits_match(adapted, cfg, merged, TOKENS)
+    assert np.abs(txjax_logits(cfg, merged, TOKENS) - txjax_logits(cfg, params, TOKENS)).max() > 1e-2

@@ -24,6 +24,7 @@ from tiny_hf import (  # noqa: E402
     S2S_VOCAB,
     SEQ2SEQ,
     marian_tokenizer,
+    peft_loaded,
     save_marian_tokenizer,
     save_tiny_seq2seq,
     seq2seq_config,
@@ -291,3 +292,16 @@ def test_fine_tuning_on_the_bible_lowers_the_loss_and_eval_prints_bleu(imported,
     metrics = json.loads(lines[-1])
     assert any(line.startswith("BLEU") for line in lines) and math.isfinite(metrics["bleu"]), lines
     assert metrics["split"] == "test" and metrics["bleu_signature"]
+
+
+@pytest.mark.parametrize("imported", ["marian"], indirect=True)
+def test_a_lora_adapter_loads_in_peft_with_txjaxs_logits(imported, tmp_path):
+    """txjax's peft export of adapters on every projection (self- and cross-attention, the FFN) loaded by peft onto
+    the transformers model: txjax's merged model's logits, within 1e-4."""
+    pytest.importorskip("peft")
+    hf, workdir = imported
+    run_ = load_workdir(workdir)
+    adapted, merged = peft_loaded(hf, run_.model, run_.params, marian.params_to_hf, tmp_path / "adapter")
+    want, got = seq2seq_logits(adapted, run_.model, merged, run_.tokenizer)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.abs(got - seq2seq_logits(hf, run_.model, run_.params, run_.tokenizer)[1]).max() > 1e-2

@@ -27,7 +27,7 @@ from txjax.ops import profiling
 from txjax.ops.provenance import REPO
 from txjax.ops.trackers import TRACKERS
 from txjax.sections import schema
-from txjax.state import optim
+from txjax.state import lora, optim
 
 DEFAULT_EXPERIMENT = REPO / "experiments" / "reverse.py"
 CONFIG_FILE = "config.json"
@@ -162,6 +162,10 @@ def validate(
             f"not {t.optimizer!r}"
         )
     validate_trackers(t.trackers)
+    if t.lora_rank:
+        lora.check_targets(t.lora_targets)
+        if t.moe_bias_rate:  # the router's bias is the base's, frozen
+            raise ConfigError("config.train.moe_bias_rate balances a frozen router under LoRA: set it to 0")
     if config.data.kind not in families.get(config.family).data_kinds:  # its kinds are kinds.KINDS'
         raise ConfigError(f"config.data.kind={config.data.kind!r} does not fit config.family={config.family!r}")
     if kinds.KINDS[config.data.kind].files and not config.data.path:

@@ -20,8 +20,9 @@ from txjax import config as config_lib
 from txjax import data, families
 from txjax.parallel.distributed import first_device_mesh
 from txjax.state.checkpoint import Checkpointer
-from txjax.state.optim import OptimConfig, eval_params, make_optimizer
-from txjax.state.train_state import init_state, state_shardings
+from txjax.state.lora import LoraConfig
+from txjax.state.optim import OptimConfig, eval_params
+from txjax.state.train_state import init_state, optimizer, state_shardings
 
 BUILT_WITH = "built_with.json"  # in data.TOKENIZER_DIR: the data fields the tokenizer was built from
 CHECKPOINT_DIR = "checkpoints"
@@ -151,12 +152,14 @@ class TrainedRun(NamedTuple):
 
 
 def load_workdir(
-    workdir: str | Path, step: int | None = None, mesh: Mesh | None = None, average: int = 1
+    workdir: str | Path, step: int | None = None, mesh: Mesh | None = None, average: int = 1, merge: bool = True
 ) -> TrainedRun:
     """Config, tokenizer and the parameters of the latest (or `step`'s) checkpoint of a training workdir, laid out
     on `mesh` (default: the first device), whatever mesh and process count wrote them. average=N: the element-wise
     mean of the parameters of the N newest checkpoints (up to `step`), Vaswani et al. 2017 (section 6.1: "a single
-    model obtained by averaging the last 5 checkpoints"); `step` is then the newest of them."""
+    model obtained by averaging the last 5 checkpoints"); `step` is then the newest of them. A LoRA run's parameters
+    are its merged weights, or with merge=False its base and adapters (txjax.state.lora.Adapted: what export writes
+    as a peft adapter)."""
     if average < 1:
         raise config_lib.ConfigError(f"--average={average}: the number of checkpoints to average must be at least 1")
     workdir = Path(workdir)
@@ -166,16 +169,17 @@ def load_workdir(
     except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"{workdir / config_lib.CONFIG_FILE}: {e}; correct it there") from None
     model = build_model(config)
-    tx = make_optimizer(OptimConfig.of(config.train), families.param_roles(model), model.cfg)
-    shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh())
-    init = jax.jit(lambda: init_state(model, tx, config.train.seed), out_shardings=shardings)
+    lora = LoraConfig.of(config.train)
+    tx = optimizer(model, OptimConfig.of(config.train), lora)
+    shardings = state_shardings(model, tx, config.train.seed, mesh or first_device_mesh(), lora)
+    init = jax.jit(lambda: init_state(model, tx, config.train.seed, lora_config=lora), out_shardings=shardings)
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, config.train.keep_checkpoints)
     steps, total = [], None  # a running float32 sum: one restored state in memory at a time
     try:
         # the parameters alone (schedule-free AdamW's evaluation point needs its state too): no optimizer moments read
         only = () if config.train.optimizer == "schedule_free_adamw" else ("step", "params")
         for saved, state in ckpt.restore_newest(jax.eval_shape(init), average, step, only):
-            params = eval_params(config.train.optimizer, state)  # schedule-free AdamW: the averaged point
+            params = eval_params(config.train.optimizer, state, merge)  # schedule-free AdamW's averaged point
             if average > 1:
                 f32 = jax.tree.map(lambda leaf: leaf.astype(jnp.float32), params)
                 total = f32 if total is None else jax.tree.map(jnp.add, total, f32)

@@ -19,7 +19,7 @@ EXTRAS = {  # module -> the extra of pyproject.toml that installs it
     "gguf": "interop",
     "accelerate": "interop",
     "jinja2": "interop",
-    "peft": "interop",
+    "peft": "interop",  # what loads the LoRA adapters export writes (the tests' reference)
     "lm_eval": "lmeval",
     "ray": "sweep",
     "optuna": "sweep",

@@ -31,14 +31,16 @@ import ml_collections
 from txjax import config as config_lib
 from txjax.convert import bart, deepseek, gemma, gguf, gpt2, llama, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
+from txjax.convert.peft_adapter import read_adapter, write_adapter
 from txjax.data import TOKENIZER_DIR
 from txjax.data.hf_tokenizer import HFTokenizer
 from txjax.data.tokenizers import ByteLevelBPETokenizer
 from txjax.experiment import CHECKPOINT_DIR, build_model, load_workdir
-from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, init_params
+from txjax.families import DECODER_LM, ENCODER_DECODER, Family, family_of, init_params, param_roles
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 from txjax.state.checkpoint import Checkpointer
+from txjax.state.lora import Adapted
 from txjax.state.train_state import TrainState
 
 
@@ -119,6 +121,19 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
     if jax.tree.structure(params) != jax.tree.structure(expected):
         raise ValueError("the imported parameters do not have the structure `run.py train` builds")
 
+    path = _write_workdir(workdir, config, tokenizer, state)
+    return {
+        "workdir": str(path),
+        "params": sum(a.size for a in jax.tree.leaves(params)),
+        "vocab_size": cfg.vocab_size,
+        "max_len": cfg.max_len,
+        "num_layers": cfg.num_layers,
+    }
+
+
+def _write_workdir(workdir, config: ml_collections.ConfigDict, tokenizer, state: TrainState) -> Path:
+    """A new workdir holding `config`, `tokenizer` and `state` as step 0, atomically."""
+
     def write(tmp: Path):
         config_lib.save(config, tmp)
         tokenizer.save(tmp / TOKENIZER_DIR)
@@ -128,13 +143,32 @@ def import_model(source, workdir, experiment: str | None = None, overrides=()) -
         finally:
             ckpt.close()
 
-    path = write_atomically(workdir, write)
+    return write_atomically(workdir, write)
+
+
+def import_adapter(adapter, base, workdir) -> dict:
+    """A peft LoRA adapter folder (txjax.convert.peft_adapter.read_adapter) onto the model of the workdir `base`
+    (imported, or trained without LoRA) -> a new workdir: base's config with the adapter's LoRA settings, its
+    tokenizer, and step 0 holding base's parameters and the adapters, which eval, generate and export read as a LoRA
+    run's (merged; `run.py export` writes the adapter back)."""
+    run = load_workdir(base)
+    if run.config.train.lora_rank:
+        raise ValueError(f"--base={base}: a LoRA run's workdir; give the workdir of the model its adapters were on")
+    family = family_of(run.model)
+    params = jax.device_get(run.params)
+    params_to_hf = (_decoder_format(run.model.cfg) if family == DECODER_LM else _seq2seq_format(run)).params_to_hf
+    adapted, lora = read_adapter(adapter, params, param_roles(run.model), run.model.cfg, params_to_hf)
+    config = run.config
+    config.train.update(lora_rank=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_scaling=lora.lora_scaling)
+    config.train.lora_targets = list(lora.lora_targets)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=jax.tree.map(jnp.asarray, adapted), opt_state=None)
+    path = _write_workdir(workdir, config, run.tokenizer, state)
+    adapters = sum(a.size for a in jax.tree.leaves(adapted.lora))
     return {
         "workdir": str(path),
-        "params": sum(a.size for a in jax.tree.leaves(params)),
-        "vocab_size": cfg.vocab_size,
-        "max_len": cfg.max_len,
-        "num_layers": cfg.num_layers,
+        "adapter_params": adapters,
+        "lora_rank": lora.lora_rank,
+        "targets": config.train.lora_targets,
     }
 
 
@@ -145,27 +179,52 @@ def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> Non
     (folder / "merges.txt").write_text("#version: 0.2\n" + merges, encoding="utf-8")
 
 
-def export_workdir(workdir, target) -> dict:
+def export_workdir(workdir, target, merged: bool = False, base_model: str | None = None) -> dict:
     """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
     table, an MoE architecture when it has experts, Gemma 2/3 with sandwich norms, else Llama / Qwen2); its
-    tokenizer's files with them when it is a GPT-2 or a pretrained model's one."""
-    run = load_workdir(workdir)
+    tokenizer's files with them when it is a GPT-2 or a pretrained model's one. A LoRA run's: its adapters as a
+    peft adapter folder (txjax.convert.peft_adapter, adapter_config.json's base_model_name_or_path `base_model`,
+    default its train.init_from), or with `merged` its merged weights as that folder."""
+    run = load_workdir(workdir, merge=merged)
     family = family_of(run.model)
     if family not in _EXPORTERS:
         raise ValueError(f"{workdir}: family {family.name!r} cannot be exported (a decoder-only LM can)")
+    if merged and not run.config.train.lora_rank:
+        raise ValueError(f"--merged: {workdir} has no LoRA adapters to merge (train.lora_rank=0); drop --merged")
+    if isinstance(run.params, Adapted):
+        fields, base = run.config.train, base_model or run.config.train.init_from
+        params_to_hf = (_decoder_format(run.model.cfg) if family == DECODER_LM else _seq2seq_format(run)).params_to_hf
+        adapted = jax.device_get(run.params)
+        write = lambda tmp: write_adapter(tmp, adapted, run.model.cfg, params_to_hf, fields, family.name, base)
+        path = write_atomically(target, write)
+        return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
     return _EXPORTERS[family](run, target)
+
+
+def _decoder_format(cfg: ModelConfig):
+    """The converter of a DecoderLM's format, by its fields."""
+    return (
+        gpt2 if cfg.positional == "learned"
+        else deepseek if cfg.attention == "mla"
+        else moe if cfg.num_experts
+        else gemma if cfg.norm_placement == "sandwich"
+        else llama
+    )  # fmt: skip
+
+
+_WRITERS = {
+    gpt2: gpt2.write_gpt2,
+    deepseek: deepseek.write_deepseek,
+    moe: moe.write_moe,
+    gemma: gemma.write_gemma,
+    llama: llama.write_llama,
+}
 
 
 def _export_decoder_lm(run, target) -> dict:
     """A DecoderLM -> a GPT-2, MoE, Gemma or Llama folder, by its fields."""
     cfg, tokenizer = run.model.cfg, run.tokenizer
-    write_model = (
-        gpt2.write_gpt2 if cfg.positional == "learned"
-        else deepseek.write_deepseek if cfg.attention == "mla"
-        else moe.write_moe if cfg.num_experts
-        else gemma.write_gemma if cfg.norm_placement == "sandwich"
-        else llama.write_llama
-    )  # fmt: skip
+    write_model = _WRITERS[_decoder_format(cfg)]
     params = jax.device_get(run.params)
 
     def write(tmp: Path):
@@ -179,24 +238,28 @@ def _export_decoder_lm(run, target) -> dict:
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}
 
 
-# an encoder-decoder's exporter, by the positions that tell its family apart
-_ENCODER_DECODER_WRITERS = {
-    "sinusoidal_halves": marian.write_marian,
-    "learned": bart.write_bart,
-    "relative_buckets": t5.write_t5,
-}
+# an encoder-decoder's converter, by the positions that tell its family apart
+_ENCODER_DECODER_FORMATS = {"sinusoidal_halves": marian, "learned": bart, "relative_buckets": t5}
+_ENCODER_DECODER_WRITERS = {marian: marian.write_marian, bart: bart.write_bart, t5: t5.write_t5}
 
 
-def _export_encoder_decoder(run, target) -> dict:
-    """A Marian-, BART- or T5-shaped EncoderDecoder (told apart by model.positional; each writer refuses a field its
-    family lacks in one line) with a pretrained tokenizer -> a MarianMTModel, BART or T5 folder."""
-    write = _ENCODER_DECODER_WRITERS.get(run.model.cfg.positional)
-    if write is None or not isinstance(run.tokenizer, HFTokenizer):
+def _seq2seq_format(run):
+    """The converter of a Marian-, BART- or T5-shaped EncoderDecoder (told apart by model.positional) with a
+    pretrained tokenizer; ValueError for another."""
+    found = _ENCODER_DECODER_FORMATS.get(run.model.cfg.positional)
+    if found is None or not isinstance(run.tokenizer, HFTokenizer):
         raise ValueError(
             f"model.positional={run.model.cfg.positional!r} with a {run.tokenizer.kind!r} tokenizer cannot be "
             "exported: an encoder-decoder imported from Marian, BART or T5 can (positional "
-            f"{', '.join(_ENCODER_DECODER_WRITERS)} with its pretrained tokenizer)"
+            f"{', '.join(_ENCODER_DECODER_FORMATS)} with its pretrained tokenizer)"
         )
+    return found
+
+
+def _export_encoder_decoder(run, target) -> dict:
+    """A Marian-, BART- or T5-shaped EncoderDecoder (each writer refuses a field its family lacks in one line) ->
+    a MarianMTModel, BART or T5 folder."""
+    write = _ENCODER_DECODER_WRITERS[_seq2seq_format(run)]
     params = jax.device_get(run.params)
     path = write_atomically(target, lambda tmp: write(tmp, run.model.cfg, params, run.tokenizer))
     return {"folder": str(path), "step": run.step, "files": sorted(p.name for p in path.iterdir())}

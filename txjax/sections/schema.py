@@ -3,8 +3,8 @@ base_config's values, the numbers' ranges, the strings' choices, what a resumed 
 read each field. A new setting is one field of its section's dataclass; nothing here names a field.
 
 The sections: `family` (a name of txjax.families), `model` (ModelConfig: its own checks in __post_init__), `data`
-(DataConfig), `train` (TrainConfig's fields and its OptimConfig's), `mesh` (MeshShape) and `decode` (the options of
-txjax.decode.strategy, checked by its Strategy).
+(DataConfig), `train` (TrainConfig's fields, its OptimConfig's and its LoraConfig's), `mesh` (MeshShape) and
+`decode` (the options of txjax.decode.strategy, checked by its Strategy).
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ from txjax.model.config import ModelConfig
 from txjax.sections.data import DataConfig
 from txjax.sections.mesh import MeshShape
 from txjax.sections.train import TrainConfig
+from txjax.state.lora import LoraConfig
 from txjax.state.optim import OptimConfig
 
-SECTIONS = {"model": (ModelConfig,), "data": (DataConfig,), "train": (OptimConfig, TrainConfig), "mesh": (MeshShape,)}
+SECTIONS = {
+    "model": (ModelConfig,),
+    "data": (DataConfig,),
+    "train": (OptimConfig, LoraConfig, TrainConfig),
+    "mesh": (MeshShape,),
+}
 _UNSET = {"vocab_size": 0, "max_len": 0}  # model: 0 is filled in from the tokenizer and the data's longest sequence
 
 

@@ -1,7 +1,7 @@
 """config.train's schema and frozen value: TrainConfig, made once from the validated section at the edge of training
 (txjax.training.edge.RunSpec) and handed down to the loop, the train step and the time budget in place of the
-ConfigDict. The optimizer's part is its own value, txjax.state.optim.OptimConfig, which is all make_optimizer reads;
-config.train holds the fields of both.
+ConfigDict. The optimizer's part is its own value, txjax.state.optim.OptimConfig, which is all make_optimizer reads,
+and LoRA's is txjax.state.lora.LoraConfig; config.train holds the fields of all three.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from txjax.fields import Range, ReadBy, at_least, setting, within
+from txjax.state.lora import LoraConfig
 from txjax.state.optim import OptimConfig
 
 SEED_MAX = 2**63 - 1  # a seed becomes an int64 (jax.random.key, numpy's generators)
@@ -51,12 +52,14 @@ class TrainConfig:
     # where the records of metrics.jsonl also go: + wandb | mlflow (txjax.ops.trackers); jsonl always
     trackers: tuple[str, ...] = setting(("jsonl", "tensorboard"))
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)  # config.train's other fields
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # and its LoRA settings
 
     @classmethod
     def of(cls, t) -> TrainConfig:
         """From a validated config.train section."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("optim", "trackers")]
-        return cls(**{name: t[name] for name in names}, trackers=tuple(t.trackers), optim=OptimConfig.of(t))
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("optim", "lora", "trackers")]
+        nested = {"optim": OptimConfig.of(t), "lora": LoraConfig.of(t)}
+        return cls(**{name: t[name] for name in names}, trackers=tuple(t.trackers), **nested)
 
     @property
     def steps(self) -> int:

@@ -40,6 +40,7 @@ import optax
 import optax.contrib
 
 from txjax.fields import Range, ReadBy, at_least, setting, within
+from txjax.state import lora
 
 HYPERPARAMS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2")  # traced, vmappable
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
@@ -265,10 +266,14 @@ def step_plan(o: OptimConfig) -> dict:
     return {"decay_from": o.steps - n, "decay_steps": n, "trained_s": jnp.zeros((), jnp.float32)}
 
 
-def eval_params(optimizer: str, state):
-    """The parameters of a TrainState to evaluate: the training iterate, or schedule-free AdamW's averaged point."""
-    if optimizer != "schedule_free_adamw":
-        return state.params
-    inner = state.opt_state.inner_state
-    # the schedule-free state alone, or after the clipping's empty state in a chain
-    return optax.contrib.schedule_free_eval_params(inner if hasattr(inner, "z") else inner[-1], state.params)
+def eval_params(optimizer: str, state, merge: bool = True):
+    """The model's parameters of a TrainState to evaluate: the training iterate, or schedule-free AdamW's averaged
+    point; a LoRA run's merged (txjax.state.lora.model_params) unless not `merge`."""
+    params = state.params
+    if optimizer == "schedule_free_adamw":
+        inner = state.opt_state.inner_state
+        trained, frozen = lora.trained(params)
+        # the schedule-free state alone, or after the clipping's empty state in a chain
+        averaged = optax.contrib.schedule_free_eval_params(inner if hasattr(inner, "z") else inner[-1], trained)
+        params = lora.joined(averaged, frozen, params)
+    return lora.model_params(params) if merge else params

@@ -13,8 +13,12 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from txjax.families import init_params
+from txjax.families import init_params, param_roles
 from txjax.parallel.sharding import shardings_for
+from txjax.state import lora
+from txjax.state.optim import OptimConfig, make_optimizer
+
+NO_LORA = lora.LoraConfig()
 
 
 @flax.struct.dataclass
@@ -30,17 +34,37 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
     return params_key, dropout_key
 
 
-def init_state(model, tx: optax.GradientTransformation, seed: int, boxed: bool = False) -> TrainState:
+def optimizer(model, o: OptimConfig, lora_config: lora.LoraConfig = NO_LORA) -> optax.GradientTransformation:
+    """The run's optimizer (txjax.state.optim.make_optimizer) over what it trains: the model's parameters, or with
+    LoRA on, the adapters alone (txjax.state.lora)."""
+    return make_optimizer(o, lora.trained_roles(param_roles(model), lora_config), model.cfg)
+
+
+def init_state(
+    model, tx: optax.GradientTransformation, seed: int, boxed: bool = False, lora_config: lora.LoraConfig = NO_LORA
+) -> TrainState:
     """Step 0: parameters drawn with the run's params key, fresh optimizer moments. Jit it or eval_shape it.
     `boxed` keeps the logical-axis metadata on the parameters and their moments (see state_shardings)."""
-    params = init_params(model, run_keys(seed)[0], boxed)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return start_state(init_params(model, run_keys(seed)[0], boxed), tx, model, seed, lora_config)
 
 
-def state_shardings(model, tx: optax.GradientTransformation, seed: int, mesh: Mesh) -> TrainState:
+def start_state(params, tx: optax.GradientTransformation, model, seed: int, lora_config=NO_LORA) -> TrainState:
+    """Step 0 at the model's `params`: with LoRA on, the adapters drawn beside them (from the params key folded
+    with 1), and fresh moments of what the optimizer trains."""
+    if lora_config.lora_rank:
+        key = jax.random.fold_in(run_keys(seed)[0], 1)
+        params = lora.adapted(params, param_roles(model), lora_config, key)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(lora.trained(params)[0]))
+
+
+def state_shardings(
+    model, tx: optax.GradientTransformation, seed: int, mesh: Mesh, lora_config: lora.LoraConfig = NO_LORA
+) -> TrainState:
     """Where each array of the state lives on `mesh`: parameters and their AdamW moments by their logical axes
-    (sharding.LOGICAL_RULES), the step and counters replicated. Computed from shapes only (jax.eval_shape)."""
-    return shardings_for(jax.eval_shape(functools.partial(init_state, model, tx, seed, boxed=True)), mesh)
+    (sharding.LOGICAL_RULES), LoRA's adapters and the step and counters replicated. Computed from shapes only
+    (jax.eval_shape)."""
+    init = functools.partial(init_state, model, tx, seed, boxed=True, lora_config=lora_config)
+    return shardings_for(jax.eval_shape(init), mesh)
 
 
 def with_hyperparams(state: TrainState, values: dict) -> TrainState:

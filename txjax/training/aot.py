@@ -24,8 +24,7 @@ from txjax.ops import hlo
 from txjax.ops.summary import train_flops_per_batch
 from txjax.parallel.distributed import run_mesh
 from txjax.parallel.sharding import batch_sharding
-from txjax.state.optim import make_optimizer
-from txjax.state.train_state import init_state, state_shardings
+from txjax.state.train_state import init_state, optimizer, state_shardings
 from txjax.training.edge import RunSpec
 from txjax.training.step import make_train_step
 
@@ -64,10 +63,9 @@ def compile_step(spec: RunSpec, first_batch: dict, devices: list, step: str = "t
     )
     flops = train_flops_per_batch(model.cfg, spec.family, first_batch)
     if step == "train":
-        tx = make_optimizer(t.optim, families.param_roles(model), model.cfg)
-        state = abstract(
-            jax.eval_shape(functools.partial(init_state, model, tx, t.seed)), state_shardings(model, tx, t.seed, mesh)
-        )
+        tx = optimizer(model, t.optim, t.lora)
+        init = functools.partial(init_state, model, tx, t.seed, lora_config=t.lora)
+        state = abstract(jax.eval_shape(init), state_shardings(model, tx, t.seed, mesh, t.lora))
         inputs, fn = (state, batch), make_train_step(model, tx, t, mesh)
     else:  # the forward pass alone: a third of a training step's FLOPs
         params = jax.eval_shape(functools.partial(families.init_params, model, jax.random.key(0)))

@@ -8,6 +8,7 @@ config.json holds and the resume check compares (txjax.training.resume).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -17,8 +18,10 @@ from typing import Any
 
 import jax
 import ml_collections
+import optax
 
 from txjax import config as config_lib
+from txjax import families
 from txjax.data import KINDS
 from txjax.experiment import build_dataset, build_tokenizer, fill_model_sizes
 from txjax.model.config import ModelConfig
@@ -27,6 +30,7 @@ from txjax.parallel.distributed import barrier, is_lead
 from txjax.sections.mesh import MeshShape
 from txjax.sections.train import TrainConfig
 from txjax.state.optim import HYPERPARAMS
+from txjax.state.train_state import init_state
 from txjax.training import init_from
 
 VMAPPABLE = ("train.seed",) + tuple(f"train.{name}" for name in HYPERPARAMS)
@@ -75,6 +79,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: Path) -> tuple[RunSp
         group=group_key(config),
         config=config.to_json(),
     )
+    if spec.train.lora.lora_rank:  # its targets and rank against the model's weights: a ConfigError before training
+        model = families.build(spec.family, spec.model)
+        jax.eval_shape(functools.partial(init_state, model, optax.identity(), 0, lora_config=spec.train.lora))
     return spec, (tokenizer, train_data, valid_data)
 
 

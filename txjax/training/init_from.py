@@ -16,13 +16,12 @@ import shutil
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
 from txjax.data import TOKENIZER_DIR
 from txjax.experiment import BUILT_WITH, load_workdir
-from txjax.state.train_state import TrainState
+from txjax.state.train_state import TrainState, start_state
 
 
 def adopt_model(config: ml_collections.ConfigDict, workdir: Path, lead: bool = True) -> None:
@@ -41,11 +40,8 @@ def source_params(path, mesh=None):
     return load_workdir(path, mesh=mesh).params
 
 
-def fresh_state(params, tx) -> TrainState:
-    """Step 0 at `params`, with fresh optimizer moments."""
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-
-def initial_state(path, tx, mesh, shardings) -> TrainState:
-    """fresh_state at the source's parameters, laid out as `shardings` (the run's state shardings on `mesh`)."""
-    return jax.jit(lambda p: fresh_state(p, tx), out_shardings=shardings)(source_params(path, mesh))
+def initial_state(path, tx, mesh, shardings, model, seed: int, lora_config) -> TrainState:
+    """Step 0 at the source's parameters (train_state.start_state: LoRA's adapters beside them when on, fresh
+    moments), laid out as `shardings` (the run's state shardings on `mesh`)."""
+    start = lambda p: start_state(p, tx, model, seed, lora_config)
+    return jax.jit(start, out_shardings=shardings)(source_params(path, mesh))

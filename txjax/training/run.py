@@ -31,8 +31,7 @@ from txjax.ops.trackers import Trackers
 from txjax.parallel.distributed import is_lead, run_mesh
 from txjax.parallel.sharding import SEQUENCE_AXIS, global_batch, process_rows
 from txjax.state.checkpoint import Checkpointer
-from txjax.state.optim import make_optimizer
-from txjax.state.train_state import init_state, state_shardings, with_hyperparams
+from txjax.state.train_state import init_state, optimizer, state_shardings, with_hyperparams
 from txjax.training import init_from, resume
 from txjax.training.edge import RunSpec
 from txjax.training.step import make_train_step
@@ -84,17 +83,16 @@ class Run:
 
     def compile(self, model, mesh: Mesh) -> None:
         """The program of a run trained alone, on `mesh`."""
-        tx = make_optimizer(self.t.optim, families.param_roles(model), model.cfg)
-        seed = self.t.seed
+        tx, seed, lora = optimizer(model, self.t.optim, self.t.lora), self.t.seed, self.t.lora
         self.mesh, self.rows = mesh, process_rows(mesh, self.t.batch_size)
-        shardings = state_shardings(model, tx, seed, mesh)
-        self.init = jax.jit(lambda: init_state(model, tx, seed), out_shardings=shardings)
+        shardings = state_shardings(model, tx, seed, mesh, lora)
+        self.init = jax.jit(lambda: init_state(model, tx, seed, lora_config=lora), out_shardings=shardings)
 
         def first():
             """Fresh moments over another workdir's parameters (train.init_from: fine-tuning), or over this workdir's
             own when it holds parameters alone at step 0 (imported); asked when the run starts, its checkpoints open."""
             source = self.t.init_from or (self.workdir if self.ckpt.latest_step() == 0 else None)
-            return init_from.initial_state(source, tx, mesh, shardings) if source else self.init()
+            return init_from.initial_state(source, tx, mesh, shardings, model, seed, lora) if source else self.init()
 
         self.first = first
         self.train_step = make_train_step(model, tx, self.t, mesh)

@@ -22,9 +22,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from txjax.families import param_roles
-from txjax.state.optim import HYPERPARAMS, make_optimizer
-from txjax.state.train_state import init_state, run_keys
+from txjax.state.optim import HYPERPARAMS
+from txjax.state.train_state import init_state, optimizer, run_keys, start_state
 from txjax.training import init_from
 from txjax.training.edge import VMAPPABLE
 from txjax.training.loop import drive
@@ -82,27 +81,28 @@ class StackedRuns:
             raise ValueError(f"runs trained together may differ only in {', '.join(VMAPPABLE)}")
         self.model, self.seeds = model, [run.t.seed for run in self.runs]
         dropout_keys_R = jax.vmap(lambda seed: run_keys(seed)[1])(jnp.asarray(self.seeds))
-        step = jax.vmap(train_step_function(model, make_optimizer(self.t.optim, param_roles(model), model.cfg), self.t))
+        step = jax.vmap(train_step_function(model, optimizer(model, self.t.optim, self.t.lora), self.t))
         self._step = jax.jit(step, donate_argnums=0)
         self.train_step = lambda states, batch: self._step(states, batch, dropout_keys_R)
 
     def start(self, step: int):
         """The stacked states at `step`: restored from each run's checkpoint, or drawn afresh (step 0) in one vmapped
         program, each run with its own seed and optimizer hyperparameters."""
-        model, o = self.model, self.t.optim
+        model, o, lora = self.model, self.t.optim, self.t.lora
         if step:
             abstract = jax.eval_shape(
-                lambda: init_state(model, make_optimizer(o, param_roles(model), model.cfg), self.t.seed)
+                lambda: init_state(model, optimizer(model, o, lora), self.t.seed, lora_config=lora)
             )
             return stack([run.restored(abstract, step) for run in self.runs])
         hyperparams = {
             name: jnp.asarray([run.t.optim.hyperparams()[name] for run in self.runs]) for name in HYPERPARAMS
         }
-        optimizer = lambda h: make_optimizer(dataclasses.replace(o, **h), param_roles(model), model.cfg)
+        tx = lambda h: optimizer(model, dataclasses.replace(o, **h), lora)
         if self.t.init_from:  # every run from the same imported parameters, each with its own fresh moments
             params = init_from.source_params(self.t.init_from)
-            return jax.jit(jax.vmap(lambda h: init_from.fresh_state(params, optimizer(h))))(hyperparams)
-        init = jax.vmap(lambda seed, h: init_state(model, optimizer(h), seed))
+            start = lambda seed, h: start_state(params, tx(h), model, seed, lora)
+            return jax.jit(jax.vmap(start))(jnp.asarray(self.seeds), hyperparams)
+        init = jax.vmap(lambda seed, h: init_state(model, tx(h), seed, lora_config=lora))
         return jax.jit(init)(jnp.asarray(self.seeds), hyperparams)
 
     def batch(self, data, k: int):

@@ -1,0 +1,158 @@
+"""LoRA (Hu et al. 2021): low-rank adapters beside a model's weight matrices, the base weights frozen.
+
+A targeted weight W, of role matrix (txjax.model.roles) with `inputs` x `outputs` trailing axes and any axes in
+front (a scanned layer axis, the experts') as batch axes, gets A [..., I, r] ~ N(0, 1/r^2) (peft's
+init_lora_weights="gaussian") and B [..., r, O] = 0, I and O the products of its input and output axes; the model
+runs on the merged weights
+
+    W' = W + s A B (reshaped as W),  s = alpha / r  (rsLoRA, train.lora_scaling="rslora": alpha / sqrt(r))
+
+so B = 0 at step 0 gives the base's forward pass exactly. The state's parameters are then `Adapted(base, lora)`:
+the train step (txjax.training.step) differentiates the objective with respect to `lora` alone, `base` being an
+argument it does not differentiate, and the optimizer's state is built over `lora` alone (its roles: `roles`), so no
+gradient tree nor moment of the base is kept; the full-size gradient of each merged W' is an intermediate of one
+layer's backward pass. Everything that reads a checkpoint's parameters (evaluation, generation, export) reads
+`model_params`: the merged weights, so that generating from a LoRA run is generating from its merged export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+from txjax.errors import ConfigError
+from txjax.fields import Range, ReadBy, at_least, setting
+from txjax.model.roles import Role
+
+# the weight matrices LoRA may adapt, by their parameter names (attention's in self- and cross-attention; the FFN's
+# in a dense FFN, an MoE's experts and its shared experts); the default: all of them but the router
+TARGETS = ("query", "key", "value", "out", "wi", "wi_gate", "wo", "router")
+_ON = ReadBy("train.lora_rank", lambda r: r > 0, "LoRA is off (train.lora_rank=0)")
+_ADAPTER = Role("matrix")  # A [..., I, r] and B [..., r, O]: matrices over their last two axes (Muon, muP)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """config.train's LoRA settings (their schema: txjax.fields); rank 0: every parameter trains."""
+
+    lora_rank: int = setting(0, bounds=at_least(0, " (0 = off)"), resume=False)
+    lora_alpha: float = setting(16.0, bounds=Range(lambda v: v > 0, "> 0"), resume=False, read_by=(_ON,))
+    lora_scaling: str = setting("lora", choices=("lora", "rslora"), resume=False, read_by=(_ON,))
+    lora_targets: tuple[str, ...] = setting(TARGETS[:-1], resume=False, read_by=(_ON,))
+
+    @classmethod
+    def of(cls, t) -> LoraConfig:
+        """From a validated config.train section (its list of targets a tuple)."""
+        return cls(**{f.name: t[f.name] for f in dataclasses.fields(cls)} | {"lora_targets": tuple(t.lora_targets)})
+
+    @property
+    def scale(self) -> float:
+        r = self.lora_rank
+        return self.lora_alpha / (math.sqrt(r) if self.lora_scaling == "rslora" else r)
+
+
+@flax.struct.dataclass
+class Adapted:
+    """A LoRA run's parameters: the frozen `base` (the model's tree) and the trained `lora` ({path...: {"a", "b"}},
+    the base's nesting, targeted weights only), merged with `scale`."""
+
+    base: Any
+    lora: Any
+    scale: float = flax.struct.field(pytree_node=False)
+
+
+def check_targets(targets) -> None:
+    """train.lora_targets: names of TARGETS, at least one, none twice (ConfigError, one line)."""
+    unknown = [name for name in targets if name not in TARGETS]
+    if unknown or not targets or len(set(targets)) != len(targets):
+        problem = f"unknown {', '.join(map(repr, unknown))}" if unknown else "empty or a name repeated"
+        raise ConfigError(
+            f"config.train.lora_targets={list(targets)!r}: {problem}; LoRA adapts the weight matrices "
+            f"{', '.join(TARGETS)}, e.g. --config.train.lora_targets=query,value"
+        )
+
+
+def weight_name(path: tuple) -> str:
+    """A parameter's name: nn.Dense's module name for its 'kernel', else its own."""
+    return path[-2] if path[-1] == "kernel" else path[-1]
+
+
+def targeted(roles, lora: LoraConfig) -> dict[tuple, Role]:
+    """{path: role} of the weights `lora` adapts in a model of `roles` (txjax.families.param_roles); ConfigError
+    when its targets name none of them, or its rank is above a weight's smaller dimension (its rank at most)."""
+    flat = traverse_util.flatten_dict(roles)
+    found = {
+        path: role for path, role in flat.items() if weight_name(path) in lora.lora_targets and role.kind == "matrix"
+    }
+    if not found:
+        have = sorted({weight_name(path) for path, role in flat.items() if role.kind == "matrix"})
+        raise ConfigError(
+            f"config.train.lora_targets={list(lora.lora_targets)!r} names no weight matrix of this model; its "
+            f"matrices: {', '.join(have)}"
+        )
+    return found
+
+
+def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
+    """`params` as the base of a LoRA run, each targeted weight's A drawn from `key` (folded with its index), B 0."""
+    flat, adapters = traverse_util.flatten_dict(params), {}
+    for i, (path, role) in enumerate(sorted(targeted(roles, lora).items())):
+        w = nn.meta.unbox(flat[path])  # a boxed tree's (state_shardings') weight: its shape
+        batch, (inputs, outputs) = w.shape[: w.ndim - role.inputs - role.outputs], matrix_sizes(w.shape, role)
+        if lora.lora_rank > min(inputs, outputs):
+            raise ConfigError(
+                f"config.train.lora_rank={lora.lora_rank} is above the dimension of {'/'.join(path)} "
+                f"({inputs} x {outputs}): set train.lora_rank <= {min(inputs, outputs)}"
+            )
+        a = jax.random.normal(jax.random.fold_in(key, i), (*batch, inputs, lora.lora_rank), w.dtype)
+        adapters[(*path, "a")] = a / lora.lora_rank
+        adapters[(*path, "b")] = jnp.zeros((*batch, lora.lora_rank, outputs), w.dtype)
+    return Adapted(params, traverse_util.unflatten_dict(adapters), lora.scale)
+
+
+def matrix_sizes(shape: tuple, role: Role) -> tuple[int, int]:
+    """(I, O): the products of a weight's input and output axes."""
+    return math.prod(shape[len(shape) - role.inputs - role.outputs : len(shape) - role.outputs]), math.prod(
+        shape[len(shape) - role.outputs :]
+    )
+
+
+def delta(a, b, shape: tuple, scale: float):
+    """s A B laid out as the weight of `shape` it adapts."""
+    return (scale * jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)).reshape(shape)
+
+
+def model_params(params):
+    """The parameters the model runs on: a LoRA run's merged weights W + s A B, any other run's as they are."""
+    if not isinstance(params, Adapted):
+        return params
+    flat = traverse_util.flatten_dict(params.base)
+    for path, ab in traverse_util.flatten_dict(params.lora, is_leaf=lambda _, x: set(x) == {"a", "b"}).items():
+        w = flat[path]
+        flat[path] = w + delta(ab["a"], ab["b"], w.shape, params.scale).astype(w.dtype)
+    return traverse_util.unflatten_dict(flat)
+
+
+def trained(params):
+    """(what the optimizer trains, what it leaves): a LoRA run's adapters and its base; any other run's all, None."""
+    return (params.lora, params.base) if isinstance(params, Adapted) else (params, None)
+
+
+def joined(trained_params, frozen, like):
+    """The inverse of `trained`: `like`'s kind of parameters from its two parts."""
+    return like.replace(lora=trained_params, base=frozen) if isinstance(like, Adapted) else trained_params
+
+
+def trained_roles(model_roles, lora: LoraConfig):
+    """The roles of what the optimizer trains (`trained(params)[0]`): a model's own (`model_roles`), or with LoRA
+    on, each adapter's, a matrix over its last two axes."""
+    if not lora.lora_rank:
+        return model_roles
+    return traverse_util.unflatten_dict({(*path, x): _ADAPTER for path in targeted(model_roles, lora) for x in "ab"})
