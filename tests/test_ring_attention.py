@@ -1,5 +1,6 @@
 """Ring attention over 4 and 8 simulated CPU devices (tests/conftest.py asks XLA for 8): outputs and gradients equal
-the one-device reference attention, the sequence sharded zig-zag over a `sequence` mesh axis, rows over data x fsdp."""
+the one-device reference attention, the sequence sharded zig-zag over a `sequence` mesh axis, rows over data x fsdp;
+with a score soft cap too."""
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +21,10 @@ def test_zigzag_gives_shard_i_chunks_i_and_its_mirror():
     np.testing.assert_array_equal(unzigzag(zigzag(x, 4), 4), x)
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 1, 4), (1, 2, 4), (2, 1, 4), (1, 1, 8)])  # (data, fsdp, sequence)
-def test_ring_attention_equals_the_reference(mesh_shape):
+@pytest.mark.parametrize(  # (data, fsdp, sequence); a soft cap that binds (the scores reach ~3)
+    "mesh_shape, softcap", [((1, 1, 4), 0.0), ((1, 2, 4), 0.0), ((2, 1, 4), 0.0), ((1, 1, 8), 0.0), ((1, 1, 4), 0.5)]
+)
+def test_ring_attention_equals_the_reference(mesh_shape, softcap):
     rng = np.random.default_rng(0)
     q, w = (jnp.asarray(rng.normal(size=(B, L, H, K)), jnp.float32) for _ in range(2))
     k, v = (jnp.asarray(rng.normal(size=(B, L, G, K)), jnp.float32) for _ in range(2))
@@ -31,7 +34,8 @@ def test_ring_attention_equals_the_reference(mesh_shape):
     def reference(q, k, v):
         mask = masks.segment_mask(seg, seg) & masks.causal_mask(pos, pos)
         heads = lambda t: jnp.repeat(t, H // G, axis=2).transpose(0, 2, 1, 3)
-        out = attention.scaled_dot_product_attention(q.transpose(0, 2, 1, 3), heads(k), heads(v), mask, scale=K**-0.5)
+        qt = q.transpose(0, 2, 1, 3)
+        out = attention.scaled_dot_product_attention(qt, heads(k), heads(v), mask, scale=K**-0.5, softcap=softcap)
         return out.transpose(0, 2, 1, 3)
 
     n = mesh_shape[2]
@@ -39,7 +43,7 @@ def test_ring_attention_equals_the_reference(mesh_shape):
 
     def ring(q, k, v):
         z = lambda t: zigzag(t, n)
-        kw = dict(mesh=mesh, batch_axes=("data", "fsdp"), causal=True, scale=K**-0.5, block_q=2)  # 2 blocks at n=4
+        kw = dict(mesh=mesh, batch_axes=("data", "fsdp"), causal=True, scale=K**-0.5, block_q=2, softcap=softcap)
         return unzigzag(ring_attention(z(q), z(k), z(v), z(seg), z(seg), z(pos), z(pos), **kw), n)
 
     loss = lambda f: lambda *a: (f(*a) * w).sum()

@@ -83,16 +83,14 @@ def segment_backend(
     blockwise.attention's signature: ring attention (txjax.model.ring_attention) while the mesh in context shards the
     sequence, else blockwise attention (txjax.model.blockwise) when `impl` asks for it; None for the dense paths
     (`attend`), and always when someone needs the dense scores (a decode step reads its cache, sown weights are
-    L x S) or the mask is dense already. A local `window` and a soft cap are bound into blockwise's; ring attention
-    refuses them."""
+    L x S) or the mask is dense already. A soft cap is bound into either, a local `window` into blockwise's (ring
+    attention refuses one)."""
     if needs_scores or not (mask is None or isinstance(mask, blockwise.Segments)):
         return None
     if ring_attention.serves():
         if not is_global(window):
             raise ValueError("ring attention (mesh.sequence > 1) has no local window: set model.attention_window=0")
-        if softcap:
-            raise ValueError("ring attention (mesh.sequence > 1) has no score soft-capping: model.attention_softcap=0")
-        return functools.partial(ring_attention.attention, block_q=block_sizes[0])
+        return functools.partial(ring_attention.attention, block_q=block_sizes[0], softcap=softcap)
     if impl == "blockwise":
         blocks = dict(block_q=block_sizes[0], block_kv=block_sizes[1])
         return functools.partial(blockwise.attention, **blocks, window=window, softcap=softcap)

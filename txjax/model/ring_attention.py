@@ -71,10 +71,13 @@ def layout(batch: dict) -> dict:
     return {key: constrain(zigzag(x, n), BATCH_LENGTH) for key, x in batch.items()}
 
 
-def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, heads_H, scale, block_q=256):
+def attention(
+    q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, heads_H, scale, block_q=256, softcap=0.0
+):  # fmt: skip
     """blockwise.attention's contract on the mesh in context: rows over data x fsdp, the sequence over `sequence`,
     the heads over `tensor` where it divides them. segments: Segments or None (all attend). No per-head score
-    terms (heads_H: ALiBi's slopes)."""
+    terms (heads_H: ALiBi's slopes, sinks); softcap: c > 0 caps each pair's scores (blockwise's, forward and
+    backward)."""
     for name in heads_H:
         raise ValueError(f"ring attention (mesh.sequence > 1) has no {score.RING_LACKS[name]}")
     b, l = q_BxLxHxK.shape[:2]
@@ -86,12 +89,13 @@ def attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal
     return ring_attention(
         q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments.q, segments.k, q_pos, k_pos,
         mesh=mesh, batch_axes=BATCH_AXES, heads_axis=heads, causal=causal, scale=scale, block_q=block_q,
+        softcap=softcap,
     )  # fmt: skip
 
 
 def ring_attention(
     q, k, v, q_seg, k_seg, q_pos, k_pos, *, mesh, axis=SEQUENCE_AXIS, batch_axes=(), heads_axis=None, causal, scale,
-    block_q=256,
+    block_q=256, softcap=0.0,
 ):  # fmt: skip
     """softmax(mask(q k^T * scale)) v with the sequence (axis 1 of every argument) sharded over mesh axis `axis`,
     the rows over `batch_axes` and the heads over `heads_axis`: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of
@@ -100,7 +104,7 @@ def ring_attention(
     Each (query chunk, key chunk) pair runs as blockwise attention in blocks of block_q queries and keys."""
     rows = batch_axes or None
     x4, x2 = P(rows, axis, heads_axis, None), P(rows, axis)
-    local = partial(_ring, _Ring(axis, mesh.shape[axis], causal, scale, block_q))
+    local = partial(_ring, _Ring(axis, mesh.shape[axis], causal, scale, block_q, softcap))
     return jax.shard_map(local, mesh=mesh, in_specs=(x4, x4, x4, x2, x2, x2, x2), out_specs=x4, check_vma=False)(
         q, k, v, q_seg, k_seg, q_pos, k_pos
     )
@@ -112,12 +116,13 @@ class _Ring(NamedTuple):  # static: the custom VJP's non-differentiable argument
     causal: bool
     scale: float
     block: int
+    softcap: float = 0.0
 
     def pair(self, chunk: int) -> blockwise.Plan:
         """blockwise's plan of one (query chunk, key chunk) pair: the causal order from positions only (the
         chunks are different stretches of the sequence), blocks of `block` where it divides the chunk."""
         size = self.block if chunk % self.block == 0 else chunk
-        return blockwise.Plan(self.causal, self.scale, size, size, aligned=False)
+        return blockwise.Plan(self.causal, self.scale, size, size, aligned=False, softcap=self.softcap)
 
 
 def _chunks(plan: _Ring, t, pattern: str, **axes):
