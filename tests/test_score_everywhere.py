@@ -28,7 +28,7 @@ OPTIONS = {
     "alibi": (dict(positional="alibi"), ("ring",)),
     "relative_buckets": (dict(positional="relative_buckets"), ("blockwise", "ring")),
     "window": (dict(attention_window=3, window_pattern="LG"), ("ring",)),
-    "sinks": (dict(attention_sinks=True), ("fused", "ring")),
+    "sinks": (dict(attention_sinks=True), ("fused",)),
     "nope_layers": (dict(rope_layers="RN"), ()),  # not a score term: the per-layer setting beside the window
     # not a score term: multi-head latent attention's heads (txjax.model.latent; decoding: its latent cache and the
     # absorbed form), v_head_dim != the query's width, which the fused kernels and ring attention refuse

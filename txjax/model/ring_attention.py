@@ -75,10 +75,9 @@ def attention(
     q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, heads_H, scale, block_q=256, softcap=0.0
 ):  # fmt: skip
     """blockwise.attention's contract on the mesh in context: rows over data x fsdp, the sequence over `sequence`,
-    the heads over `tensor` where it divides them. segments: Segments or None (all attend). No per-head score
-    terms (heads_H: ALiBi's slopes, sinks); softcap: c > 0 caps each pair's scores (blockwise's, forward and
-    backward)."""
-    for name in heads_H:
+    the heads over `tensor` where it divides them. segments: Segments or None (all attend). heads_H: the sinks
+    (ALiBi's slopes refused); softcap: c > 0 caps each pair's scores (blockwise's, forward and backward)."""
+    for name in set(heads_H) - {"sinks"}:
         raise ValueError(f"ring attention (mesh.sequence > 1) has no {score.RING_LACKS[name]}")
     b, l = q_BxLxHxK.shape[:2]
     if segments is None:
@@ -89,24 +88,28 @@ def attention(
     return ring_attention(
         q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments.q, segments.k, q_pos, k_pos,
         mesh=mesh, batch_axes=BATCH_AXES, heads_axis=heads, causal=causal, scale=scale, block_q=block_q,
-        softcap=softcap,
+        softcap=softcap, sinks=heads_H.get("sinks"),
     )  # fmt: skip
 
 
 def ring_attention(
     q, k, v, q_seg, k_seg, q_pos, k_pos, *, mesh, axis=SEQUENCE_AXIS, batch_axes=(), heads_axis=None, causal, scale,
-    block_q=256, softcap=0.0,
+    block_q=256, softcap=0.0, sinks=None,
 ):  # fmt: skip
     """softmax(mask(q k^T * scale)) v with the sequence (axis 1 of every argument) sharded over mesh axis `axis`,
     the rows over `batch_axes` and the heads over `heads_axis`: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of
     G), segment ids and positions [B, L] / [B, S] (mask: the same nonzero segment, and key position <= query
     position when causal). Returns [B, L, H, K]. The sequence may be in any order (zigzag balances a causal mask).
-    Each (query chunk, key chunk) pair runs as blockwise attention in blocks of block_q queries and keys."""
+    Each (query chunk, key chunk) pair runs as blockwise attention in blocks of block_q queries and keys.
+    sinks [H] (float32, or None): a logit per head in the softmax's denominator, the merge's starting logsumexp (the
+    sink's term is in the sum before any key's, as blockwise's online softmax starts from it)."""
     rows = batch_axes or None
     x4, x2 = P(rows, axis, heads_axis, None), P(rows, axis)
+    sinks = jnp.full(q.shape[2], NEG_INF, jnp.float32) if sinks is None else sinks  # NEG_INF: no sink
     local = partial(_ring, _Ring(axis, mesh.shape[axis], causal, scale, block_q, softcap))
-    return jax.shard_map(local, mesh=mesh, in_specs=(x4, x4, x4, x2, x2, x2, x2), out_specs=x4, check_vma=False)(
-        q, k, v, q_seg, k_seg, q_pos, k_pos
+    in_specs = (x4, x4, x4, x2, x2, x2, x2, P(heads_axis))
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=x4, check_vma=False)(
+        q, k, v, q_seg, k_seg, q_pos, k_pos, sinks
     )
 
 
@@ -162,13 +165,15 @@ def _pass(plan: _Ring, arrays):
     return tuple(jax.lax.ppermute(t, plan.axis, [(i, (i + 1) % plan.n) for i in range(plan.n)]) for t in arrays)
 
 
-def _forward(plan: _Ring, q, k, v, q_seg, k_seg, q_pos, k_pos):
+def _forward(plan: _Ring, q, k, v, q_seg, k_seg, q_pos, k_pos, sinks):
     """One device: its queries against each key/value shard in turn, the shards moving along the ring; per query
-    chunk (o [n, B, bq, G, R, K] float32, logsumexp [n, B, G, R, bq]), merged pair by pair (the equation above)."""
+    chunk (o [n, B, bq, G, R, K] float32, logsumexp [n, B, G, R, bq]), merged pair by pair (the equation above),
+    from o = 0 and lse = the head's sink (NEG_INF: none)."""
     g = k.shape[2]
     queries = _queries(plan, q, q_seg, q_pos, g)
     lse_shape = lambda qc: (qc.shape[0], qc.shape[1], g, qc.shape[4], qc.shape[2])
-    init = [(jnp.zeros(qc.shape, jnp.float32), jnp.full(lse_shape(qc), NEG_INF)) for qc, _, _ in queries]
+    sink_GxR = sinks.reshape(g, -1)[..., None]
+    init = [(jnp.zeros(qc.shape, jnp.float32), jnp.broadcast_to(sink_GxR, lse_shape(qc))) for qc, _, _ in queries]
 
     def merge(state, qc, q_seg, q_pos, kc, vc, k_seg, k_pos):
         o, lse = state
@@ -193,21 +198,22 @@ def _forward(plan: _Ring, q, k, v, q_seg, k_seg, q_pos, k_pos):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ring(plan, q, k, v, q_seg, k_seg, q_pos, k_pos):
-    return _ring_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos)[0]
+def _ring(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, sinks):
+    return _ring_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, sinks)[0]
 
 
-def _ring_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos):
-    states = _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos)
+def _ring_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, sinks):
+    states = _forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, sinks)
     o = _whole([o for o, _ in states], "n b q g r k -> b (n q) (g r) k").astype(v.dtype)
-    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, o, [lse for _, lse in states])
+    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, sinks, o, [lse for _, lse in states])
 
 
 def _ring_bwd(plan, saved, do):
     """A second trip around the ring: each pair's dq, dk, dv by blockwise's backward from the final output and
     logsumexp (p = e^(s - lse) is the pair's share of the whole softmax); dk and dv travel with their key/value
-    shard and are back on its device after n steps."""
-    q, k, v, q_seg, k_seg, q_pos, k_pos, o, lses = saved
+    shard and are back on its device after n steps. The sinks' cotangent is this device's queries' share
+    (score.head_grads); shard_map's transpose sums the devices' shares."""
+    q, k, v, q_seg, k_seg, q_pos, k_pos, sinks, o, lses = saved
     g, f32 = k.shape[2], jnp.float32
     queries = _queries(plan, q, q_seg, q_pos, g)
     outs, grads = (_chunks(plan, t, "b (n q) (g r) k -> n b q g r k", g=g) for t in (o, do))
@@ -238,7 +244,16 @@ def _ring_bwd(plan, saved, do):
     )
     (dqs, (*_, dk, dv)), _ = jax.lax.scan(step, init, None, length=plan.n)
     dq = _whole(dqs, "n b q g r k -> b (n q) (g r) k")
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+    sink_GxR = sinks.reshape(g, -1)
+    dsinks = sum(
+        score.head_grads(
+            {"sinks": sink_GxR},
+            einops.rearrange(lse, "n b g r q -> n b q g r"),
+            (do_c.astype(f32) * o_c.astype(f32)).sum(-1),
+        )["sinks"]
+        for o_c, lse, do_c in zip(outs, lses, grads)
+    )
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, dsinks.reshape(-1)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

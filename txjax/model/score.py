@@ -89,10 +89,7 @@ class Terms(struct.PyTreeNode):
 
 
 # the per-head terms that ring attention has no form for (it merges key shards by their logsumexp): what to set
-RING_LACKS = {
-    "slopes": "ALiBi bias: use another model.positional",
-    "sinks": "attention sinks: set model.attention_sinks=false",
-}
+RING_LACKS = {"slopes": "ALiBi bias: use another model.positional"}
 
 
 def head_terms(module) -> dict:
