@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from txjax.fields import ReadBy, setting
-from txjax.model import activations, positional, precision, score
+from txjax.model import activations, linear_config, positional, precision, score
 from txjax.model.attention import ATTENTION_IMPLS
 from txjax.model.latent_config import LatentFields, check_latent
 
@@ -58,6 +58,7 @@ class LayerAttention(NamedTuple):
 
     window: int = 0  # the local window (masks.window_mask), 0 = global
     rope: bool = True  # positional='rope': this layer rotates q and k; False: a NoPE layer (rope_layers)
+    linear: bool = False  # Gated DeltaNet mixes this layer's tokens (layer_types), always a Python bool
 
 
 PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cross-attention, every encoder layer)
@@ -153,6 +154,15 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
     rope_local_base: float = setting(
         0.0, resume=False, read_by=(*_ROPE, _LOCAL)
     )  # > 0: local layers' own unscaled RoPE base (Gemma 3's rope_local_base_freq)
+    # 'L' linear (Gated DeltaNet) / 'F' full attention per decoder layer, repeated ('LLLF': Qwen3-Next); '' = all F.
+    # The linear layers' sizes (txjax.model.linear_config; 0: the attention's) and chunk (txjax.model.gated_deltanet)
+    layer_types: str = ""
+    linear_heads: int = 0  # query/key heads (0: num_heads)
+    linear_v_heads: int = 0  # value heads, a multiple of linear_heads (0: linear_heads)
+    linear_head_dim: int = 0  # d_k (0: head_dim)
+    linear_v_head_dim: int = 0  # d_v (0: linear_head_dim)
+    linear_conv: int = 4  # the causal depthwise convolution's width
+    linear_chunk: int = 64  # tokens per chunk of the training form
     # mixture of experts (txjax.model.moe): 0 experts = the dense FFN in every layer
     num_experts: int = 0  # routed experts per MoE layer
     experts_per_token: int = 2  # top-k
@@ -276,6 +286,7 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
             raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
         self._check_moe()
         check_latent(self)
+        linear_config.check(self)
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
@@ -357,9 +368,11 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
 
     @property
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        """Each decoder layer's LayerAttention: its window, and RoPE or none by rope_layers repeated over the layers."""
-        ropes = self.rope_layers or "R"
-        return tuple(LayerAttention(w, ropes[i % len(ropes)] == "R") for i, w in enumerate(self.layer_windows))
+        """Each decoder layer's LayerAttention: its window, RoPE or none by rope_layers and linear or full by
+        layer_types, the patterns repeated over the layers."""
+        ropes, linear = self.rope_layers or "R", linear_config.is_linear
+        windows = enumerate(self.layer_windows)
+        return tuple(LayerAttention(w, ropes[i % len(ropes)] == "R", linear(self, i)) for i, w in windows)
 
     @property
     def rope(self) -> positional.Rope:

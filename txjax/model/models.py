@@ -21,6 +21,7 @@ projections, cache and heads, the FFN's hidden layer, nn.Dense) are declared in 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -142,16 +143,21 @@ class Stack(nn.Module):
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         layers = cfg.layer_attention if self.causal else (PLAIN_LAYER,) * self.num_layers
         uniform = len(set(layers)) == 1
-        grouped = cfg.num_experts > 0 and cfg.moe_every > 1
-        n = cfg.moe_every if grouped else 1
+        # a Group repeats MoE's period and the linear/full pattern's (a Gated DeltaNet layer's parameters are not an
+        # attention layer's, so one body serves every group, never every layer of a mixed stack)
+        mixed = len({layer.linear for layer in layers}) > 1
+        n = math.lcm(cfg.moe_every if cfg.num_experts > 0 else 1, len(cfg.layer_types) if mixed else 1)
+        grouped = n > 1
         unit, length = (Group if grouped else Block), self.num_layers // n
         # a Group's blocks: one LayerAttention whose fields are tuples of n values
         units = [LayerAttention(*zip(*layers[i * n : (i + 1) * n])) if grouped else layers[i] for i in range(length)]
-        static = (3,) if uniform or not cfg.scan_layers else ()  # the layer argument: Python ints
+        static = (3,) if len(set(units)) == 1 or not cfg.scan_layers else ()  # the layer argument: Python values
         remat = dict(prevent_cse=not cfg.scan_layers, static_argnums=static, policy=remat_policy(cfg.remat))
         block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
-        kwargs |= dict(deterministic=deterministic, decode=decode) | ({} if grouped else dict(moe=cfg.num_experts > 0))
+        kwargs |= dict(deterministic=deterministic, decode=decode) | (
+            dict(size=n) if grouped else dict(moe=cfg.num_experts > 0)
+        )
         if cfg.scan_layers:
             # a setting that varies over the layers is scanned (one value per layer), one that does not stays static
             varies = [len(set(field)) > 1 for field in zip(*units)]
