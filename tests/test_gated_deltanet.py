@@ -58,13 +58,9 @@ def test_the_chunked_form_is_the_delta_rule_stepped_one_token_at_a_time():
 
     chunked = lambda q, k, v, g, beta, s: chunked_delta_rule(q, k, v, g, beta, runs, s, 4)
     stepped = lambda q, k, v, g, beta, s: stepped_delta_rule(q, k, v, g, beta, runs, s)
-    argnums = tuple(range(6))
-    (_, got), got_grads = jax.value_and_grad(lambda *a: loss(chunked, *a), argnums, has_aux=True)(
-        q, k, v, g, beta, state
-    )
-    (_, want), want_grads = jax.value_and_grad(lambda *a: loss(stepped, *a), argnums, has_aux=True)(
-        q, k, v, g, beta, state
-    )
+    grads = lambda fn: jax.jit(jax.value_and_grad(lambda *a: loss(fn, *a), tuple(range(6)), has_aux=True))
+    (_, got), got_grads = grads(chunked)(q, k, v, g, beta, state)
+    (_, want), want_grads = grads(stepped)(q, k, v, g, beta, state)
     for a, b in zip((*got, *got_grads), (*want, *want_grads)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
     assert float(jnp.abs(got[0][1, 3] - stepped_delta_rule(q, k, v, g, beta, runs * 0, state)[0][1, 3]).max()) > 1e-2
@@ -86,15 +82,17 @@ def test_packed_documents_do_not_see_each_other_and_scanned_groups_are_looped_la
     tokens = jnp.asarray(random_ids(0, (1, 14)))
     seg = jnp.asarray([[1] * 6 + [2] * 8])
     pos = jnp.asarray([list(range(6)) + list(range(8))])
-    apply = lambda t: model.apply({"params": params}, t, pos, seg)
+    apply = jax.jit(lambda t: model.apply({"params": params}, t, pos, seg))
     other = tokens.at[:, :6].set(jnp.asarray(random_ids(1, (1, 6))))
     both, changed = apply(tokens), apply(other)
     np.testing.assert_allclose(changed[:, 6:], both[:, 6:], atol=1e-6)
     assert float(jnp.abs(changed[:, :6] - both[:, :6]).max()) > 1e-2
-    alone = model.apply({"params": params}, tokens[:, 6:])
+    alone = jax.jit(model.apply)({"params": params}, tokens[:, 6:])
     np.testing.assert_allclose(both[:, 6:], alone, atol=2e-5)
     looped = DecoderLM(dataclasses.replace(model.cfg, scan_layers=False))
-    np.testing.assert_allclose(looped.apply({"params": unstack_layers(params)}, tokens, pos, seg), both, atol=2e-5)
+    np.testing.assert_allclose(
+        jax.jit(looped.apply)({"params": unstack_layers(params)}, tokens, pos, seg), both, atol=2e-5
+    )
 
 
 def test_cached_generation_follows_the_full_forward_pass():
@@ -105,17 +103,21 @@ def test_cached_generation_follows_the_full_forward_pass():
     tokens = jnp.asarray(random_ids(1, (2, 16)))
     want = model.apply({"params": params}, tokens)
     dmodel, dparams = decode.for_decoding(model, params, 2)
-    cache = decode.init_cache(dmodel, 2, 16)
-    first, cache = decode.extend(dmodel, dparams, cache, tokens[:, :9], jnp.arange(9)[None].repeat(2, 0), prefill=True)
-    steps = teacher_forced_steps(dmodel, dparams, cache, tokens, 9)
-    got = jnp.concatenate([first[:, None], steps.transpose(1, 0, 2)], 1)
-    np.testing.assert_allclose(got, want[:, 8:], atol=1e-4, rtol=1e-5)
+
+    @jax.jit
+    def cached(tokens):
+        cache = decode.init_cache(dmodel, 2, 16)
+        first, cache = decode.extend(dmodel, dparams, cache, tokens[:, :9], jnp.arange(9)[None].repeat(2, 0))
+        return jnp.concatenate(
+            [first[:, None], teacher_forced_steps(dmodel, dparams, cache, tokens, 9).swapaxes(0, 1)], 1
+        )
+
+    np.testing.assert_allclose(cached(tokens), want[:, 8:], atol=1e-4, rtol=1e-5)
     forward = jax.jit(lambda x: model.apply({"params": params}, x))
     prompts = [random_ids(2, 3).tolist(), random_ids(3, 6).tolist()]
     expected = [greedy_by_recomputing(forward, p, 12, 32) for p in prompts]
-    kwargs = dict(max_new_tokens=12, eos_id=EOS, pad_id=PAD)
-    assert decode.generate(dmodel, dparams, prompts, **kwargs).ids == expected
-    assert decode.generate(dmodel, dparams, prompts, prefill_chunk=4, **kwargs).ids == expected
+    got = decode.generate(dmodel, dparams, prompts, max_new_tokens=12, eos_id=EOS, pad_id=PAD, prefill_chunk=4)
+    assert got.ids == expected
 
 
 def test_a_mixed_stack_trains():

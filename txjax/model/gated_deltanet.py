@@ -28,8 +28,9 @@ import jax.numpy as jnp
 
 from txjax.model import precision, roles
 from txjax.model.blockwise import Segments
+from txjax.model.config import ModelConfig
 from txjax.model.kv_cache import linear_state_cache
-from txjax.model.linear_config import sizes
+from txjax.model.linear_config import linear_sizes
 
 
 def l2_normalize(x, eps: float = 1e-6):
@@ -112,12 +113,12 @@ class GatedDeltaNet(nn.Module):
     convolution [conv, 2 heads K + v_heads V], A_log and dt_bias [v_heads], the gated norm's gain [V], out
     [v_heads, V, D]. In decode mode the convolution's history and the state come from the cache and go back to it."""
 
-    cfg: object  # ModelConfig (its linear_* sizes: txjax.model.linear_config)
+    cfg: ModelConfig  # its linear_* sizes: txjax.model.linear_config
 
     @nn.compact
     def __call__(self, x_BxLxD, mask, *, decode=False):
         """mask: blockwise.Segments (the query side's segment ids [B, L], 0 = padding; a dense mask has no runs)."""
-        cfg, size = self.cfg, sizes(self.cfg)
+        cfg, size = self.cfg, linear_sizes(self.cfg)
         if not isinstance(mask, Segments):
             raise ValueError("Gated DeltaNet layers (model.layer_types) read segment ids, not a dense attention mask")
         (b, l, d), segments = x_BxLxD.shape, mask.q

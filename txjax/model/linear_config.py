@@ -1,5 +1,5 @@
 """Which decoder layers mix tokens by Gated DeltaNet (txjax.model.gated_deltanet) instead of softmax attention, and
-those layers' sizes: ModelConfig's layer_types and linear_* fields, resolved (`sizes`) and checked (`check`).
+those layers' sizes: ModelConfig's layer_types and linear_* fields, resolved (`linear_sizes`) and checked (`check`).
 
 model.layer_types is a pattern of 'L' (linear: Gated DeltaNet) and 'F' (full attention) repeated over the decoder
 layers ('LLLF': Qwen3-Next's three linear layers then one full). A stack that mixes both scans (or loops) groups of
@@ -33,7 +33,7 @@ class LinearSizes:
         return 2 * self.heads * self.head_dim + self.v_heads * self.v_head_dim
 
 
-def sizes(cfg) -> LinearSizes:
+def linear_sizes(cfg) -> LinearSizes:
     """The linear layers' sizes, a 0 field taking the attention's (heads: num_heads; d_k: head_dim) or its pair's."""
     heads, head_dim = cfg.linear_heads or cfg.num_heads, cfg.linear_head_dim or cfg.head_dim
     v_heads, v_head_dim = cfg.linear_v_heads or heads, cfg.linear_v_head_dim or head_dim
@@ -44,6 +44,12 @@ def is_linear(cfg, layer: int) -> bool:
     """Whether decoder layer `layer` is a Gated DeltaNet layer (layer_types repeated over the stack)."""
     pattern = cfg.layer_types or "F"
     return pattern[layer % len(pattern)] == "L"
+
+
+def full_layers(cfg) -> int:
+    """The decoder layers of softmax attention (the FLOP count's L x T^2 term; a linear layer's mixing is counted by
+    its parameters only, its chunks' products L x C left out)."""
+    return sum(not is_linear(cfg, i) for i in range(cfg.num_layers))
 
 
 def check(cfg) -> None:
@@ -69,7 +75,7 @@ def check(cfg) -> None:
                 "model.layer_types with an L"
             )
         return
-    linear = sizes(cfg)
+    linear = linear_sizes(cfg)
     if linear.v_heads % linear.heads:
         raise ValueError(
             f"model.linear_v_heads={linear.v_heads} must be a multiple of the query/key heads "

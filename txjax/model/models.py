@@ -113,7 +113,8 @@ class Embedder(nn.Module):
 
 class Stack(nn.Module):
     """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...); with
-    model.moe_every = n > 1 (and experts), num_layers / n Groups of n blocks the same way.
+    model.moe_every = n > 1 (and experts), or a model.layer_types pattern of n letters mixing linear and full layers
+    (a causal stack's), num_layers / n Groups of n blocks the same way (n: the two periods' least common multiple).
 
     Local attention: a causal stack's layers take their windows from cfg.layer_attention. Looped, or scanned with one
     window for all, each is a Python int (static: the fused kernels' local_window_size, a ring-buffer KV cache of
