@@ -45,7 +45,7 @@ def delta_inputs(seed, b=2, l=11, h=2, dk=4, dv=3):
 
 def test_the_chunked_form_is_the_delta_rule_stepped_one_token_at_a_time():
     """Chunks of 4 over 11 tokens (the last chunk padded), a state passed in, runs that restart it: outputs, final
-    state and the gradients of both with respect to every input and the state, in float32."""
+    state and the gradients of both with respect to every input and the state, in float32; and one chunk of 11."""
     q, k, v, g, beta, runs = delta_inputs(0)
     state = jnp.asarray(np.random.default_rng(1).normal(size=(2, 2, 4, 3)), jnp.float32)
     weights_o, weights_s = (
@@ -62,6 +62,9 @@ def test_the_chunked_form_is_the_delta_rule_stepped_one_token_at_a_time():
     (_, got), got_grads = grads(chunked)(q, k, v, g, beta, state)
     (_, want), want_grads = grads(stepped)(q, k, v, g, beta, state)
     for a, b in zip((*got, *got_grads), (*want, *want_grads)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+    one_chunk = chunked_delta_rule(q, k, v, g, beta, runs, state, 16)  # 11 tokens in one chunk (padded to 16 inside)
+    for a, b in zip(one_chunk, want):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
     assert float(jnp.abs(got[0][1, 3] - stepped_delta_rule(q, k, v, g, beta, runs * 0, state)[0][1, 3]).max()) > 1e-2
 

@@ -10,7 +10,7 @@ serves v_heads / heads consecutive value heads. Before the rule, a causal depthw
 q, k, v's channels, then SiLU; after it a gated RMSNorm per head, RMSNorm(o) * w * silu(z), and W^O.
 
 `chunked_delta_rule` computes it C tokens at a time (transformers' torch_chunk_gated_delta_rule; Yang et al. 2024's
-WY/UT form): within a chunk the delta rule's corrections are one unit lower-triangular solve, across chunks a scan
+WY/UT form): within a chunk the delta rule's corrections are one unit lower-triangular inverse, across chunks a scan
 carries S, the cumulative decay in float32. Memory grows as L x C, not L^2. A call of L < C tokens is one chunk of L,
 so a decode step (L = 1) is the recurrence itself, one token at a time, from the state in the cache
 (kv_cache.linear_state_cache).
@@ -56,6 +56,24 @@ def causal_conv(x_BxLxC, kernel_WxC, history_BxTxC, runs_BxL):
     return jax.nn.silu(sum(taps)), kept
 
 
+def unit_lower_inverse(a):
+    """(I + a)^-1 of strictly lower-triangular a [..., C, C], by doubling: the inverse's diagonal blocks of size s
+    give those of size 2s, [[X, 0], [Y, Z]]^-1 = [[X^-1, 0], [-Z^-1 Y X^-1, Z^-1]] (log2 C levels of batched
+    matmuls, padded to a power of two; no LAPACK call, so XLA runs it as it runs the rest, on any backend)."""
+    c = a.shape[-1]
+    size = 1 << (c - 1).bit_length()
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, size - c)] * 2)
+    inv, s = jnp.ones((*a.shape[:-2], size, 1, 1), a.dtype), 1  # the 1 x 1 diagonal blocks
+    while s < size:
+        n = size // (2 * s)
+        low = jnp.einsum("...aiaj->...aij", a.reshape(*a.shape[:-2], n, 2 * s, n, 2 * s))[..., s:, :s]
+        x, z = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        y = -jnp.einsum("...ij,...jk,...kl->...il", z, low, x)
+        inv = jnp.concatenate([jnp.concatenate([x, jnp.zeros_like(x)], -1), jnp.concatenate([y, z], -1)], -2)
+        s *= 2
+    return inv[..., 0, :c, :c]
+
+
 def chunked_delta_rule(q, k, v, g, beta, runs, state, chunk: int):
     """The gated delta rule over L tokens in chunks of C = min(chunk, L) (the last padded with tokens that change
     nothing: k = 0, beta = 0, g = 0), all in float32.
@@ -87,8 +105,8 @@ def chunked_delta_rule(q, k, v, g, beta, runs, state, chunk: int):
     k_beta = k * beta[..., None]
     A = jnp.einsum("...ik,...jk->...ij", k_beta, k) * D * jnp.tril(jnp.ones((c, c)), -1)
     decay = jnp.exp(G) * carried
-    solve = lambda rhs: jax.lax.linalg.triangular_solve(A, rhs, left_side=True, lower=True, unit_diagonal=True)
-    u_v, u_k = solve(v * beta[..., None]), solve(k_beta * decay[..., None])  # u = u_v - u_k S
+    T = unit_lower_inverse(A)
+    u_v, u_k = (T @ t for t in (v * beta[..., None], k_beta * decay[..., None]))  # u = u_v - u_k S
     qk = jnp.einsum("...ik,...jk->...ij", q, k) * D
     q_decayed, k_last = q * decay[..., None], k * D[..., -1, :, None]
 
