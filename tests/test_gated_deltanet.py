@@ -4,6 +4,7 @@ passed in), a mixed stack that trains, cached generation against the full forwar
 scanned groups as looped layers, and bad settings in one line."""
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import pytest
 from test_decode import EOS, PAD, greedy_by_recomputing, random_ids, random_params, teacher_forced_steps, tiny
 
 from txjax import decode
+from txjax.errors import ConfigError
 from txjax.model.config import ModelConfig
 from txjax.model.gated_deltanet import chunked_delta_rule
 from txjax.model.models import DecoderLM, unstack_layers
@@ -161,4 +163,13 @@ def test_a_mixed_stack_trains():
 def test_bad_linear_settings_are_one_line(fields, named):
     with pytest.raises(ValueError, match=named) as e:
         ModelConfig(vocab_size=8, **fields)
+    assert "\n" not in str(e.value)
+
+
+def test_lm_eval_refuses_linear_layers_in_one_line():
+    """lm-eval's requests share a prefix under a tree mask (branches of one segment), which a recurrence cannot read."""
+    lm_eval_model = pytest.importorskip("txjax.evaluate.lm_eval_model")
+    model = DecoderLM(tiny(layer_types="LF"))
+    with pytest.raises(ConfigError, match="linear \\(Gated DeltaNet\\) layers cannot read") as e:
+        lm_eval_model.TxjaxLM(run=types.SimpleNamespace(model=model))
     assert "\n" not in str(e.value)
