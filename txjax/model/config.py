@@ -65,7 +65,7 @@ PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cr
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), keyword-only
+class ModelConfig(LatentFields, linear_config.LinearFields):  # MLA's and Gated DeltaNet's fields, keyword-only
     """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
 
     vocab_size: int
@@ -154,15 +154,6 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
     rope_local_base: float = setting(
         0.0, resume=False, read_by=(*_ROPE, _LOCAL)
     )  # > 0: local layers' own unscaled RoPE base (Gemma 3's rope_local_base_freq)
-    # 'L' linear (Gated DeltaNet) / 'F' full attention per decoder layer, repeated ('LLLF': Qwen3-Next); '' = all F.
-    # The linear layers' sizes (txjax.model.linear_config; 0: the attention's) and chunk (txjax.model.gated_deltanet)
-    layer_types: str = ""
-    linear_heads: int = 0  # query/key heads (0: num_heads)
-    linear_v_heads: int = 0  # value heads, a multiple of linear_heads (0: linear_heads)
-    linear_head_dim: int = 0  # d_k (0: head_dim)
-    linear_v_head_dim: int = 0  # d_v (0: linear_head_dim)
-    linear_conv: int = 4  # the causal depthwise convolution's width
-    linear_chunk: int = 64  # tokens per chunk of the training form
     # mixture of experts (txjax.model.moe): 0 experts = the dense FFN in every layer
     num_experts: int = 0  # routed experts per MoE layer
     experts_per_token: int = 2  # top-k
@@ -286,7 +277,7 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
             raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
         self._check_moe()
         check_latent(self)
-        linear_config.check(self)
+        linear_config.check_linear(self)
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
@@ -368,11 +359,9 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
 
     @property
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        """Each decoder layer's LayerAttention: its window, RoPE or none by rope_layers and linear or full by
-        layer_types, the patterns repeated over the layers."""
-        ropes, linear = self.rope_layers or "R", linear_config.is_linear
-        windows = enumerate(self.layer_windows)
-        return tuple(LayerAttention(w, ropes[i % len(ropes)] == "R", linear(self, i)) for i, w in windows)
+        """Each decoder layer's LayerAttention: its window, and RoPE and linear by rope_layers, layer_types repeated."""
+        r, windows = self.rope_layers or "R", enumerate(self.layer_windows)
+        return tuple(LayerAttention(w, r[i % len(r)] == "R", linear_config.is_linear(self, i)) for i, w in windows)
 
     @property
     def rope(self) -> positional.Rope:

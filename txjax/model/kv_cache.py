@@ -21,7 +21,7 @@ from txjax.model.masks import causal_mask
 @dataclasses.dataclass(frozen=True)
 class Leaf:
     """One cache variable: its shape in each layout (S: the target slots, W: a local layer's window, R: the source;
-    a Gated DeltaNet layer's T: its convolution's last inputs, C: their channels, H, K, V: its value heads and the
+    a Gated DeltaNet layer's T: its convolution's last inputs, F: their channels, H, K, V: its value heads and the
     state's d_k x d_v), dtype ('keys': the keys' own), the value of an empty slot, whether it has a row axis (tiled
     to beams and samples, reordered by beam search) and whether its length grows through the generation's buckets
     (txjax.decode.cache)."""
@@ -52,7 +52,7 @@ SCHEMA = {
     # MLA: a token's compressed keys and values (C = kv_lora_rank) and the RoPE key its heads share (KR), one layout
     LATENT: Leaf(("B", "S", "C"), ("B", "S", "C"), "keys", 0, True, True),
     ROPE_KEY: Leaf(("B", "S", "KR"), ("B", "S", "KR"), "keys", 0, True, True),
-    CONV_STATE: Leaf(("B", "T", "C"), ("B", "T", "C"), "float32", 0, True, False),
+    CONV_STATE: Leaf(("B", "T", "F"), ("B", "T", "F"), "float32", 0, True, False),
     DELTA_STATE: Leaf(("B", "H", "K", "V"), ("B", "H", "K", "V"), "float32", 0, True, False),
 }
 

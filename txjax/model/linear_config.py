@@ -1,5 +1,6 @@
 """Which decoder layers mix tokens by Gated DeltaNet (txjax.model.gated_deltanet) instead of softmax attention, and
-those layers' sizes: ModelConfig's layer_types and linear_* fields, resolved (`linear_sizes`) and checked (`check`).
+those layers' sizes: ModelConfig's layer_types and linear_* fields (LinearFields, its base), resolved
+(`linear_sizes`) and checked (`check_linear`).
 
 model.layer_types is a pattern of 'L' (linear: Gated DeltaNet) and 'F' (full attention) repeated over the decoder
 layers ('LLLF': Qwen3-Next's three linear layers then one full). A stack that mixes both scans (or loops) groups of
@@ -13,6 +14,19 @@ import dataclasses
 LINEAR_FIELDS = ("linear_heads", "linear_v_heads", "linear_head_dim", "linear_v_head_dim", "linear_conv")
 LINEAR_FIELDS += ("linear_chunk",)
 _DEFAULTS = {"linear_conv": 4, "linear_chunk": 64}  # the others: 0, the attention's sizes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearFields:
+    """model.layer_types and the linear layers' sizes (0: the attention's): a base of ModelConfig, keyword-only."""
+
+    layer_types: str = ""  # 'L' linear (Gated DeltaNet) / 'F' full per decoder layer, repeated ('LLLF'); '' = all F
+    linear_heads: int = 0  # query/key heads (0: num_heads)
+    linear_v_heads: int = 0  # value heads, a multiple of linear_heads (0: linear_heads)
+    linear_head_dim: int = 0  # d_k (0: head_dim)
+    linear_v_head_dim: int = 0  # d_v (0: linear_head_dim)
+    linear_conv: int = 4  # the causal depthwise convolution's width
+    linear_chunk: int = 64  # tokens per chunk of the training form (txjax.model.gated_deltanet)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +66,7 @@ def full_layers(cfg) -> int:
     return sum(not is_linear(cfg, i) for i in range(cfg.num_layers))
 
 
-def check(cfg) -> None:
+def check_linear(cfg) -> None:
     """The layer_types and linear_* fields: a one-line ValueError naming the field and the fix for a bad one."""
     pattern = cfg.layer_types
     if not isinstance(pattern, str) or set(pattern) - set("LF"):
