@@ -82,7 +82,7 @@ def linear_lm(**overrides):
 def test_packed_documents_do_not_see_each_other_and_scanned_groups_are_looped_layers():
     """A row of two documents: changing the first one's tokens leaves the second's logits as they are (the
     convolution and the state restart at its first token), and equal to the second document alone; scanned (one
-    group 'LF' scanned) as looped."""
+    group 'LF' scanned) as looped and as rematerialized."""
     model, params = linear_lm()
     tokens = jnp.asarray(random_ids(0, (1, 14)))
     seg = jnp.asarray([[1] * 6 + [2] * 8])
@@ -94,6 +94,8 @@ def test_packed_documents_do_not_see_each_other_and_scanned_groups_are_looped_la
     assert float(jnp.abs(changed[:, :6] - both[:, :6]).max()) > 1e-2
     alone = jax.jit(model.apply)({"params": params}, tokens[:, 6:])
     np.testing.assert_allclose(both[:, 6:], alone, atol=2e-5)
+    remat = DecoderLM(dataclasses.replace(model.cfg, remat="full"))  # the layer kinds stay static under remat
+    np.testing.assert_allclose(jax.jit(remat.apply)({"params": params}, tokens, pos, seg), both, atol=2e-5)
     looped = DecoderLM(dataclasses.replace(model.cfg, scan_layers=False))
     np.testing.assert_allclose(
         jax.jit(looped.apply)({"params": unstack_layers(params)}, tokens, pos, seg), both, atol=2e-5

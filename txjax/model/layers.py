@@ -71,8 +71,9 @@ class Block(nn.Module):
 
     Signature fits nn.scan: (x, ctx, layer) -> (x, None) with ctx (masks, positions, encoder output) broadcast and
     `layer`, what this layer's self-attention has of its own (config.LayerAttention: its local window, an int, 0 =
-    global), broadcast (Python ints) or scanned (traced scalars). A linear layer (layer.linear, always a Python
-    bool) mixes its tokens by Gated DeltaNet (txjax.model.gated_deltanet) in place of MHA; the rest is the same.
+    global), broadcast (Python ints) or scanned (traced scalars). A linear layer (`linear`: its LayerAttention's,
+    given by the stack as a module field so that it stays a Python bool under remat's tracing) mixes its tokens by
+    Gated DeltaNet (txjax.model.gated_deltanet) in place of MHA; the rest is the same.
     """
 
     cfg: ModelConfig
@@ -82,6 +83,7 @@ class Block(nn.Module):
     deterministic: bool = True  # no dropout (eval, decode)
     decode: bool = False  # write keys/values into the KV cache
     moe: bool = False  # the FFN is a mixture of experts
+    linear: bool = False  # Gated DeltaNet mixes the tokens (LayerAttention.linear)
 
     @nn.compact
     def __call__(self, x_BxLxD, ctx, layer=PLAIN_LAYER):
@@ -94,8 +96,8 @@ class Block(nn.Module):
         dropout = nn.Dropout(cfg.dropout)
         drop = lambda y: dropout(y, deterministic=deterministic)  # on each residual branch, before the addition
         ln = lambda name: make_norm(cfg, f"{name}_norm")
-        mixer = "linear_attention" if layer.linear else "self_attention"  # the token mixer: MHA or Gated DeltaNet
-        if layer.linear:
+        mixer = "linear_attention" if self.linear else "self_attention"  # the token mixer: MHA or Gated DeltaNet
+        if self.linear:
             delta_net = GatedDeltaNet(cfg, name=mixer)
             mha = lambda t: delta_net(t, ctx["mask"], decode=decode)
         else:
@@ -138,6 +140,7 @@ class Group(nn.Module):
 
     cfg: ModelConfig
     size: int = 1
+    linear: tuple[bool, ...] = ()  # each block's LayerAttention.linear (the same in every group); () = none linear
     cross: bool = False
     causal: bool = False
     sow_weights: bool = False
@@ -154,5 +157,6 @@ class Group(nn.Module):
         for j in range(n):
             block_layer = LayerAttention(*(field if isinstance(field, int) else field[j] for field in layer))
             moe = cfg.num_experts > 0 and (j + 1) % cfg.moe_every == 0
-            x_BxLxD, _ = Block(**kwargs, moe=moe, name=f"block_{j}")(x_BxLxD, ctx, block_layer)
+            linear = bool(self.linear and self.linear[j])
+            x_BxLxD, _ = Block(**kwargs, moe=moe, linear=linear, name=f"block_{j}")(x_BxLxD, ctx, block_layer)
         return x_BxLxD, None

@@ -157,7 +157,9 @@ class Stack(nn.Module):
         block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode) | (
-            dict(size=n) if grouped else dict(moe=cfg.num_experts > 0)
+            dict(size=n, linear=tuple(layer.linear for layer in layers[:n]))
+            if grouped
+            else dict(moe=cfg.num_experts > 0, linear=layers[0].linear)  # one kind in every layer
         )
         if cfg.scan_layers:
             # a setting that varies over the layers is scanned (one value per layer), one that does not stays static
