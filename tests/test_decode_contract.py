@@ -95,22 +95,27 @@ def tiny(**overrides):
 
 
 @pytest.mark.parametrize("layout", ["trained", "decoding"])
-@pytest.mark.parametrize("kind", ["lm", "seq2seq", "local"])
+@pytest.mark.parametrize("kind", ["lm", "seq2seq", "local", "linear"])
 def test_the_caches_created_follow_the_schema(kind, layout):
     """Every leaf the model creates (its own methods, or the decoding layout's) is named in SCHEMA with the shape
-    and dtype written there: B=3 rows, S=7 slots, W=4 (a local layer's window), R=5 source tokens."""
-    cfg = tiny(attention_window=4, dtype="bfloat16") if kind == "local" else tiny(dtype="bfloat16")
+    and dtype written there: B=3 rows, S=7 slots, W=4 (a local layer's window), R=5 source tokens; a Gated DeltaNet
+    layer's T=2 inputs of history, F=56 channels (q, k: 2 heads x 8 each, v: 4 heads x 6), H=4 value heads, K=8, V=6."""
+    linear = dict(layer_types="LF", linear_heads=2, linear_v_heads=4, linear_v_head_dim=6, linear_conv=3)
+    cfg = tiny(
+        dtype="bfloat16", **(dict(attention_window=4) if kind == "local" else linear if kind == "linear" else {})
+    )
     model = EncoderDecoder(cfg) if kind == "seq2seq" else DecoderLM(cfg)
     installed = kernels.installed() if layout == "decoding" else contextlib.nullcontext()
     with installed:
         created = jax.eval_shape(lambda: cache.empty_cache(model, 3, 7, 5 if kind == "seq2seq" else None))
-    sizes = {"B": 3, "S": 7, "W": 4, "R": 5, "KV": 2, "K": 8, "B*KV": 6}
+    sizes = {"B": 3, "S": 7, "W": 4, "R": 5, "KV": 2, "K": 8, "B*KV": 6, "T": 2, "F": 56, "H": 4, "V": 6}
     names = set()
     for path, leaf in jax.tree_util.tree_leaves_with_path(created):
         name = path[-1].key
         names.add(name)
         schema = kv_cache.SCHEMA[name]
         assert leaf.shape == tuple(sizes[a] for a in getattr(schema, layout)), (path, leaf.shape)
-        assert leaf.dtype == (jnp.int32 if schema.dtype == "int32" else jnp.bfloat16), path
-    expected = {"lm": {"cached_key"}, "seq2seq": {"cached_key", "cross_key"}, "local": {"window_key"}}[kind]
+        assert leaf.dtype == (jnp.bfloat16 if schema.dtype == "keys" else jnp.dtype(schema.dtype)), path
+    expected = {"lm": {"cached_key"}, "seq2seq": {"cached_key", "cross_key"}, "local": {"window_key"}}.get(kind, set())
+    expected |= {"conv_state", "delta_state", "cached_key"} if kind == "linear" else set()
     assert expected <= names and "cache_index" in names

@@ -41,9 +41,15 @@ OPTIONS = {  # every option that adds, removes or reshapes parameters
         qk_rope_head_dim=2,
         v_head_dim=3,
     ),
+    "Gated DeltaNet and full layers": dict(layer_types="LF", linear_v_heads=4),
 }
 # what each parameter is, from its name and its module's: the test's own reading, independent of the library's
 QKV, OUT = {"query", "key", "value", "q", "q_up", "key_up", "value_up"}, {"out"}  # MLA's [latent or D, heads, K]
+QKV |= {"gate"}  # a Gated DeltaNet's output gate z [D, heads, V]
+# a Gated DeltaNet layer's own: b and a [D, heads] matrices; the convolution's taps vector-like (decayed, never Muon's);
+# A_log and dt_bias per head and the gated norm's gain not decayed
+LINEAR = {"beta": (True, "matrix"), "decay": (True, "matrix"), "conv": (True, None), "A_log": (False, None)}
+LINEAR |= {"dt_bias": (False, None), "norm": (False, None)}
 MATRICES = {"wi", "wi_gate", "wo", "router", "shared_expert_gate", "proj"}  # Dense kernels, expert weights by module
 LATENT_DOWN = {"q_down", "kv_down"}  # MLA's [D, latent]
 NOT_DECAYED = {"scale", "bias", "sinks"}  # sinks: a logit per head, added (GPT-OSS's are not decayed)
@@ -53,6 +59,9 @@ def expected(path, ndim):
     """(decayed, Muon's dimension numbers or None) of the parameter at `path` with `ndim` axes."""
     keys = [getattr(k, "key", None) for k in path]
     name, parent = keys[-1], keys[-2]
+    if parent == "linear_attention" and name in LINEAR:
+        is_decayed, kind = LINEAR[name]
+        return is_decayed, optax.contrib.MuonDimensionNumbers(ndim - 2, ndim - 1) if kind else None
     if name in NOT_DECAYED or name.endswith("_bias"):
         return False, None
     if name in QKV:  # [..., D, heads, K]
@@ -69,6 +78,10 @@ def expected(path, ndim):
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_every_parameter_has_the_role_its_place_says(family, option):
     model = families.build(family, ModelConfig(**SMALL | OPTIONS[option]))
+    if family == "prefix_lm" and "layer_types" in OPTIONS[option]:  # a recurrence cannot read the source both ways
+        with pytest.raises(ValueError, match="family prefix_lm reads its source both ways"):
+            families.param_roles(model)
+        return
     model_roles = families.param_roles(model)  # refuses a parameter without a role
     shapes = jax.eval_shape(lambda: families.init_params(model, jax.random.key(0)))
     assert jax.tree.structure(model_roles) == jax.tree.structure(shapes)

@@ -17,7 +17,6 @@ from txjax.model.models import unstack_layers
 
 # what generation reads of the cache's schema (txjax.model.kv_cache.SCHEMA; its leaves in decoding's layout)
 ROW_LEAVES = tuple(name for name, leaf in kv_cache.SCHEMA.items() if leaf.per_row)
-POSITION_LEAVES = tuple(name for name in ROW_LEAVES if kv_cache.SCHEMA[name].dtype == "int32")
 # the slot axis of the growing leaves, from the end
 LENGTH_AXIS = {
     name: kv_cache.length_axis(name, "decoding") - len(leaf.decoding)
@@ -125,16 +124,19 @@ def gather_rows(cache, rows_C, leaves=ROW_LEAVES):
 
     cache_index is shared.
     """
+    row_axis = lambda name, leaf: leaf.ndim - len(kv_cache.SCHEMA[name].decoding)  # where a leaf's layout begins
     b = next(
-        leaf.shape[-2] for path, leaf in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key in POSITION_LEAVES
+        leaf.shape[row_axis(path[-1].key, leaf)]
+        for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+        if path[-1].key in ROW_LEAVES and kv_cache.SCHEMA[path[-1].key].decoding[0] == "B"
     )
 
     def gather(path, leaf):
         name = path[-1].key
         if name not in leaves:
             return leaf
-        if name in POSITION_LEAVES:
-            return jnp.take(leaf, rows_C, axis=-2)
+        if kv_cache.SCHEMA[name].decoding[0] == "B":  # rows on an axis of their own (positions, linear layers)
+            return jnp.take(leaf, rows_C, axis=row_axis(name, leaf))
         by_row = einops.rearrange(leaf, "... (b g) x y -> ... b g x y", b=b)  # cache_layout's rows apart
         return einops.rearrange(jnp.take(by_row, rows_C, axis=-4), "... c g x y -> ... (c g) x y")
 

@@ -144,6 +144,11 @@ class TxjaxLM(TemplateLM):
 
             run = load_workdir(Path(workdir))
         family_of(run.model).check_scores_text(workdir or "the run", "lm-eval")
+        if "L" in run.model.cfg.layer_types:  # a linear layer reads runs of segments, not make_score's tree mask
+            raise ConfigError(
+                f"{workdir or 'the run'}: lm-eval scores requests that share a prefix under one tree mask, which "
+                "model.layer_types' linear (Gated DeltaNet) layers cannot read: score its text with run.py eval --text"
+            )
         self.run, self.model, self.params, self.tokenizer = run, run.model, run.params, run.tokenizer
         self.workdir = str(workdir or "")
         self.max_length = min(int(max_length or run.model.cfg.max_len), run.model.cfg.max_len)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from txjax.families.family import Family
+from txjax.model.linear_config import full_layers
 from txjax.model.models import DecoderLM
 
 
@@ -61,7 +62,7 @@ class DecoderLMFamily(Family):
         return [np.asarray([ids], np.int32)], {"decoder/self_attention": ("", "source", "source")}
 
     def attention_layers(self, cfg):
-        return 0, cfg.num_layers, 0
+        return 0, full_layers(cfg), 0
 
     def head_table(self, cfg):
         return "embed"

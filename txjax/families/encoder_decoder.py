@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txjax.families.family import Family
+from txjax.model.linear_config import full_layers
 from txjax.model.models import EncoderDecoder
 
 
@@ -71,7 +72,7 @@ class EncoderDecoderFamily(Family):
         }
 
     def attention_layers(self, cfg):
-        return cfg.encoder_layers, cfg.num_layers, cfg.num_layers
+        return cfg.encoder_layers, full_layers(cfg), cfg.num_layers
 
     def head_table(self, cfg):
         return "src_embed" if cfg.share_embeddings else "tgt_embed"

@@ -28,12 +28,18 @@ from txjax.model.replaceable import Layout
 
 def unsupported(model) -> str | None:
     """The one line refusing a model setting (of a ModelConfig or a config's model section) the prefix LM cannot run,
-    or None: a local window (the stack is not causal, so every layer would run global: refused, not ignored) or
-    blockwise attention (the prefix makes its mask dense, which blockwise attention does not read)."""
+    or None: a local window (the stack is not causal, so every layer would run global: refused, not ignored), linear
+    layers (a recurrence reads causally) or blockwise attention (the prefix makes its mask dense, which blockwise
+    attention does not read)."""
     if model.attention_window:
         return (
             f"config.model.attention_window={model.attention_window}: family prefix_lm has no local attention (its "
             "source is read both ways): set model.attention_window=0"
+        )
+    if "L" in model.layer_types:
+        return (
+            f"config.model.layer_types={model.layer_types!r}: family prefix_lm reads its source both ways, which a "
+            "linear (recurrent) layer cannot: set model.layer_types='' or family=decoder_lm"
         )
     if model.attention_impl == "blockwise":
         return (

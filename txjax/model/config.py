@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from txjax.fields import ReadBy, setting
-from txjax.model import activations, positional, precision, score
+from txjax.model import activations, linear_config, positional, precision, score
 from txjax.model.attention import ATTENTION_IMPLS
 from txjax.model.latent_config import LatentFields, check_latent
 
@@ -58,13 +58,14 @@ class LayerAttention(NamedTuple):
 
     window: int = 0  # the local window (masks.window_mask), 0 = global
     rope: bool = True  # positional='rope': this layer rotates q and k; False: a NoPE layer (rope_layers)
+    linear: bool = False  # Gated DeltaNet mixes this layer's tokens (layer_types), always a Python bool
 
 
 PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cross-attention, every encoder layer)
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), keyword-only
+class ModelConfig(LatentFields, linear_config.LinearFields):  # MLA's and Gated DeltaNet's fields, keyword-only
     """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
 
     vocab_size: int
@@ -276,6 +277,7 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
             raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
         self._check_moe()
         check_latent(self)
+        linear_config.check_linear(self)
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
@@ -357,9 +359,9 @@ class ModelConfig(LatentFields):  # LatentFields: MLA's (model.attention=mla), k
 
     @property
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        """Each decoder layer's LayerAttention: its window, and RoPE or none by rope_layers repeated over the layers."""
-        ropes = self.rope_layers or "R"
-        return tuple(LayerAttention(w, ropes[i % len(ropes)] == "R") for i, w in enumerate(self.layer_windows))
+        """Each decoder layer's LayerAttention: its window, and RoPE and linear by rope_layers, layer_types repeated."""
+        r, windows = self.rope_layers or "R", enumerate(self.layer_windows)
+        return tuple(LayerAttention(w, r[i % len(r)] == "R", linear_config.is_linear(self, i)) for i, w in windows)
 
     @property
     def rope(self) -> positional.Rope:

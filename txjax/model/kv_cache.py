@@ -20,9 +20,11 @@ from txjax.model.masks import causal_mask
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
-    """One cache variable: its shape in each layout (S: the target slots, W: a local layer's window, R: the source),
-    dtype ('keys': the keys' own), the value of an empty slot, whether it has a row axis (tiled to beams and samples,
-    reordered by beam search) and whether its length grows through the generation's buckets (txjax.decode.cache)."""
+    """One cache variable: its shape in each layout (S: the target slots, W: a local layer's window, R: the source;
+    a Gated DeltaNet layer's T: its convolution's last inputs, F: their channels, H, K, V: its value heads and the
+    state's d_k x d_v), dtype ('keys': the keys' own), the value of an empty slot, whether it has a row axis (tiled
+    to beams and samples, reordered by beam search) and whether its length grows through the generation's buckets
+    (txjax.decode.cache)."""
 
     trained: tuple[str, ...]
     decoding: tuple[str, ...]
@@ -36,6 +38,7 @@ KEYS, VALUES, POSITIONS, INDEX = "cached_key", "cached_value", "cached_pos", "ca
 WINDOW_KEYS, WINDOW_VALUES, WINDOW_POSITIONS = "window_key", "window_value", "window_pos"
 CROSS_KEYS, CROSS_VALUES = "cross_key", "cross_value"
 LATENT, ROPE_KEY = "cached_latent", "cached_rope_key"  # multi-head latent attention's (txjax.model.latent)
+CONV_STATE, DELTA_STATE = "conv_state", "delta_state"  # a Gated DeltaNet layer's (txjax.model.gated_deltanet)
 SCHEMA = {
     KEYS: Leaf(("B", "S", "KV", "K"), ("B*KV", "K", "S"), "keys", 0, True, True),
     VALUES: Leaf(("B", "S", "KV", "K"), ("B*KV", "S", "K"), "keys", 0, True, True),
@@ -49,6 +52,8 @@ SCHEMA = {
     # MLA: a token's compressed keys and values (C = kv_lora_rank) and the RoPE key its heads share (KR), one layout
     LATENT: Leaf(("B", "S", "C"), ("B", "S", "C"), "keys", 0, True, True),
     ROPE_KEY: Leaf(("B", "S", "KR"), ("B", "S", "KR"), "keys", 0, True, True),
+    CONV_STATE: Leaf(("B", "T", "F"), ("B", "T", "F"), "float32", 0, True, False),
+    DELTA_STATE: Leaf(("B", "H", "K", "V"), ("B", "H", "K", "V"), "float32", 0, True, False),
 }
 
 
@@ -72,7 +77,7 @@ def bytes_per_token(cache, rows: int, slots: int) -> int:
 
 def _variable(module, name, shape, dtype):
     """The module's cache variable `name` of SCHEMA, created empty if missing."""
-    dtype = jnp.int32 if SCHEMA[name].dtype == "int32" else dtype
+    dtype = jnp.dtype(SCHEMA[name].dtype) if SCHEMA[name].dtype != "keys" else dtype
     return module.variable("cache", name, jnp.full, shape, SCHEMA[name].empty, dtype)
 
 
@@ -161,3 +166,13 @@ def append_kv_cache(module, k_new, v_new, q_pos, mask, layout: str = "trained", 
     ck.value = write_slots(ck.value, k_new, cidx.value, axis=length_axis(names[0], layout))
     cv.value = write_slots(cv.value, v_new, cidx.value, axis=length_axis(names[1], layout))
     return ck.value, cv.value, *cache_positions(cpos, cidx, q_pos, mask)
+
+
+def linear_state_cache(module, conv_shape, state_shape):
+    """A Gated DeltaNet layer's cache, the same in both layouts: its convolution's last inputs (conv_state [B,
+    conv - 1, C]), its state (delta_state [B, H, K, V]), float32, and the tokens seen (cache_index) -> (the three
+    variables, whether this call only allocates them: model.init(decode=True))."""
+    is_init = not module.has_variable("cache", DELTA_STATE)
+    conv = _variable(module, CONV_STATE, conv_shape, None)
+    state = _variable(module, DELTA_STATE, state_shape, None)
+    return conv, state, _variable(module, INDEX, (), None), is_init

@@ -23,6 +23,7 @@ from txjax.model import score
 from txjax.model.attention import resolve_impl
 from txjax.model.config import PLAIN_LAYER, LayerAttention, ModelConfig
 from txjax.model.ffn import FeedForward
+from txjax.model.gated_deltanet import GatedDeltaNet
 from txjax.model.latent import LatentAttention
 from txjax.model.moe import MoE
 from txjax.model.multi_head import MultiHeadAttention
@@ -70,7 +71,9 @@ class Block(nn.Module):
 
     Signature fits nn.scan: (x, ctx, layer) -> (x, None) with ctx (masks, positions, encoder output) broadcast and
     `layer`, what this layer's self-attention has of its own (config.LayerAttention: its local window, an int, 0 =
-    global), broadcast (Python ints) or scanned (traced scalars).
+    global), broadcast (Python ints) or scanned (traced scalars). A linear layer (`linear`: its LayerAttention's,
+    given by the stack as a module field so that it stays a Python bool under remat's tracing) mixes its tokens by
+    Gated DeltaNet (txjax.model.gated_deltanet) in place of MHA; the rest is the same.
     """
 
     cfg: ModelConfig
@@ -80,6 +83,7 @@ class Block(nn.Module):
     deterministic: bool = True  # no dropout (eval, decode)
     decode: bool = False  # write keys/values into the KV cache
     moe: bool = False  # the FFN is a mixture of experts
+    linear: bool = False  # Gated DeltaNet mixes the tokens (LayerAttention.linear)
 
     @nn.compact
     def __call__(self, x_BxLxD, ctx, layer=PLAIN_LAYER):
@@ -92,17 +96,22 @@ class Block(nn.Module):
         dropout = nn.Dropout(cfg.dropout)
         drop = lambda y: dropout(y, deterministic=deterministic)  # on each residual branch, before the addition
         ln = lambda name: make_norm(cfg, f"{name}_norm")
-        self_attn = make_attention(cfg, False, "self_attention", self.sow_weights)
-        mha = lambda t: self_attn(
-            t,
-            ctx["mask"],
-            q_pos=ctx["pos"],
-            causal=self.causal,
-            layer=layer,
-            deterministic=deterministic,
-            decode=decode,
-            relative_table=ctx.get("relative_table"),  # T5's bucketed bias, one table per stack (models.Stack)
-        )
+        mixer = "linear_attention" if self.linear else "self_attention"  # the token mixer: MHA or Gated DeltaNet
+        if self.linear:
+            delta_net = GatedDeltaNet(cfg, name=mixer)
+            mha = lambda t: delta_net(t, ctx["mask"], decode=decode)
+        else:
+            self_attn = make_attention(cfg, False, mixer, self.sow_weights)
+            mha = lambda t: self_attn(
+                t,
+                ctx["mask"],
+                q_pos=ctx["pos"],
+                causal=self.causal,
+                layer=layer,
+                deterministic=deterministic,
+                decode=decode,
+                relative_table=ctx.get("relative_table"),  # T5's bucketed bias, one table per stack (models.Stack)
+            )
         if self.cross:
             cross_attn = make_attention(cfg, True, "cross_attention", self.sow_weights)
             kv, mask = ctx["enc"], ctx["enc_mask"]
@@ -113,22 +122,25 @@ class Block(nn.Module):
         if cfg.norm_placement in ("pre", "sandwich"):  # Xiong et al. 2020; GPT-2 (sandwich: + each branch's LN')
             sandwich = cfg.norm_placement == "sandwich"
             branch = lambda name, y: make_norm(cfg, f"{name}_post_norm")(y) if sandwich else y  # LN' of its output
-            t1 = ln("self_attention")(x)
-            t3 = x + drop(branch("self_attention", mha(t1)))
+            t1 = ln(mixer)(x)
+            t3 = x + drop(branch(mixer, mha(t1)))
             t5 = t3 + drop(branch("cross_attention", cross(ln("cross_attention")(t3)))) if self.cross else t3
             h = t5 + drop(branch("ffn", ffn(ln("ffn")(t5))))
         else:  # post-LN, Vaswani et al. 2017
-            t3 = ln("self_attention")(x + drop(mha(x)))
+            t3 = ln(mixer)(x + drop(mha(x)))
             t5 = ln("cross_attention")(t3 + drop(cross(t3))) if self.cross else t3
             h = ln("ffn")(t5 + drop(ffn(t5)))
         return h.astype(x_BxLxD.dtype), None
 
 
 class Group(nn.Module):
-    """model.moe_every = n consecutive layers, n - 1 dense blocks then one MoE block ('block_0', ..., 'block_{n-1}'):
-    the unit the stack scans (or loops) over when MoE layers alternate with dense ones. Block's signature."""
+    """n consecutive layers ('block_0', ..., 'block_{n-1}'), every model.moe_every-th one MoE: the unit the stack
+    scans (or loops) over when MoE layers alternate with dense ones or linear layers with full ones (n: the periods'
+    least common multiple, models.Stack). Block's signature."""
 
     cfg: ModelConfig
+    size: int = 1
+    linear: tuple[bool, ...] = ()  # each block's LayerAttention.linear (the same in every group); () = none linear
     cross: bool = False
     causal: bool = False
     sow_weights: bool = False
@@ -139,10 +151,12 @@ class Group(nn.Module):
     def __call__(self, x_BxLxD, ctx, layer=PLAIN_LAYER):
         """layer: the blocks' LayerAttention, one of ints for all, or fields of n values (ints, or a scanned
         group's [n] arrays)."""
-        n = self.cfg.moe_every
-        kwargs = dict(cfg=self.cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
+        cfg, n = self.cfg, self.size
+        kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=self.deterministic, decode=self.decode)
         for j in range(n):
             block_layer = LayerAttention(*(field if isinstance(field, int) else field[j] for field in layer))
-            x_BxLxD, _ = Block(**kwargs, moe=j == n - 1, name=f"block_{j}")(x_BxLxD, ctx, block_layer)
+            moe = cfg.num_experts > 0 and (j + 1) % cfg.moe_every == 0
+            linear = bool(self.linear and self.linear[j])
+            x_BxLxD, _ = Block(**kwargs, moe=moe, linear=linear, name=f"block_{j}")(x_BxLxD, ctx, block_layer)
         return x_BxLxD, None

@@ -21,6 +21,7 @@ projections, cache and heads, the FFN's hidden layer, nn.Dense) are declared in 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -112,7 +113,8 @@ class Embedder(nn.Module):
 
 class Stack(nn.Module):
     """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...); with
-    model.moe_every = n > 1 (and experts), num_layers / n Groups of n blocks the same way.
+    model.moe_every = n > 1 (and experts), or a model.layer_types pattern of n letters mixing linear and full layers
+    (a causal stack's), num_layers / n Groups of n blocks the same way (n: the two periods' least common multiple).
 
     Local attention: a causal stack's layers take their windows from cfg.layer_attention. Looped, or scanned with one
     window for all, each is a Python int (static: the fused kernels' local_window_size, a ring-buffer KV cache of
@@ -142,16 +144,23 @@ class Stack(nn.Module):
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         layers = cfg.layer_attention if self.causal else (PLAIN_LAYER,) * self.num_layers
         uniform = len(set(layers)) == 1
-        grouped = cfg.num_experts > 0 and cfg.moe_every > 1
-        n = cfg.moe_every if grouped else 1
+        # a Group repeats MoE's period and the linear/full pattern's (a Gated DeltaNet layer's parameters are not an
+        # attention layer's, so one body serves every group, never every layer of a mixed stack)
+        mixed = len({layer.linear for layer in layers}) > 1
+        n = math.lcm(cfg.moe_every if cfg.num_experts > 0 else 1, len(cfg.layer_types) if mixed else 1)
+        grouped = n > 1
         unit, length = (Group if grouped else Block), self.num_layers // n
         # a Group's blocks: one LayerAttention whose fields are tuples of n values
         units = [LayerAttention(*zip(*layers[i * n : (i + 1) * n])) if grouped else layers[i] for i in range(length)]
-        static = (3,) if uniform or not cfg.scan_layers else ()  # the layer argument: Python ints
+        static = (3,) if len(set(units)) == 1 or not cfg.scan_layers else ()  # the layer argument: Python values
         remat = dict(prevent_cse=not cfg.scan_layers, static_argnums=static, policy=remat_policy(cfg.remat))
         block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
-        kwargs |= dict(deterministic=deterministic, decode=decode) | ({} if grouped else dict(moe=cfg.num_experts > 0))
+        kwargs |= dict(deterministic=deterministic, decode=decode) | (
+            dict(size=n, linear=tuple(layer.linear for layer in layers[:n]))
+            if grouped
+            else dict(moe=cfg.num_experts > 0, linear=layers[0].linear)  # one kind in every layer
+        )
         if cfg.scan_layers:
             # a setting that varies over the layers is scanned (one value per layer), one that does not stays static
             varies = [len(set(field)) > 1 for field in zip(*units)]
