@@ -127,6 +127,19 @@ def test_argument_bytes_per_chip_are_the_state_and_batch_shards(fsdp_program):
 
 
 @needs_libtpu
+def test_fsdp_reduce_scatters_each_gradient_onto_its_shards(fsdp_program):
+    # on a v5e:2x2; on 16 chips of a v5e:4x4 (v5p:2x2x2, v6e:4x4) XLA writes the same reduction, and any explicit
+    # reduce-scatter (psum_scatter), as an all-reduce and a slice: benchmarks/reduce_scatter_hlo.py
+    _, program, _ = fsdp_program
+    params = program.inputs[0].params
+    whole = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    shards = sum(math.prod(p.sharding.shard_shape(p.shape)) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    collectives = aot.report(program, 16 * 2**30, 197e12)["collectives"]
+    assert collectives["reduce-scatter"]["bytes"] == pytest.approx(shards, rel=0.01)  # each chip's float32 shard
+    assert collectives["all-reduce"]["bytes"] < whole / 100  # none of the gradients reduced whole
+
+
+@needs_libtpu
 def test_the_compiled_step_is_the_one_run_py_train_jits(fsdp_program):
     _, program, built = fsdp_program
     assert len(built) == 1  # aot built its step through train_step_function, inside make_train_step ...
