@@ -181,6 +181,8 @@ def test_the_decode_step_holds_its_rows_kv_cache_among_its_arguments(tmp_path):
     assert reported["kv_cache_bytes_per_chip"] == cache and cache > params / 4
     assert cache + params / 4 <= reported["hbm_per_chip_bytes"]["arguments"] <= cache + params + 2**16
     assert reported["tokens_per_step"] == spec.train.batch_size and reported["xla_counts_loop_bodies_once"]
+    moved = sum(c["bytes"] for c in reported["collectives"].values())
+    assert 0 < moved < params  # one step's: each weight gathered at most once, not once a slot of the cache
 
 
 def test_a_step_that_is_none_is_one_line():

@@ -54,6 +54,7 @@ class Program(NamedTuple):
     tokens: int  # the batch's positions (every row's target length), or the rows decoded: tokens per step
     params: int  # the model's parameters
     cache_bytes: int | None = None  # decoding: the KV cache's bytes a chip holds (among the arguments)
+    step_is_loop: bool = False  # decoding: the step is the body of the entry's while loop (one trip: one step)
 
 
 def abstract(shapes, shardings):
@@ -130,7 +131,7 @@ def compile_decode(spec: RunSpec, model, mesh) -> Program:
     shard_bytes = lambda x: math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
     cache_bytes = sum(shard_bytes(x) for x in jax.tree.leaves(loop.cache))
     count = sum(math.prod(x.shape) for x in jax.tree.leaves(trained))
-    return Program(compiled, mesh, (params, loop, until), None, rows, count, cache_bytes)
+    return Program(compiled, mesh, (params, loop, until), None, rows, count, cache_bytes, step_is_loop=True)
 
 
 def report(program: Program, chip_hbm_bytes: int, chip_bf16_flops: float) -> dict:
@@ -154,7 +155,7 @@ def report(program: Program, chip_hbm_bytes: int, chip_bf16_flops: float) -> dic
         "hbm_per_chip_bytes": memory,
         "flops_per_step": cost.get("flops"),
         "model_flops_per_step": program.model_flops,
-        "collectives": hlo.collectives(text, chips),
+        "collectives": hlo.collectives(text, chips, entry_loops_once=program.step_is_loop),
         "xla_counts_loop_bodies_once": hlo.has_loops(text),
         "estimated_step_seconds": seconds,
         "estimated_mfu": program.model_flops / (chips * chip_bf16_flops * seconds)
