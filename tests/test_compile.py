@@ -1,7 +1,8 @@
 """`run.py compile`: the train step compiled for TPU topologies on this CPU host (the tpu extra). What XLA reports is
 checked against counts made here: argument bytes per chip against the state's and batch's shards, a model too large
 for a chip refused in one line, the data axis across two slices all-reduced over their network, the step the one
-`run.py train` jits, the same shards on a v5e and a v5p slice (v5e:2x2, v5p:2x2x1), and the estimator's searches.
+`run.py train` jits, the same shards on a v5e and a v5p slice (v5e:2x2, v5p:2x2x1), the decoding step's KV cache
+against the model's cache shapes, and the estimator's searches.
 Where libtpu is not installed those tests skip with one line; the names and the missing extra
 are checked everywhere."""
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from txjax import config as config_lib
@@ -78,12 +80,12 @@ def test_without_libtpu_the_command_names_the_extra(tmp_path):
     )
 
 
-def compiled(topology: str, overrides: list[str], tmp_path, num_slices: int = 1):
+def compiled(topology: str, overrides: list[str], tmp_path, num_slices: int = 1, step: str = "train"):
     config = config_lib.from_command_line(None, TINY + overrides)
     spec, (_, train_data, _) = prepare_run(config, tmp_path)
     first = train_data.batch(spec.train.seed, 0, spec.train.batch_size)
     devices = topology_devices(parse_topology(topology), num_slices)
-    return spec, aot.compile_step(spec, first, devices, "train", num_slices)
+    return spec, aot.compile_step(spec, first, devices, step, num_slices)
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +127,19 @@ def test_argument_bytes_per_chip_are_the_state_and_batch_shards(fsdp_program):
 
 
 @needs_libtpu
+def test_fsdp_reduce_scatters_each_gradient_onto_its_shards(fsdp_program):
+    # on a v5e:2x2; on 16 chips of a v5e:4x4 (v5p:2x2x2, v6e:4x4) XLA writes the same reduction, and any explicit
+    # reduce-scatter (psum_scatter), as an all-reduce and a slice: benchmarks/reduce_scatter_hlo.py
+    _, program, _ = fsdp_program
+    params = program.inputs[0].params
+    whole = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    shards = sum(math.prod(p.sharding.shard_shape(p.shape)) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    collectives = aot.report(program, 16 * 2**30, 197e12)["collectives"]
+    assert collectives["reduce-scatter"]["bytes"] == pytest.approx(shards, rel=0.01)  # each chip's float32 shard
+    assert collectives["all-reduce"]["bytes"] < whole / 100  # none of the gradients reduced whole
+
+
+@needs_libtpu
 def test_the_compiled_step_is_the_one_run_py_train_jits(fsdp_program):
     _, program, built = fsdp_program
     assert len(built) == 1  # aot built its step through train_step_function, inside make_train_step ...
@@ -150,6 +165,30 @@ def test_a_model_too_large_for_a_chip_is_refused_in_one_line():
     line = done.stderr.removeprefix("error: ")
     assert done.stderr.count("\n") == 1 and line.startswith("the train step needs ")
     assert "16 GiB of a v5e chip" in line and "--config.model.remat" in line and "batch_size (now 16)" in line
+
+
+@needs_libtpu
+def test_the_decode_step_holds_its_rows_kv_cache_among_its_arguments(tmp_path):
+    # a cache of 512 slots larger than a chip's quarter of the parameters; K = 128: a TPU pads none of its tiles
+    shape = ["--config.model.d_model=256", "--config.model.num_heads=2", "--config.model.num_kv_heads=1"]
+    shape += ["--config.model.d_ff=512", "--config.model.max_len=512", "--config.decode.method=greedy"]
+    spec, program = compiled("v5e:2x2", ["--config.mesh.fsdp=4", *shape], tmp_path, step="decode")
+    cfg, rows = spec.model, spec.train.batch_size // 4  # greedy: a row a prompt, the rows split over 4 chips
+    kv = 2 * rows * cfg.kv_heads * cfg.head_dim * cfg.max_len * jnp.dtype(cfg.compute_dtype).itemsize
+    cache = cfg.num_layers * (kv + rows * cfg.max_len * 4 + 4)  # keys and values, each slot's position, the index
+    params = sum(math.prod(s.shape) * 4 for s in jax.tree.leaves(program.inputs[0]))
+    reported = aot.report(program, 16 * 2**30, 197e12)
+    assert reported["kv_cache_bytes_per_chip"] == cache and cache > params / 4
+    assert cache + params / 4 <= reported["hbm_per_chip_bytes"]["arguments"] <= cache + params + 2**16
+    assert reported["tokens_per_step"] == spec.train.batch_size and reported["xla_counts_loop_bodies_once"]
+    moved = sum(c["bytes"] for c in reported["collectives"].values())
+    assert 0 < moved < params  # one step's: each weight gathered at most once, not once a slot of the cache
+
+
+def test_a_step_that_is_none_is_one_line():
+    done = run_py("compile", "--topology=v5e:2x2", "--step=bogus")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "error: --step=bogus is not a step: choose one of train, eval, decode\n"
 
 
 @pytest.mark.parametrize("start", [1, 3, 16, 5000])

@@ -80,7 +80,7 @@ def test_tokens_come_a_chunk_a_call_and_closing_stops_the_loop(monkeypatch):
     and four calls; closing the stream runs no more; a fresh one gives the same tokens. The first call runs one
     step, the next ones as many as take CHUNK_SECONDS at the last call's pace."""
     model, params = lm("rope")
-    calls, run_steps = [], search._run_steps
+    calls, run_steps = [], search.decode_steps
 
     def counted(*args):  # the steps each compiled call ran
         before = int(args[4].state.step)  # read before the call is given (donated) the loop
@@ -88,7 +88,7 @@ def test_tokens_come_a_chunk_a_call_and_closing_stops_the_loop(monkeypatch):
         calls.append(int(loop.state.step) - before)
         return loop
 
-    monkeypatch.setattr(search, "_run_steps", counted)
+    monkeypatch.setattr(search, "decode_steps", counted)
     monkeypatch.setattr(search, "CHUNK_SECONDS", 0.0)
     threads = threading.active_count()
     tokens = generate_stream(model, params, LM_PROMPTS[0], max_new_tokens=20)

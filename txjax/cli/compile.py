@@ -1,7 +1,9 @@
-"""`run.py compile`: a run's train (or eval) step compiled for a TPU topology on this host, without its chips (the
-tpu extra), and one JSON line of what XLA says of it: HBM per chip and whether it fits, FLOPs, collectives, XLA's
-estimated step time (an estimate, not a measurement) and the MFU and tokens per second it implies. A step that does
-not fit exits 1 after one line saying what it needs and what would help. Nothing is written but --save's file.
+"""`run.py compile`: a run's train (or eval, or decoding) step compiled for a TPU topology on this host, without its
+chips (the tpu extra), and one JSON line of what XLA says of it: HBM per chip and whether it fits, FLOPs,
+collectives, XLA's estimated step time (an estimate, not a measurement) and the MFU and tokens per second it implies
+(decoding: the KV cache's bytes a chip holds, and tokens per second = the rows decoded / XLA's estimated step). A
+step that does not fit exits 1 after one line saying what it needs and what would help. Nothing is written but
+--save's file.
 """
 
 from __future__ import annotations
@@ -27,13 +29,18 @@ from txjax.training.edge import prepare_run
 
 
 def main(argv: list[str]) -> None:
-    """run.py compile --topology=NAME [--num_slices=N] [--config=experiments/NAME.py] [--step=train|eval]
+    """run.py compile --topology=NAME [--num_slices=N] [--config=experiments/NAME.py] [--step=train|eval|decode]
     [--save=FILE] [--config.SECTION.FIELD=VALUE ...]"""
     parser = argparse.ArgumentParser(prog="run.py compile", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("--topology", required=True, help="v5e:4x4, v5p:2x2x2, v4:2x2x2, v6e:8x8, or v5e-256, v5p-128")
     parser.add_argument("--num_slices", type=int, default=1, help="slices joined by the data-center network")
     parser.add_argument("--config", help=f"experiment file (default: {config_lib.DEFAULT_EXPERIMENT.name})")
-    parser.add_argument("--step", default="train", choices=("train", "eval"), help="the step to compile")
+    parser.add_argument(
+        "--step",
+        default="train",
+        help="the step to compile: train, eval (the forward pass), decode (one cached decoding step of config.decode's "
+        "strategy for train.batch_size prompts, its KV cache the model's whole context)",
+    )
     parser.add_argument("--save", help="write the serialized executable here (and FILE.json: jax, libtpu versions)")
     parser.add_argument(
         "--search",
@@ -44,6 +51,8 @@ def main(argv: list[str]) -> None:
     args, overrides = parse_with_overrides(parser, argv)
     jax.config.update("jax_platforms", "cpu")  # no chip of this host is used (a TPU VM's may be training)
 
+    if args.step not in aot.STEPS:
+        raise config_lib.ConfigError(f"--step={args.step} is not a step: choose one of {', '.join(aot.STEPS)}")
     if args.num_slices < 1:
         raise config_lib.ConfigError(f"--num_slices={args.num_slices} must be at least 1")
     config = config_lib.from_command_line(args.config, overrides)

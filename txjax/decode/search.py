@@ -161,8 +161,9 @@ def generate_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, len
 
 _begin = jax.jit(begin, static_argnums=(0, 2, 3), static_argnames=("first_bucket",))
 _grow = jax.jit(lambda loop, length: loop.replace(cache=grow(loop.cache, length)), static_argnums=1)
-# `until` traced: one compilation per cache length whatever the chunks; the carry donated: updated in place
-_run_steps = jax.jit(run_steps, static_argnums=(0, 2, 3, 5), donate_argnums=4)
+# `until` traced: one compilation per cache length whatever the chunks; the carry donated: updated in place. The
+# decoding step `run.py compile --step=decode` compiles for a topology (txjax.training.aot).
+decode_steps = jax.jit(run_steps, static_argnums=(0, 2, 3, 5), donate_argnums=4)
 
 
 def stream_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengths_B, source, rng, first_bucket=64):
@@ -185,7 +186,7 @@ def stream_ids(model, params, strategy: Strategy, pad_id: int, prompt_BxP, lengt
         loop = _grow(loop, length)
         while step < strategy.max_new_tokens and not done and fed + step - 1 < length:  # filled slots < length
             began, shown = time.perf_counter(), step
-            loop = _run_steps(model, params, strategy, pad_id, loop, length, shown + chunk)
+            loop = decode_steps(model, params, strategy, pad_id, loop, length, shown + chunk)
             tokens_CxT, step, done = jax.device_get((loop.state.tokens_CxT, loop.state.step, loop.state.done))
             # the next call: the steps that take CHUNK_SECONDS at this call's pace (its dispatch included: an
             # underestimate; after a call that compiled, a few steps, then the true pace); the reader's time after

@@ -7,7 +7,8 @@ loop with neither counts once), and bytes
 are the collective's output (an all-gather's gathered array, a reduce-scatter's shard; a TPU writes a reduce-scatter
 as an all-reduce-scatter computation, an all-reduce of which each device keeps its part). A collective between the
 slices of a multi-slice topology is a send to the multi-slice runtime (and a recv), its kind in its attributes: counted
-also under `across_slices`, its bytes those each device sends.
+also under `across_slices`, its bytes those each device sends. A program whose step is a loop's body (decoding: one
+token a trip, until a bound the condition reads from the cache's length) counts the entry's loops one trip.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ def replica_groups(instruction: str, devices: int) -> list[list[int]]:
     return [list(range(devices))]
 
 
-def collectives(hlo_text: str, devices: int) -> dict:
+def collectives(hlo_text: str, devices: int, entry_loops_once: bool = False) -> dict:
     """{kind: {"count", "bytes"}} of the collectives one execution of the optimized HLO module of a program over
-    `devices` runs (module docstring); those between slices also under "across_slices" (when there are any)."""
+    `devices` runs (module docstring); those between slices also under "across_slices" (when there are any).
+    entry_loops_once: a while loop of the entry computation counts one trip (a program whose step is its body)."""
     computations, order = _computations(hlo_text)
-    times = _executions(computations, order)
+    times = _executions(computations, order, entry_loops_once)
     counted = {"all": defaultdict(lambda: [0, 0]), "across_slices": defaultdict(lambda: [0, 0])}
     for name in order:
         for line in computations[name]:
@@ -120,16 +122,18 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], list[str]]:
     return computations, order
 
 
-def _executions(computations: dict[str, list[str]], order: list[str]) -> dict[str, int]:
+def _executions(computations: dict[str, list[str]], order: list[str], entry_loops_once: bool = False) -> dict[str, int]:
     """How often each computation runs per execution of the entry: its callers' counts, times a while loop's known
-    trip count. Callers come after their callees in the text, so one pass in reverse order sees every caller first."""
+    trip count (one for the entry's loops with `entry_loops_once`). Callers come after their callees in the text, so
+    one pass in reverse order sees every caller first."""
     times = defaultdict(int, {"ENTRY": 1})
     for name in reversed(order):
         for line in computations[name]:
             called = _CALLED.findall(line)
             if found := _BRANCHES.search(line):
                 called += [c.strip().lstrip("%") for c in found[1].split(",")]
-            trips = _trip_count(line, computations) if " while(" in line else 1
+            looped = " while(" in line and not (entry_loops_once and name == "ENTRY")
+            trips = _trip_count(line, computations) if looped else 1
             for callee in called:
                 times[callee] += times[name] * trips
     return times
