@@ -88,7 +88,7 @@ class MultiHeadAttention(nn.Module):
         [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
         -> [B, Lq, D]."""
         bidirectional, k_pos, window = not causal, q_pos if k_pos is None else k_pos, layer.window
-        chunk = 0 if layer.rope is False else _where(layer.rope, self.chunk, 0)  # Llama 4 chunks its RoPE layers
+        chunk = _where(layer.rope, self.chunk, 0) if self.chunk else 0  # Llama 4 chunks its RoPE layers alone
         by_segments, mask = self.backend(mask, decode, window, chunk)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
         if self.rope is not None and layer.rope is not False:  # a static NoPE layer rotates nothing
