@@ -118,6 +118,14 @@ FAMILIES = {
         "(n_group, topk_group), `moe_routed_scale`, `moe_norm_topk`, shared experts; first_k_dense_replace 0 or "
         "the layers - 1 (`moe_every`)",
     ),
+    "llama4_text": (
+        "Llama 4 text (`llama4_text`)",
+        "import, export",
+        "NoPE layers (`rope_layers` from no_rope_layers) with their query temperature (`attention_temperature`, "
+        "`attention_floor_scale`), chunked RoPE layers (`attention_chunk`), weightless q/k RMS norm (`qk_l2_norm`); "
+        "top-1 `router=sigmoid` scaling the expert's input (`moe_gate_input`), one shared expert, dense and MoE "
+        "layers alternating (`moe_every`, the dense `d_ff` intermediate_size_mlp)",
+    ),
 }
 _NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py does not build
 

@@ -44,6 +44,11 @@ OPTIONS = {
         ),
         ("fused", "ring"),
     ),  # fmt: skip
+    # Llama 4's: a chunked RoPE layer with q/k L2 norm, a global NoPE layer whose temperature binds from position 1
+    "llama4": (
+        dict(attention_chunk=4, rope_layers="RN", qk_l2_norm=True, attention_temperature=0.5, attention_floor_scale=2),
+        ("ring",),
+    ),
 }
 BACKENDS = {
     "blockwise": dict(attention_impl="blockwise", attention_block_q=4, attention_block_kv=4),

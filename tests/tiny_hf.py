@@ -1,8 +1,8 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
 reads: the decoder LMs (the Llama family: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
 Qwen3, SmolLM3 with a NoPE layer; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and
-GPT-OSS; DeepSeek-V3, dense and with an MoE layer) and
-the encoder-decoders (Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which
+GPT-OSS; DeepSeek-V3, dense and with an MoE layer; Llama 4's text model) and the encoder-decoders (Marian, BART, T5,
+T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which
 measures every converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips
 them first."""
 
@@ -177,6 +177,10 @@ MOES = {  # 4 experts, top-2 in each; the fields each family adds
     # GPT-OSS: sinks, biases, a 4-token window in layer 0 (global layer 1), its default YaRN (truncate false)
     "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=4)),
 }
+# Llama 4 text: RoPE / NoPE layers alternating, RoPE chunked by 8, NoPE's temperature binding, q/k L2 norm, top-1 MoE
+LLAMA4 = MOE | dict(num_hidden_layers=4, head_dim=8, intermediate_size=16, intermediate_size_mlp=48)
+LLAMA4 |= dict(num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=2)
+LLAMA4 |= dict(attention_chunk_size=8, floor_scale=4, attn_scale=0.5, rope_parameters={"rope_theta": 5e4})
 # DeepSeek-V3: multi-head latent attention (a query latent), YaRN with mscale_all_dim; dense, or an MoE second layer
 DEEPSEEK = SHAPE | dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_key_value_heads=4, q_lora_rank=8)
 DEEPSEEK |= dict(kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, max_position_embeddings=48)
@@ -194,7 +198,7 @@ DECODERS = {  # kind -> (config class, its fields)
     kind: (config_class, base | fields)
     for base, kinds in [(COMMON, LLAMAS), (GEMMA, GEMMAS), (MOE, MOES), (DEEPSEEK, DEEPSEEKS)]
     for kind, (config_class, fields) in kinds.items()
-}
+} | {"llama4_text": ("Llama4TextConfig", LLAMA4)}
 
 
 def decoder_config(kind: str, **changes):

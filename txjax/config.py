@@ -193,8 +193,8 @@ def validate_trackers(trackers) -> None:
 
 def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
     """mesh.sequence = n > 1 (ring attention over n devices, txjax.model.ring_attention): a decoder LM whose context
-    splits into the zig-zag layout's 2n chunks, with no attention dropout, no ALiBi, no local window, no score
-    soft-capping (the ring has none) and no multi-token prediction."""
+    splits into the zig-zag layout's 2n chunks, with no attention dropout, no ALiBi, no local window, no chunked
+    attention, no score soft-capping (the ring has none) and no multi-token prediction."""
     n, m = config.mesh.sequence, config.model
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"config.mesh.sequence={n!r} must be a positive integer")
@@ -217,6 +217,10 @@ def validate_sequence_axis(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.mesh.sequence={n} (ring attention) has no local window: set model.attention_window=0"
         )
+    if m.get("attention_chunk", 0):
+        raise ConfigError(
+            f"config.mesh.sequence={n} (ring attention) has no chunked attention: set model.attention_chunk=0"
+        )
     if m.get("attention_softcap", 0):
         raise ConfigError(
             f"config.mesh.sequence={n} (ring attention) has no score soft-capping: set model.attention_softcap=0"
@@ -237,6 +241,10 @@ def validate_expert_axis(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.mesh.expert={n} splits experts: set model.num_experts > 0 or mesh.expert=1")
     if experts % n:
         raise ConfigError(f"config.model.num_experts={experts} must be divisible by mesh.expert={n}")
+    if config.model.get("moe_gate_input"):
+        raise ConfigError(
+            f"config.mesh.expert={n} gates the experts' outputs: set model.moe_gate_input=false or mesh.expert=1"
+        )
 
 
 def resolve_data_path(path: str) -> Path:

@@ -52,7 +52,7 @@ EXECUTION_FIELDS = frozenset(
         "moe_capacity_factor",
     }
 )
-_REFUSED = "export is refused; nothing was written"
+REFUSED = "export is refused; nothing was written"
 
 
 class Reads(Mapping):
@@ -120,14 +120,14 @@ def check_fields(cfg: ModelConfig, hf_config: Mapping, read_back: Callable[[dict
         back = read_back(json.loads(json.dumps(hf_config)))  # as from_pretrained would read the file
     except ValueError as e:
         raise ConfigError(
-            f"export to {target}: the config.json it would write does not read back ({e}); {_REFUSED}"
+            f"export to {target}: the config.json it would write does not read back ({e}); {REFUSED}"
         ) from None
     want, got = _function(cfg), _function(back)
     lost = [name for name in want if want[name] != got[name]]
     if lost:
         raise ConfigError(
             f"export to {target} cannot express {', '.join(f'model.{n}={getattr(cfg, n)!r}' for n in lost)} (its "
-            f"config.json reads back as {', '.join(f'{n}={getattr(back, n)!r}' for n in lost)}): {_REFUSED}"
+            f"config.json reads back as {', '.join(f'{n}={getattr(back, n)!r}' for n in lost)}): {REFUSED}"
         )
 
 
@@ -148,7 +148,7 @@ def checked(
     if unread:
         target = hf_config["architectures"][0]
         leaves = f"parameter {unread[0]} has" if len(unread) == 1 else f"parameters {', '.join(unread)} have"
-        raise ConfigError(f"{leaves} no place in a {target} folder (its writer does not read it): {_REFUSED}")
+        raise ConfigError(f"{leaves} no place in a {target} folder (its writer does not read it): {REFUSED}")
     return tensors
 
 

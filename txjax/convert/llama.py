@@ -277,10 +277,11 @@ def each_layer_from_hf(layer: Callable) -> Callable:
     }
 
 
-def attention_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
-    """Inverse of attention_from_hf: one block's attention and norms -> {name: array} without `model.layers.i.`."""
+def attention_to_hf(p: Mapping, cfg: ModelConfig, pairs_layout: bool = False) -> dict:
+    """Inverse of attention_from_hf: one block's attention and norms -> {name: array} without `model.layers.i.`
+    (pairs_layout: the format rotates adjacent pairs as txjax does, so no channel is permuted)."""
     d = cfg.d_model
-    to_halves = np.argsort(pairs(cfg.head_dim))
+    to_halves = np.arange(cfg.head_dim) if pairs_layout else np.argsort(pairs(cfg.head_dim))
     a = p["self_attention"]
     out = {
         "self_attn.q_proj.weight": a["query"][..., to_halves].reshape(d, -1).T,

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import bart, deepseek, gemma, gguf, gpt2, llama, marian, moe, t5
+from txjax.convert import bart, deepseek, gemma, gguf, gpt2, llama, llama4, marian, moe, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.convert.peft_adapter import read_adapter, write_adapter
 from txjax.data import TOKENIZER_DIR
@@ -64,6 +64,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, Family]:
         return (*deepseek.load_deepseek(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in moe.MODEL_TYPES:
         return (*moe.load_moe(path), read_tokenizer(path, hf), DECODER_LM)
+    if hf.get("model_type") in llama4.MODEL_TYPES:
+        return (*llama4.load_llama4(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in (*gemma.MODEL_TYPES, "gemma3"):  # gemma3, the multimodal model, refused in one line
         return (*gemma.load_gemma(path), read_tokenizer(path, hf), DECODER_LM)
     return (*llama.load_llama(path), read_tokenizer(path, hf), DECODER_LM)
@@ -206,6 +208,7 @@ def _decoder_format(cfg: ModelConfig):
     return (
         gpt2 if cfg.positional == "learned"
         else deepseek if cfg.attention == "mla"
+        else llama4 if cfg.moe_gate_input
         else moe if cfg.num_experts
         else gemma if cfg.norm_placement == "sandwich"
         else llama
@@ -215,6 +218,7 @@ def _decoder_format(cfg: ModelConfig):
 _WRITERS = {
     gpt2: gpt2.write_gpt2,
     deepseek: deepseek.write_deepseek,
+    llama4: llama4.write_llama4,
     moe: moe.write_moe,
     gemma: gemma.write_gemma,
     llama: llama.write_llama,

@@ -77,23 +77,25 @@ def resolve_impl(impl: str, dtype, head_dim: int, fused_lacks: bool = False) -> 
 
 
 def segment_backend(
-    impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int], window=0, softcap=0.0
+    impl: str, mask, needs_scores: bool, block_sizes: tuple[int, int], window=0, softcap=0.0, chunk=0
 ) -> Callable | None:
     """The one choice of an attention backend that reads the mask as blockwise.Segments (O(L) values), with
     blockwise.attention's signature: ring attention (txjax.model.ring_attention) while the mesh in context shards the
     sequence, else blockwise attention (txjax.model.blockwise) when `impl` asks for it; None for the dense paths
     (`attend`), and always when someone needs the dense scores (a decode step reads its cache, sown weights are
-    L x S) or the mask is dense already. A soft cap is bound into either, a local `window` into blockwise's (ring
-    attention refuses one)."""
+    L x S) or the mask is dense already. A soft cap is bound into either, a local `window` and chunked attention's
+    blocks into blockwise's (ring attention refuses them)."""
     if needs_scores or not (mask is None or isinstance(mask, blockwise.Segments)):
         return None
     if ring_attention.serves():
         if not is_global(window):
             raise ValueError("ring attention (mesh.sequence > 1) has no local window: set model.attention_window=0")
+        if not is_global(chunk):
+            raise ValueError("ring attention (mesh.sequence > 1) has no chunked attention: set model.attention_chunk=0")
         return functools.partial(ring_attention.attention, block_q=block_sizes[0], softcap=softcap)
     if impl == "blockwise":
         blocks = dict(block_q=block_sizes[0], block_kv=block_sizes[1])
-        return functools.partial(blockwise.attention, **blocks, window=window, softcap=softcap)
+        return functools.partial(blockwise.attention, **blocks, window=window, softcap=softcap, chunk=chunk)
     return None
 
 

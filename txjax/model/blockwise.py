@@ -11,7 +11,8 @@ so that training holds q, k, v, o and logsumexp per layer, never the probabiliti
 s = c tanh(q k^T * scale / c), multiply ds by the cap's derivative 1 - tanh^2 = 1 - (s / c)^2 on the way back.
 
 The mask is made block by block by txjax.model.masks from segment ids (`Segments`: the same nonzero segment) and
-positions: causal (key position <= query position) and a local window (key position > query position - window);
+positions: causal (key position <= query position), a local window (key position > query position - window) and
+chunked attention's blocks (the same block of positions);
 ALiBi's bias -m_h |i - j| from the positions too. Under a window a query block's loop also starts at the key block
 holding its first query's oldest visible key, so time and memory are O(L window), not O(L^2). Skipping by block
 index assumes positions grow along the sequence within a segment (as txjax's inputs do, and as the fused kernels'
@@ -57,12 +58,13 @@ class Plan(NamedTuple):
 
 def attention(
     q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, segments, q_pos, k_pos, *, causal, heads_H, scale, block_q, block_kv, window=0,
-    softcap=0.0,
+    softcap=0.0, chunk=0,
 ):  # fmt: skip
     """softmax(mask(q k^T * scale + bias)) v in blocks: q [B, L, H, K], k/v [B, S, G, K] (H a multiple of G: query head
     h reads K/V head h // (H/G)); segments: Segments or None (all attend); q_pos [B, L], k_pos [B, S]; heads_H: the
     scores' per-head terms, {name: [H]} (score.head_terms: ALiBi's slopes); window: a local window (masks.window_mask;
-    an int or a traced scalar, 0 = global); softcap: c > 0 caps the scores (before ALiBi's bias) at c tanh(. / c).
+    an int or a traced scalar, 0 = global); softcap: c > 0 caps the scores (before ALiBi's bias) at c tanh(. / c);
+    chunk: chunked attention's blocks (masks.chunk_mask; an int or a traced scalar, 0 = none).
     Returns [B, L, H, K] in v's dtype. A last block shorter than block_q (block_kv) is padded with segment 0, which
     nothing attends to."""
     b, l, h, _ = q_BxLxHxK.shape
@@ -81,8 +83,8 @@ def attention(
     q_seg, q_p = (blocks(t, nq, bq, "b (n q) -> n b q") for t in (segments.q, q_pos))
     k_seg, k_p = (blocks(t, nk, bk, "b (n s) -> n b s") for t in (segments.k, k_pos))
     heads = {name: t.reshape(g, h // g) for name, t in heads_H.items()}
-    window = None if masks.is_global(window) else jnp.asarray(window, jnp.int32)
-    out = _flash(Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, heads, window)
+    window, chunk = (None if masks.is_global(t) else jnp.asarray(t, jnp.int32) for t in (window, chunk))
+    out = _flash(Plan(causal, scale, bq, bk, softcap=softcap), q, k, v, q_seg, k_seg, q_p, k_p, heads, window, chunk)
     return einops.rearrange(out, "n b q g r k -> b (n q) (g r) k")[:, :l]
 
 
@@ -98,19 +100,20 @@ def _kv_blocks(plan: Plan, i, nk: int, window):
     return jnp.where(window > 0, oldest // plan.block_kv, 0), last
 
 
-def _scores(plan: Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, heads, window):
+def _scores(plan: Plan, q_i, k_j, q_seg, k_seg, q_pos, k_pos, heads, window, chunk):
     """One tile's scores (txjax.model.score.tile): q_i [B, bq, G, R, K], k_j [B, bk, G, K] -> s [B, G, R, bq, bk]
     float32, allowed [B, 1, 1, bq, bk], and the soft cap's derivative."""
     raw = precision.einsum("bqgrk,bsgk->bgrqs", q_i, k_j, out_dtype=jnp.float32)
-    terms = dict(causal=plan.causal, window=window, heads=heads)
+    terms = dict(causal=plan.causal, window=window, heads=heads, chunk=chunk)
     return score.tile(plan.scale, plan.softcap, raw, q_seg, k_seg, q_pos, k_pos, **terms)
 
 
-def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads=None, window=None):
+def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads=None, window=None, chunk=None):
     """Queries in blocks q [nq, B, bq, G, R, K] against keys and values in blocks k/v [nk, B, bk, G, K] (segment ids and
     positions [nq, B, bq] / [nk, B, bk]; heads: the per-head terms {name: [G, R]} or None; window: None = global, or a
-    traced int32) -> o [nq, B, bq, G, R, K] in v's dtype and logsumexp [nq, B, G, R, bq] float32 (NEG_INF where a query
-    has no key to attend to: ring attention merges the results of key shards by their logsumexp)."""
+    traced int32; chunk: None = none, or a traced int32) -> o [nq, B, bq, G, R, K] in v's dtype and logsumexp
+    [nq, B, G, R, bq] float32 (NEG_INF where a query has no key to attend to: ring attention merges the results of
+    key shards by their logsumexp)."""
     nk = k.shape[0]
 
     def query_block(xs):
@@ -118,7 +121,7 @@ def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads=None, w
 
         def step(j, carry):
             m, l, o = carry  # running max and sum [B, G, R, bq], unnormalized output [B, G, R, bq, K]
-            s, ok, _ = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], heads, window)
+            s, ok, _ = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], heads, window, chunk)
             m_new = jnp.maximum(m, jnp.where(ok, s, NEG_INF).max(-1))
             p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
@@ -137,24 +140,24 @@ def flash_forward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads=None, w
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window):
-    return flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window)[0]
+def _flash(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, chunk):
+    return flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, chunk)[0]
 
 
-def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window):
-    o, lse = flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window)
-    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, o, lse)
+def _flash_fwd(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, chunk):
+    o, lse = flash_forward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, chunk)
+    return o, (q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, chunk, o, lse)
 
 
 def _flash_bwd(plan, saved, do):
-    q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, o, lse = saved
-    dq, dk, dv = flash_backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, heads, window)
+    q, k, v, q_seg, k_seg, q_pos, k_pos, heads, window, chunk, o, lse = saved
+    dq, dk, dv = flash_backward(plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, heads, window, chunk)
     delta = (do.astype(jnp.float32) * o.astype(jnp.float32)).sum(-1)  # rowsum(do * o) [n, B, bq, G, R]
     d_heads = score.head_grads(heads, einops.rearrange(lse, "n b g r q -> n b q g r"), delta)
-    return dq, dk, dv, None, None, None, None, d_heads, None
+    return dq, dk, dv, None, None, None, None, d_heads, None, None
 
 
-def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, heads=None, window=None):
+def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, heads=None, window=None, chunk=None):
     """dq, dk, dv (in q's, k's, v's dtypes) of flash_forward's arguments from its o and logsumexp and the output's
     cotangent do (o's layout), each block's probabilities recomputed from the logsumexp (the equations above)."""
     nk, f32 = k.shape[0], jnp.float32
@@ -167,7 +170,7 @@ def flash_backward(plan: Plan, q, k, v, q_seg, k_seg, q_pos, k_pos, o, lse, do, 
 
         def step(j, c):
             dq_i, dk, dv = c
-            s, ok, capped = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], heads, window)
+            s, ok, capped = _scores(plan, q_i, k[j], seg_i, k_seg[j], pos_i, k_pos[j], heads, window, chunk)
             p = jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
             dv_j = mm("bgrqs,bqgrk->bsgk", p.astype(q.dtype), do_i)
             dp = mm("bqgrk,bsgk->bgrqs", do_i, v[j].astype(q.dtype))

@@ -15,9 +15,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from txjax.fields import ReadBy, setting
-from txjax.model import activations, linear_config, positional, precision, score
+from txjax.model import activations, latent_config, linear_config, llama4_config, positional, precision, score
 from txjax.model.attention import ATTENTION_IMPLS
-from txjax.model.latent_config import LatentFields, check_latent
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -65,7 +64,7 @@ PLAIN_LAYER = LayerAttention()  # nothing of its own: global attention (every cr
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(LatentFields, linear_config.LinearFields):  # MLA's and Gated DeltaNet's fields, keyword-only
+class ModelConfig(latent_config.LatentFields, linear_config.LinearFields, llama4_config.Llama4Fields):
     """Architecture of either family; validated on construction (a bad field is a one-line ValueError)."""
 
     vocab_size: int
@@ -276,14 +275,15 @@ class ModelConfig(LatentFields, linear_config.LinearFields):  # MLA's and Gated 
         if not isinstance(self.mtp_depth, int) or self.mtp_depth < 0:
             raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
         self._check_moe()
-        check_latent(self)
+        latent_config.check_latent(self)
         linear_config.check_linear(self)
+        llama4_config.check_llama4(self)
 
     def _check_moe(self):
         """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
         moe_fields = ("experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router", "moe_norm_topk")
         moe_fields += ("moe_capacity_factor", "shared_expert_gate", "moe_bias", "moe_groups", "moe_topk_groups")
-        moe_fields += ("moe_routed_scale",)
+        moe_fields += ("moe_routed_scale", "moe_gate_input")
         if not isinstance(self.num_experts, int) or self.num_experts < 0:
             raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
         if self.num_experts == 0:

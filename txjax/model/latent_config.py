@@ -61,6 +61,7 @@ def check_latent(cfg) -> None:
         "model.attention_impl=reference or blockwise": cfg.attention_impl in ("fused", "cudnn"),  # v_head_dim != d_k
         "model.attention_window=0": cfg.attention_window != 0,  # the latent cache has no ring buffer
         "model.rope_layers=''": cfg.rope_layers != "",
+        "model.attention_chunk=0": cfg.attention_chunk != 0,
         "model.rope_local_base=0": cfg.rope_local_base != 0,
         "model.qk_norm=false": cfg.qk_norm,
         "model.num_kv_heads=None": cfg.num_kv_heads is not None,  # every head reads the one latent

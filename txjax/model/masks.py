@@ -5,6 +5,8 @@ gets."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 NEG_INF = -1e30  # the score of a masked key: exp() underflows to exactly 0 in float32, no inf - inf = NaN
 
 
@@ -19,6 +21,15 @@ def window_mask(q_pos, k_pos, window):
     transformers' sliding_window_overlay, as Mistral and Gemma 2/3 use it). window <= 0: global (all True).
     q_pos [B, Lq], k_pos [B, Lk]; window an int or a traced scalar (a scanned layer's) -> [B, 1, Lq, Lk]."""
     return (k_pos[:, None, None, :] > q_pos[:, None, :, None] - window) | (window <= 0)
+
+
+def chunk_mask(q_pos, k_pos, chunk):
+    """Chunked local attention (Llama 4's attention_chunk_size): a key at position j is visible to a query at i iff
+    both lie in the same block of `chunk` positions, j // chunk = i // chunk, so that with the causal mask a query
+    sees the keys from its block's start to itself: blocks, not a sliding window. chunk <= 0: global (all True).
+    q_pos [B, Lq], k_pos [B, Lk]; chunk an int or a traced scalar (a scanned layer's) -> [B, 1, Lq, Lk]."""
+    c = jnp.maximum(chunk, 1)
+    return (k_pos[:, None, None, :] // c == q_pos[:, None, :, None] // c) | (chunk <= 0)
 
 
 def is_global(window) -> bool:

@@ -10,6 +10,7 @@
     g <- g / sum_j g_j with model.moe_norm_topk (the last two routers);  g <- r g, r = model.moe_routed_scale
     y = sum_j g_j FFN_{e_j}(x) + FFN_shared(x)     FFN_i(x) = act(x W1_i) W2_i, or (silu(x W1_i) * x W3_i) W2_i;
                                                    with model.moe_bias each product + its expert's bias (GPT-OSS)
+    model.moe_gate_input (Llama 4):                y = sum_j FFN_{e_j}(g_j x) + FFN_shared(x)
 top_k breaks ties toward the lower expert index (jax.lax.top_k). The shared experts are one FeedForward of width
 num_shared_experts x moe_d_ff (DeepSeek-MoE); with model.shared_expert_gate its output is scaled per token by
 sigmoid(x w_s), w_s [D, 1] (Qwen2-MoE's shared_expert_gate).
@@ -277,10 +278,12 @@ class MoE(nn.Module):
         if expert_parallel.applies(x_BxLxD.shape, num_experts) and not self.is_initializing():
             y_JxMxD = across_devices(cfg, self.variables["params"]["experts"], x_BxLxD, experts_MxJ, keep_A)
         else:
-            x_AxD = jnp.tile(x_MxD.astype(cfg.compute_dtype), (k, 1))  # a = j M + t: token t's j-th copy
-            y_JxMxD = sorted_apply(experts, x_AxD, order_A, sizes_X).reshape(k, m, -1)
+            x_AxD = jnp.tile(x_MxD, (k, 1))  # a = j M + t: token t's j-th copy
+            if cfg.moe_gate_input:  # Llama 4: FFN_e(g x)
+                x_AxD = x_AxD * gates_MxJ.T.reshape(-1, 1)
+            y_JxMxD = sorted_apply(experts, x_AxD.astype(cfg.compute_dtype), order_A, sizes_X).reshape(k, m, -1)
         y_JxMxD = jnp.where(keep_A.reshape(k, m, 1), y_JxMxD.astype(jnp.float32), 0.0)
-        y_MxD = (gates_MxJ.T[..., None] * y_JxMxD).sum(0)
+        y_MxD = (y_JxMxD if cfg.moe_gate_input else gates_MxJ.T[..., None] * y_JxMxD).sum(0)
         if cfg.num_shared_experts:
             shared = FeedForward(cfg, width=cfg.num_shared_experts * cfg.expert_d_ff, name="shared_experts")
             shared_MxD = shared(x_BxLxD).astype(jnp.float32).reshape(m, -1)

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import blockwise, positional, precision, roles, score
+from txjax.model import blockwise, norms, positional, precision, roles, score
 from txjax.model.attention import attend, segment_backend
 from txjax.model.config import PLAIN_LAYER
 from txjax.model.kv_cache import append_kv_cache, cross_kv_cache, window_kv_cache
@@ -55,6 +55,9 @@ class MultiHeadAttention(nn.Module):
     qk_norm: bool = False  # RMSNorm of q and k over each head's d_k before the scores (Dehghani et al. 2023)
     qk_norm_all_heads: bool = False  # qk_norm over all heads' channels at once, gains [heads, d_k] (OLMoE)
     norm_eps: float = 1e-5
+    qk_l2_norm: bool = False  # the RoPE layers' q and k over their RMS, no gain (Llama 4), after RoPE
+    chunk: int = 0  # the RoPE layers attend within blocks of this many positions (masks.chunk_mask; Llama 4), 0: none
+    temperature: tuple[float, int] = (0.0, 1)  # NoPE layers' query temperature (scale, floor_scale; Llama 4), 0: off
     norm_offset: bool = False  # the q/k norms' gains as 1 + w (Gemma 3: txjax.model.norms)
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
@@ -81,11 +84,12 @@ class MultiHeadAttention(nn.Module):
         blockwise.Segments (segment ids: read as they are by segment_backend's choice, else made dense); q_pos
         [B, Lq], k_pos [B, Lk] explicit positions (RoPE, ALiBi); causal: also the causal order; layer: this layer's
         own settings (config.LayerAttention: its local window, masks.window_mask, an int, 0 = global, or a scanned
-        layer's traced scalar); relative_table
+        layer's traced scalar; its RoPE flag, which also says where `chunk` applies); relative_table
         [buckets, H]: T5's bucketed relative bias (positional.relative_bias; past-only buckets when causal).
         -> [B, Lq, D]."""
         bidirectional, k_pos, window = not causal, q_pos if k_pos is None else k_pos, layer.window
-        by_segments, mask = self.backend(mask, decode, window)
+        chunk = _where(layer.rope, self.chunk, 0) if self.chunk else 0  # Llama 4 chunks its RoPE layers alone
+        by_segments, mask = self.backend(mask, decode, window, chunk)
         q_BxLxHxK, k, v = self.project_qkv(x_BxLxD, kv if self.cross else x_BxLxD)
         if self.rope is not None and layer.rope is not False:  # a static NoPE layer rotates nothing
             theta, factor = positional.layer_rope(self.rope, self.local_rope, window, self.head_dim)
@@ -93,28 +97,35 @@ class MultiHeadAttention(nn.Module):
                 theta, factor = theta * layer.rope, jnp.where(layer.rope > 0, factor, 1.0)
             q_BxLxHxK = positional.rotate(q_BxLxHxK, *positional.rope_tables(q_pos, theta, factor))
             k = positional.rotate(k, *positional.rope_tables(k_pos, theta, factor))
+        if self.qk_l2_norm and layer.rope is not False:  # a RoPE layer's (a scanned layer's flag: where it is on)
+            q_BxLxHxK, k = (_where(layer.rope, norms.l2_norm(t, self.norm_eps), t) for t in (q_BxLxHxK, k))
+        if self.temperature[0] and layer.rope is not True:  # a NoPE layer's
+            hotter = q_BxLxHxK * positional.temperature(q_pos, *self.temperature).astype(q_BxLxHxK.dtype)
+            q_BxLxHxK = _where(layer.rope, q_BxLxHxK, hotter)
         if decode:  # the cache's mask holds the causal order of its slots
             k, v, k_pos, mask = self.update_cache(k, v, q_pos, k_pos, mask, window)
             causal = False
         out_BxLxHxK = self.heads(
             q_BxLxHxK, k, v, mask, q_pos, k_pos, by_segments,
             causal=causal, window=window, deterministic=deterministic, relative_table=relative_table,
-            bidirectional=bidirectional,
+            bidirectional=bidirectional, chunk=chunk,
         )  # fmt: skip
         return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
 
-    def backend(self, mask, decode, window=0):
+    def backend(self, mask, decode, window=0, chunk=0):
         """segment_backend's choice for this call, and the mask as that backend reads it (blockwise.Segments made
         dense for the dense paths)."""
         needs_scores = decode or self.sow_weights
-        by_segments = segment_backend(self.impl, mask, needs_scores, self.block_sizes, window, self.score.softcap)
+        by_segments = segment_backend(
+            self.impl, mask, needs_scores, self.block_sizes, window, self.score.softcap, chunk
+        )
         if isinstance(mask, blockwise.Segments) and by_segments is None:  # the other paths read the dense mask
             mask = segment_mask(*mask)
         return by_segments, mask
 
     def heads(
         self, q_BxLxHxK, k, v, mask, q_pos, k_pos, by_segments, *, causal, window, deterministic, relative_table,
-        bidirectional,
+        bidirectional, chunk=0,
     ):  # fmt: skip
         """The heads' attention over the scores' terms (txjax.model.score) by the backend `backend` chose: q
         [B, L, H, K], k [B, S, KV, K], v [B, S, KV, V] -> [B, L, H, V]; the scale is the one of head_dim."""
@@ -128,6 +139,7 @@ class MultiHeadAttention(nn.Module):
         terms = score.dense_terms(
             self.score, self.head_dim, heads_H, q_pos, k_pos, mask,
             causal=causal, window=window, by_index=by_index, relative_table=relative_table, bidirectional=bidirectional,
+            chunk=chunk,
         )  # fmt: skip
         return self.attend(q_BxLxHxK, k, v, terms, deterministic)
 
@@ -188,3 +200,10 @@ class MultiHeadAttention(nn.Module):
             return y_BxLxD
         zeros = roles.init(nn.initializers.zeros, ("embed",), roles.BIAS)
         return y_BxLxD + self.param("out_bias", zeros, (d_model,)).astype(self.dtype)
+
+
+def _where(on, new, old):
+    """new where a layer's flag is on, else old: a Python bool picks one, a scanned layer's traced flag selects."""
+    if isinstance(on, bool):
+        return new if on else old
+    return jnp.where(on, new, old)

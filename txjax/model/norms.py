@@ -57,3 +57,10 @@ def make_norm(cfg, name=None) -> nn.Module:
         name=name,
         bias_init=roles.init(nn.initializers.zeros, ("embed",), roles.NORM),
     )
+
+
+def l2_norm(x, epsilon: float):
+    """x / sqrt(mean(x^2) + eps) over the last axis, in float32, no gain (Llama 4's weightless L2Norm of q and k);
+    back in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + epsilon)).astype(x.dtype)

@@ -192,3 +192,11 @@ def relative_bias(q_pos_BxL, k_pos_BxS, table_NxH, bidirectional, max_distance=1
     relative_BxLxS = k_pos_BxS[:, None, :] - q_pos_BxL[:, :, None]
     buckets_BxLxS = relative_bucket(relative_BxLxS, bidirectional, table_NxH.shape[0], max_distance)
     return jnp.moveaxis(table_NxH[buckets_BxLxS], -1, 1).astype(jnp.float32)
+
+
+def temperature(q_pos, scale: float, floor_scale: int):
+    """Llama 4's attention temperature of its NoPE layers (attn_temperature_tuning): each query times
+    1 + scale * log(1 + floor((p + 1) / floor_scale)) at its position p, so that the scores of a layer without
+    positions stay sharp as the context grows past floor_scale. q_pos [B, L] -> float32 [B, L, 1, 1]."""
+    steps = jnp.floor((q_pos.astype(jnp.float32) + 1.0) / floor_scale)
+    return (1.0 + scale * jnp.log1p(steps))[..., None, None]

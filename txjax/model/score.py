@@ -6,7 +6,8 @@
 - soft-capping: c tanh(s / c) (Gemma 2's attn_logit_softcapping; c = 0 off)
 - positional biases: ALiBi's -m_h |i - j| and T5's learned bucketed table (txjax.model.positional)
 - masks (True = may attend; txjax.model.masks): padding and packed segments, prefix LM, causal order and a local
-  window, on explicit positions (or by index for the fused kernels' is_causal / local_window_size)
+  window, on explicit positions (or by index for the fused kernels' is_causal / local_window_size), and chunked
+  attention's blocks (Llama 4), on explicit positions
 - attention sinks (GPT-OSS): a learned logit per head in the softmax's denominator, softmax over [scores, sink_h]
   with the sink's column dropped: a head may give its keys less than all of its weight; in the online softmax of
   blockwise attention the running max and sum start from it (online_start)
@@ -123,12 +124,14 @@ def head_grads(heads: dict, lse, delta) -> dict:
 
 def dense_terms(
     spec: Spec, head_dim, heads: dict, q_pos, k_pos, mask, *, causal, window, by_index, relative_table=None,
-    bidirectional=True,
+    bidirectional=True, chunk=0,
 ):  # fmt: skip
     """The Terms of a dense call: heads from head_terms; q_pos [B, L], k_pos [B, S]; mask bool [B|1, 1, L, S] or None;
     causal and a window (an int, 0 = global, or a traced scalar) on explicit positions, or by index where `by_index`
     (the fused kernels: then only a static window); relative_table [buckets, H]: T5's bias (past-only buckets unless
-    `bidirectional`: a decode step's cache holds the causal order in its mask, the layer is still causal)."""
+    `bidirectional`: a decode step's cache holds the causal order in its mask, the layer is still causal); chunk: the
+    blocks of chunked attention (an int, 0 = none, or a traced scalar), a mask on explicit positions for every
+    backend."""
     bias = None
     if "slopes" in heads:
         bias = positional.alibi_bias(q_pos, k_pos, heads["slopes"])
@@ -138,6 +141,8 @@ def dense_terms(
         mask, causal = _and(mask, masks.causal_mask(q_pos, k_pos)), False
     if not (masks.is_global(window) or (causal and isinstance(window, int))):
         mask, window = _and(mask, masks.window_mask(q_pos, k_pos, window)), 0
+    if not masks.is_global(chunk):
+        mask = _and(mask, masks.chunk_mask(q_pos, k_pos, chunk))
     sinks = heads["sinks"][None, :, None, None] if "sinks" in heads else None
     return Terms(spec.factor(head_dim), spec.softcap, causal, window, mask, bias, sinks)
 
@@ -184,11 +189,12 @@ def weights(terms: Terms, raw, arrange=lambda t: t):
     return normalize(s, ok, None if terms.sinks is None else arrange(terms.sinks))
 
 
-def tile(scale: float, softcap: float, raw, q_seg, k_seg, q_pos, k_pos, *, causal, window, heads):
+def tile(scale: float, softcap: float, raw, q_seg, k_seg, q_pos, k_pos, *, causal, window, heads, chunk=None):
     """One (query block, key block) tile of blockwise/flash and ring attention: raw = q k^T [B, G, R, bq, bk]
     float32 (query head g * R + r), segment ids and positions [B, bq] / [B, bk], the causal order and a window
-    (None = global, or a traced int32) on positions, the per-head terms {name: [G, R]} (head_terms) or None -> the
-    scores s, the allowed keys [B, 1, 1, bq, bk] and the soft cap's derivative (logits)."""
+    (None = global, or a traced int32) on positions, the per-head terms {name: [G, R]} (head_terms) or None, and
+    chunked attention's blocks (None = none, or a traced int32) -> the scores s, the allowed keys [B, 1, 1, bq, bk]
+    and the soft cap's derivative (logits)."""
     s, capped = logits(scale, softcap, raw)
     if heads and "slopes" in heads:  # ALiBi's bias over heads [G, R]: -m_h |i - j|
         s = s + positional.alibi_bias(q_pos, k_pos, heads["slopes"].reshape(-1)).reshape(s.shape)
@@ -197,4 +203,6 @@ def tile(scale: float, softcap: float, raw, q_seg, k_seg, q_pos, k_pos, *, causa
         ok = ok & masks.causal_mask(q_pos, k_pos)
     if window is not None:
         ok = ok & masks.window_mask(q_pos, k_pos, window)
+    if chunk is not None:
+        ok = ok & masks.chunk_mask(q_pos, k_pos, chunk)
     return s, ok[:, :, None], capped
