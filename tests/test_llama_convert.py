@@ -19,11 +19,11 @@ from tiny_hf import (  # noqa: E402
     LM_VOCAB,
     assert_logits_match,
     hf_greedy,
-    peft_loaded,
     random_decoder,
     torch_logits,
     txjax_logits,
 )
+from tiny_peft import peft_loaded  # noqa: E402
 
 from txjax.convert.llama import config_from_hf, load_llama, pairs, params_to_hf, save_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402

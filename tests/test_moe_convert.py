@@ -20,11 +20,11 @@ from tiny_hf import (  # noqa: E402
     assert_logits_match,
     decoder_config,
     hf_greedy,
-    peft_loaded,
     random_decoder,
     torch_logits,
     txjax_logits,
 )
+from tiny_peft import peft_loaded  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, params_to_hf, save_moe  # noqa: E402

@@ -24,12 +24,12 @@ from tiny_hf import (  # noqa: E402
     S2S_VOCAB,
     SEQ2SEQ,
     marian_tokenizer,
-    peft_loaded,
     save_marian_tokenizer,
     save_tiny_seq2seq,
     seq2seq_config,
     seq2seq_logits,
 )
+from tiny_peft import peft_loaded  # noqa: E402
 
 import run  # noqa: E402
 from txjax import config as config_lib  # noqa: E402
