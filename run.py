@@ -77,8 +77,10 @@ def _run(argv: list[str], received: list[int]) -> int:
         stop_on_signals,
         work_complete,
     )
+    from txjax.parallel.platforms import leave_out_absent_tpu
     from txjax.training.run import Diverged
 
+    leave_out_absent_tpu()  # before any backend starts
     if argv[0] in COMPILING_COMMANDS:
         enable_compilation_cache()
     try:

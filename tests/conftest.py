@@ -72,6 +72,16 @@ if _MADE_CACHE:
     os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="txjax-test-jax-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+# libtpu (the tpu extra) on a host without TPU chips: the suite's processes, and every one they start, keep to the
+# CPU, as run.py does (txjax.parallel.platforms; libtpu's failed start-up otherwise costs each process and writes
+# to its stderr). jax is imported here, after the variables above that it reads at import.
+import jax  # noqa: E402
+
+from txjax.parallel.platforms import leave_out_absent_tpu  # noqa: E402
+
+leave_out_absent_tpu()
+if os.environ.get("JAX_PLATFORMS") is None and jax.config.jax_platforms:
+    os.environ["JAX_PLATFORMS"] = jax.config.jax_platforms
 
 
 def xla_flags(devices: int) -> str:

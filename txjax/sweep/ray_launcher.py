@@ -157,6 +157,8 @@ def _worker_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(config_lib.REPO), os.environ.get("PYTHONPATH")]))
     if jax.config.jax_compilation_cache_dir:
         env["JAX_COMPILATION_CACHE_DIR"] = str(jax.config.jax_compilation_cache_dir)
+    if jax.config.jax_platforms:  # the driver's backends (txjax.parallel.platforms: no absent TPU's start-up)
+        env["JAX_PLATFORMS"] = jax.config.jax_platforms
     return env
 
 
