@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="experiments/results/smollm2_sft")
     parser.add_argument("--train_flags", default="", help="extra --config.* flags for the training command")
     args = parser.parse_args(argv)
+    import numpy as np
+
     from txjax.ops import provenance  # after argparse: --help needs no JAX
 
     if not (REPO / BASE / "config.json").is_file():
@@ -131,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         command("export", f"--workdir={BASE}", f"--to={BASE_HF}")
     conversations = [line for line in (REPO / DATA / "heldout.jsonl").read_text(encoding="utf-8").splitlines()]
     texts = [" ".join(m["content"] for m in json.loads(c)["messages"]) for c in conversations[: args.requests]]
+    from safetensors import safe_open
+
+    with safe_open(str(REPO / ADAPTER / "adapter_model.safetensors"), framework="np") as f:
+        trainable = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
     adapter_bytes = sum(p.stat().st_size for p in (REPO / ADAPTER).iterdir())
     base_bytes = sum(p.stat().st_size for p in (REPO / BASE_HF).iterdir())
     out = REPO / args.out
@@ -150,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             "after": after["lm_eval"],
         },
         "train": train,
-        "peft": peft_difference(texts),
+        "trainable_params": trainable,
         "adapter_bytes": adapter_bytes,
         "base_bytes": base_bytes,
     }
-    (out / "sft.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write = lambda: (out / "sft.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    write()  # what was measured, before the peft comparison's imports
+    result["peft"] = peft_difference(texts)
+    write()
     print(json.dumps({"written": str(out / "sft.json"), "peft_max_abs_diff": result["peft"]["max_abs_diff"]}))
     return 0
 
