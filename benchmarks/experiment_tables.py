@@ -130,9 +130,15 @@ def smollm2_sft() -> list[str]:
         label = machine_label(d["machine"])
         valid = [json.loads(line) for line in (RUNS / "smollm2_sft" / "metrics.jsonl").open()]
         valid = [r for r in valid if r.get("split") == "valid"]
-        if valid:
-            rows.append([f"valid loss, assistant tokens (steps {valid[0]['step']} / {valid[-1]['step']})",
-                         n(valid[0]["loss"], 4), n(valid[-1]["loss"], 4), label])  # fmt: skip
+        same = [r for r in valid if valid and r["tokens"] == valid[0]["tokens"]]  # the periodic evals' batches
+        if same:
+            rows.append([f"valid loss, assistant tokens, the same {same[0]['tokens']:,} tokens at step "
+                         f"{same[0]['step']} / {same[-1]['step']}", n(same[0]["loss"], 4), n(same[-1]["loss"], 4),
+                         label])  # fmt: skip
+        if valid and valid[-1] not in same:
+            last = valid[-1]
+            rows.append([f"valid loss, the whole valid split ({last['tokens']:,} tokens), step {last['step']}", "",
+                         n(last["loss"], 4), label])  # fmt: skip
         task = d["lm_eval"]["task"][0].split("=")[1]
         for metric in ("acc,none", "acc_norm,none"):
             before, after = (d["lm_eval"][w]["results"][task].get(metric) for w in ("before", "after"))
