@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from table_format import RUNS, machine_label, n, table
+from table_format import RUNS, bench, machine_label, n, table
 
 COMMANDS = {
     "reverse": "python run.py train",
@@ -115,3 +115,62 @@ def bible_length_penalty() -> list[str]:
              f"`{e['machine']['command']}`", machine_label(e["machine"])]
             for e in sorted(evals, key=lambda e: e["decode"]["length_penalty"])]  # fmt: skip
     return table(["length penalty", "beam", "step", "valid BLEU", "valid chrF", "command", "measured"], rows)
+
+
+def _sft() -> dict | None:
+    path = RUNS / "smollm2_sft" / "sft.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def smollm2_sft() -> list[str]:
+    """experiments/workflows/smollm2_sft.py's figures (before and after the LoRA run), and LoRA against full fine-tuning
+    from benchmarks/results/lora_cpu.json (benchmarks/lora.py)."""
+    rows = []
+    if d := _sft():
+        label = machine_label(d["machine"])
+        valid = [json.loads(line) for line in (RUNS / "smollm2_sft" / "metrics.jsonl").open()]
+        valid = [r for r in valid if r.get("split") == "valid"]
+        same = [r for r in valid if valid and r["tokens"] == valid[0]["tokens"]]  # the periodic evals' batches
+        if same:
+            rows.append([f"valid loss, assistant tokens, the same {same[0]['tokens']:,} tokens at step "
+                         f"{same[0]['step']} / {same[-1]['step']}", n(same[0]["loss"], 4), n(same[-1]["loss"], 4),
+                         label])  # fmt: skip
+        if valid and valid[-1] not in same:
+            last = valid[-1]
+            rows.append([f"valid loss, the whole valid split ({last['tokens']:,} tokens), step {last['step']}", "",
+                         n(last["loss"], 4), label])  # fmt: skip
+        task = d["lm_eval"]["task"][0].split("=")[1]
+        for metric in ("acc,none", "acc_norm,none"):
+            before, after = (d["lm_eval"][w]["results"][task].get(metric) for w in ("before", "after"))
+            rows.append([f"lm-eval `{task}` {metric.split(',')[0]}, 0-shot, {d['lm_eval']['limit']} questions",
+                         n(before, 3), n(after, 3), label])  # fmt: skip
+        total = 134515008
+        rows.append([f"trainable parameters (rank 16, of {total:,})", "",
+                     f"{d['trainable_params']:,} ({100 * d['trainable_params'] / total:.1f}%)", label])  # fmt: skip
+        rows.append(["peft adapter folder / the base's transformers folder (bytes)", "",
+                     f"{d['adapter_bytes']:,} / {d['base_bytes']:,}", label])  # fmt: skip
+        if "peft" in d:
+            tokens = sum(r["tokens"] for r in d["peft"]["rows"])
+            rows.append([f"largest logit difference, peft on transformers vs txjax merged (float32, {tokens} tokens)",
+                         "", f"{d['peft']['max_abs_diff']:.1e}", label])  # fmt: skip
+    if b := bench("lora"):
+        full, lora = (next(r for r in b["rows"] if r["variant"] == v) for v in ("full", "lora"))
+        s = b["settings"]
+        what = f"{s['batch_size']} x {s['seq_len']} tokens, {s['dtype']}"
+        rows.append([f"peak RSS (MB), full fine-tuning / LoRA, {what}", n(full["peak_rss_mb"]), n(lora["peak_rss_mb"]),
+                     machine_label(b["machine"])])  # fmt: skip
+        rows.append([f"seconds a step, full fine-tuning / LoRA, {what}", n(full["ms_per_step"] / 1000),
+                     n(lora["ms_per_step"] / 1000), machine_label(b["machine"])])  # fmt: skip
+    return table(["SmolLM2-135M-Instruct, LoRA SFT", "before / full", "after / LoRA", "measured"], rows)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def smollm2_sft_generations() -> list[str]:
+    """The held-out requests' replies (greedy, generate --chat) before and after the LoRA run."""
+    d = _sft()
+    requests = d["requests"] if d else []
+    rows = [[_cell(r["request"]), _cell(r["reference"]), _cell(r["before"]), _cell(r["after"])] for r in requests]
+    return table(["request (held out)", "reference", "before", "after"], rows)

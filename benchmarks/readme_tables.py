@@ -32,7 +32,15 @@ from ablation_tables import family_comparison, local_global, local_global_step, 
 from attention_tables import attention_time, local_attention  # noqa: E402
 from convert_tables import families  # noqa: E402
 from data_tables import data, prepare_memory  # noqa: E402
-from experiment_tables import bible_averaging, bible_length_penalty, bible_variants, experiments, passkey  # noqa: E402
+from experiment_tables import (  # noqa: E402
+    bible_averaging,
+    bible_length_penalty,
+    bible_variants,
+    experiments,
+    passkey,
+    smollm2_sft,
+    smollm2_sft_generations,
+)
 from scale_tables import scale, scale_search  # noqa: E402
 from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, target_tokens_per_s  # noqa: E402
 
@@ -318,7 +326,7 @@ TABLES = {
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
         *(prepare_memory, score_text_memory, attention_time, local_attention, families),
         *(passkey, local_global, local_global_step, rope_extension, family_comparison),
-        *(experiments, bible_variants, bible_averaging, bible_length_penalty),
+        *(experiments, bible_variants, bible_averaging, bible_length_penalty, smollm2_sft, smollm2_sft_generations),
         *(scale, scale_search),
     )
 }

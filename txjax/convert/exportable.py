@@ -86,11 +86,14 @@ class Reads(Mapping):
 
 def looped(params: Mapping, cfg: ModelConfig, family: Family = DECODER_LM) -> Reads:
     """The `family` model's params (scanned or looped), checked against cfg, as float32 NumPy with layers_0 ..
-    layers_{N-1}, in a Reads: what the writers read (a Reads given is returned as it is)."""
+    layers_{N-1}, in a Reads: what the writers read (a Reads given is returned as it is). float64 stays float64:
+    peft_adapter.placements probes the writers with entry indices, exact in float64 and not above 2^24 in float32
+    (SmolLM2's stacked FFN weights hold 26.5M entries)."""
     if isinstance(params, Reads):
         return params
     check_params(params, cfg, family)
-    return Reads(unstack_layers(jax.tree.map(lambda a: np.asarray(a, np.float32), nn.meta.unbox(params))))
+    exact = lambda a: np.asarray(a, np.float64 if np.asarray(a).dtype == np.float64 else np.float32)
+    return Reads(unstack_layers(jax.tree.map(exact, nn.meta.unbox(params))))
 
 
 def _windows(cfg: ModelConfig) -> tuple[int, ...]:
