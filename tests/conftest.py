@@ -61,21 +61,28 @@ for _flag, _value in TEST_XLA_FLAGS.items():
 # default multiplies float32 in TF32. Tests that check another precision set it themselves.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
-# One persistent compilation cache for the whole session: jax in every test process (both xdist workers inherit the
-# first process's environment) and every process they start (run.py, Ray trials) load a program that any of them
-# compiled before: the suite trains the same tiny models in many files and processes. Fresh each session (tests of
-# what compiles see no program from an earlier tree) and removed at its end; every program is kept, however quick
-# to compile (min compile time 0). Tests of the cache itself, and the 2-process runs, drop these variables.
+# One persistent compilation cache for the processes the suite starts (run.py, Ray trials, gpu.sh's stages): they
+# load a program that another of them compiled before (they train the same tiny models, each in a fresh process).
+# Only programs that took 0.3 s or more to compile are kept (train and eval steps, not the many one-op programs).
+# The test processes themselves (the xdist workers) neither read nor write it (jax_enable_compilation_cache off
+# below, after jax's import): XLA:CPU's deserialization of a cached program crashed a worker with a segmentation
+# fault twice on 2026-12-07 (AMD EPYC with AVX-512, in jax's get_executable_and_time, at a different test each
+# time, not reproducible from the same cache folder), taking the session down with it; a worker loaded thousands
+# of one-op programs there, which its own in-memory cache already shares between its tests. Fresh each session
+# (tests of what compiles see no program from an earlier tree) and removed at its end. Tests of the cache itself,
+# and the 2-process runs, drop these variables.
 _SESSION_CACHE = "TXJAX_TEST_JAX_CACHE"  # set by the process that made the folder, which removes it at the end
 _MADE_CACHE = _SESSION_CACHE not in os.environ
 if _MADE_CACHE:
     os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="txjax-test-jax-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.3"
 # libtpu (the tpu extra) on a host without TPU chips: the suite's processes, and every one they start, keep to the
 # CPU, as run.py does (txjax.parallel.platforms; libtpu's failed start-up otherwise costs each process and writes
 # to its stderr). jax is imported here, after the variables above that it reads at import.
 import jax  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)  # this process only (see above); its children read the env
 
 from txjax.parallel.platforms import leave_out_absent_tpu  # noqa: E402
 
