@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -38,7 +39,7 @@ from txjax.model.config import ModelConfig
 class Summary:
     """Parameter rows (path, shape, count) and the cost figures; `.table()` formats them."""
 
-    rows: list[tuple[str, tuple[int, ...], int]]
+    rows: tuple[tuple[str, tuple[int, ...], int], ...]
     total_params: int
     flop_params: int  # N in the FLOP formulas
     train_flops_per_token: int
@@ -120,14 +121,22 @@ def _active_fraction(path: str, cfg: ModelConfig) -> float:
     return cfg.experts_per_token / cfg.num_experts if "/experts/" in path else 1.0
 
 
+@functools.lru_cache(maxsize=32)
+def _param_rows(cfg: ModelConfig, family: str) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    """(path, shape, count) of each parameter: one trace of the model's init per config, however many contexts and
+    batches summarize is asked about (a training run asks for its step's FLOPs and for its memory check)."""
+    leaves = jax.tree_util.tree_leaves_with_path(param_shapes(families.build(family, cfg)))
+    return tuple(("/".join(k.key for k in path), tuple(s.shape), math.prod(s.shape)) for path, s in leaves)
+
+
+@functools.lru_cache(maxsize=32)  # a pure function of frozen arguments, each call a trace of the model
 def summarize(
     cfg: ModelConfig, family: str = families.DECODER_LM.name, batch_size: int = 1, context: int | None = None
 ) -> Summary:
     """Parameters, FLOPs per token and memory of a config; `context` (default max_len) is T and the cache length."""
     model = families.build(family, cfg)
     context = context or cfg.max_len
-    leaves = jax.tree_util.tree_leaves_with_path(param_shapes(model))
-    rows = [("/".join(k.key for k in path), tuple(s.shape), math.prod(s.shape)) for path, s in leaves]
+    rows = _param_rows(cfg, family)
     total = sum(r[2] for r in rows)
     active = [(p, c * _active_fraction(p, cfg)) for p, _, c in rows if not _lookup_only(p, cfg, family)]
     n = round(sum(c for _, c in active))
