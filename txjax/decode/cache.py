@@ -5,6 +5,7 @@ reads the filled part of the cache, not its capacity). Its leaves are txjax.mode
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import einops
 import jax
@@ -30,6 +31,22 @@ def empty_cache(model, batch_size: int, max_len: int, src_len: int | None = None
     the cache the family's first decode_step creates (flax makes a missing 'cache' variable), from shapes alone
     (jax.eval_shape): keys/values zero, every slot's position -1 (empty), index 0. Its layout is that of the
     methods that run: the model's own [B, S, KV, K], or decoding's under `kernels.installed()` (init_cache)."""
+    return _emptied(_created_shapes(model, batch_size, max_len, src_len))
+
+
+def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
+    """The empty KV cache that generation fills: `empty_cache` in decoding's layout (txjax.decode.kernels)."""
+    return _emptied(_decoding_shapes(model, batch_size, max_len, src_len))
+
+
+@functools.lru_cache(maxsize=32)  # a trace of the model's init and of a prefill; every generation call asks
+def _decoding_shapes(model, batch_size: int, max_len: int, src_len: int | None):
+    with kernels.installed():
+        return _created_shapes(model, batch_size, max_len, src_len)
+
+
+def _created_shapes(model, batch_size: int, max_len: int, src_len: int | None):
+    """The shapes of the cache the family's first decode_step creates, in the layout of the methods that run."""
     family = family_of(model)
 
     def created():
@@ -41,14 +58,12 @@ def empty_cache(model, batch_size: int, max_len: int, src_len: int | None = None
         tokens_BxL = jnp.zeros((batch_size, max_len), jnp.int32)
         return family.decode_step(model, {"params": params}, context, tokens_BxL, None, prefill=True)[1]["cache"]
 
+    return jax.eval_shape(created)
+
+
+def _emptied(shapes):
     empty = lambda path, s: jnp.full(s.shape, kv_cache.empty_value(path[-1].key), s.dtype)
-    return jax.tree_util.tree_map_with_path(empty, jax.eval_shape(created))
-
-
-def init_cache(model, batch_size: int, max_len: int, src_len: int | None = None):
-    """The empty KV cache that generation fills: `empty_cache` in decoding's layout (txjax.decode.kernels)."""
-    with kernels.installed():
-        return empty_cache(model, batch_size, max_len, src_len)
+    return jax.tree_util.tree_map_with_path(empty, shapes)
 
 
 def extend(model, params, cache, tokens_CxL, positions_CxL, segment_ids_CxL=None, *, context=None, prefill=False):
