@@ -4,6 +4,7 @@ holds exports and reads back to the same parameters. Needs no extra: the workdir
 back with txjax's own readers."""
 
 import dataclasses
+import functools
 import json
 import shutil
 
@@ -103,8 +104,10 @@ def test_a_parameter_the_writer_does_not_read_is_refused(trained, tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+@functools.cache  # the tests ask for one config's parameters two or three times
 def _params(cfg):
-    return jax.device_get(init_params(DECODER_LM.module(cfg), jax.random.key(0)))
+    """The config's initial parameters, jitted (op by op, a model's init compiled each of its hundreds of ops)."""
+    return jax.device_get(jax.jit(lambda: init_params(DECODER_LM.module(cfg), jax.random.key(0)))())
 
 
 def test_an_moe_with_norm_offset_is_refused_as_mixtral(tmp_path):
