@@ -139,7 +139,7 @@ def test_a_model_trained_with_blockwise_attention_equals_the_reference():
     tokens = jnp.asarray(RNG.integers(0, 13, size=(2, 22)), jnp.int32)
     segments = jnp.asarray(np.where(np.arange(22) < 9, 1, 2)[None].repeat(2, 0), jnp.int32)
     positions = jnp.where(segments == 1, jnp.arange(22), jnp.arange(22) - 9)
-    params = DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
+    params = jax.jit(lambda: DecoderLM(cfg).init(jax.random.key(0), tokens)["params"])()
     tx = optax.adam(1e-2)
 
     def train(cfg):
@@ -175,8 +175,11 @@ def test_an_encoder_decoder_with_blockwise_attention_equals_the_reference():
     cfg = ModelConfig(vocab_size=13, d_model=32, num_heads=4, d_ff=64, num_layers=1, max_len=16, positional="alibi")
     src, tgt = (jnp.asarray(RNG.integers(1, 13, size=(2, n)), jnp.int32) for n in (11, 7))
     src_seg = jnp.asarray([[1] * 11, [1] * 6 + [0] * 5], jnp.int32)
-    params = EncoderDecoder(cfg).init(jax.random.key(0), src, tgt)["params"]
-    run = lambda cfg: EncoderDecoder(cfg).apply({"params": params}, src, tgt, src_segment_ids=src_seg)
+    params = jax.jit(lambda: EncoderDecoder(cfg).init(jax.random.key(0), src, tgt)["params"])()
+    # jitted: op by op, the blockwise loops' every primitive was compiled on its own
+    run = lambda cfg: jax.jit(lambda p: EncoderDecoder(cfg).apply({"params": p}, src, tgt, src_segment_ids=src_seg))(
+        params
+    )
     blk = dataclasses.replace(cfg, attention_impl="blockwise", attention_block_q=4, attention_block_kv=3)
     np.testing.assert_allclose(
         run(blk), run(dataclasses.replace(cfg, attention_impl="reference")), rtol=1e-5, atol=1e-5
