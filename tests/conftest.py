@@ -120,7 +120,7 @@ def pairs_tsv(tmp_path):
 
 
 # The files that take longest (seconds of their tests on an idle 2-core machine, `--durations=0`), longest first,
-# run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (the README's command) hands each
+# run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (in the README's command) hands each
 # worker the next file in this order when it finishes one, so the long files overlap each other and the suite ends
 # on short ones instead of one worker finishing a long file alone while the other idles (xdist's own order, most
 # tests first, put these few-test files last).
