@@ -31,10 +31,13 @@ CFG = ModelConfig(
 L = 12
 
 
+@functools.cache
 def _setup(cfg=CFG):
-    """The model, its parameters and its forward pass, jitted (txjax.families.objective.forward)."""
+    """The model, its parameters and its forward pass, jitted (txjax.families.objective.forward; the init too: op by
+    op it compiled each of its ops alone)."""
     model = DECODER_LM.module(cfg)
-    return model, jax.device_get(init_params(model, jax.random.key(0))), jax.jit(functools.partial(forward, model))
+    params = jax.device_get(jax.jit(lambda: init_params(model, jax.random.key(0)))())
+    return model, params, jax.jit(functools.partial(forward, model))
 
 
 def _batch(inputs, segments, weights):
@@ -129,7 +132,9 @@ def test_depth_0_and_decoding_are_the_model_without_the_modules():
     model, params, fwd = _setup()
     plain = DECODER_LM.module(dataclasses.replace(CFG, mtp_depth=0))
     without = {k: v for k, v in params.items() if k != "mtp"}
-    assert jax.tree.structure(without) == jax.tree.structure(init_params(plain, jax.random.key(0)))
+    assert jax.tree.structure(without) == jax.tree.structure(
+        jax.eval_shape(lambda: init_params(plain, jax.random.key(0)))
+    )
     batch = _batch(np.random.default_rng(2).integers(1, 32, (1, L)), [[1] * L], np.ones((1, L)))
     mtp_logits, *_ = fwd(params, batch)
     plain_logits, _, _, _, depths = forward(plain, without, batch)
