@@ -1,6 +1,8 @@
 """Tests of txjax.decode.kernels: the decoding layout (rearranged parameters read by intercepted methods) computes
 what the model's own methods compute on the trained parameters, in a full pass and in cached decoding."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,15 @@ from txjax.families import family_of
 from txjax.model.models import EncoderDecoder
 
 
+@functools.cache
+def trained(family, **fields):
+    """The model (scanned, unfused) with `fields`, its parameters, its inputs (2 rows x 6 tokens; an encoder-decoder's
+    source the same) and its full forward pass's logits of them: one computation for both rows' cases."""
+    model, params = (lm if family == "lm" else seq2seq)("rope", **fields)
+    inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
+    return model, params, inputs, forward(model, params, *inputs)
+
+
 @pytest.mark.parametrize("family", ["lm", "seq2seq"])
 @pytest.mark.parametrize("rows", [1, 8])
 def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
@@ -23,7 +34,7 @@ def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
     grouped-query heads) or kernels (biases everywhere, an untied head)."""
     options = dict(activation="swiglu", qkv_bias=True, qk_norm=True, scan_layers=True)
     for extra in ({}, dict(use_bias=True, tie_embeddings=False)):
-        model, params = (lm if family == "lm" else seq2seq)("rope", **options, **extra)
+        model, params, inputs, expected = trained(family, **options, **extra)
         decoding_model, decoding = decode.for_decoding(model, params, rows)
         cfg, layer, t = model.cfg, decoding["decoder"]["layers_1"], "_t" if rows == 1 else ""
         h, g, k, d, f = cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model, cfg.d_ff
@@ -36,8 +47,6 @@ def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
         if extra:
             embedder = decoding["embed" if family == "lm" else "src_embed"]  # shared by source and target
             assert embedder["lm_head"][f"kernel{t}"].shape == out_first(cfg.vocab_size, d)
-        inputs = [jnp.asarray(random_ids(1, (2, 6)))] * (1 if family == "lm" else 2)
-        expected = forward(model, params, *inputs)
         with kernels.installed():  # active while forward traces
             got = forward(decoding_model, decoding, *inputs)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
