@@ -55,8 +55,8 @@ def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
 
 
 def forward(model, params, *inputs, method=None):
-    """The full forward pass (or `method`), compiled: run eagerly, each of its primitives compiles on its own
-    (seconds a model)."""
+    """The full forward pass (or `method`), compiled: eagerly, each of its primitives would compile on its own (seconds
+    a model)."""
     return jax.jit(lambda params: model.apply({"params": params}, *inputs, method=method))(params)
 
 
