@@ -3,16 +3,18 @@ the full forward pass of the reference: the logits of packed rows (two documents
 blockwise/flash attention, jax.nn.dot_product_attention ('fused') and ring attention over 4 simulated devices,
 and generation (teacher-forced logits and greedy tokens) by the model's own cached decoding and the decoding
 layouts of one row (out-major kernels) and two left-padded rows (fused projections). A backend that cannot express
-a term refuses it in one line. A new score option is tested everywhere by adding it to OPTIONS."""
+a term refuses it in one line. A new score option is tested everywhere by adding it to OPTIONS. Each option's model,
+parameters and reference results are computed once, for all its backends and layouts."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_decode import EOS, PAD, greedy_by_recomputing, random_ids, random_params, teacher_forced_steps, tiny
-from test_decode_kernels import own_cached_logits
+from test_decode import EOS, PAD, greedy_by_recomputing, random_ids, random_params, tiny
+from test_decode_kernels import decoding_logits, forward, own_cached_logits
 
 from txjax import decode
 from txjax.model import ring_attention
@@ -63,6 +65,13 @@ def config(option):
     return tiny(**{"max_len": 32, "attention_impl": "reference", **OPTIONS[option][0]})
 
 
+@functools.cache
+def reference(option):
+    """The option's model (the reference attention) and its random parameters."""
+    model = DecoderLM(config(option))
+    return model, random_params(model, jnp.zeros((1, 4), jnp.int32))
+
+
 def packed_inputs():
     """2 rows x 16 tokens: row 0 two documents (9 and 5 tokens) then 2 of padding, row 1 one document."""
     tokens = jnp.asarray(random_ids(0, (2, 16)))
@@ -81,30 +90,49 @@ def ring_logits(model, params, tokens, pos, seg):
     return ring_attention.unzigzag(run(zig(tokens), zig(pos), zig(seg)), 4)
 
 
+@functools.cache
+def packed_logits(option):
+    """The reference's logits of packed_inputs()."""
+    return forward(*reference(option), *packed_inputs())
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("option", OPTIONS)
 def test_every_backend_computes_the_references_scores(option, backend):
     if backend == "ring" and jax.device_count() < 4:
         pytest.skip("needs 4 devices (XLA_FLAGS set in conftest.py)")
-    cfg = config(option)
     tokens, pos, seg = packed_inputs()
-    params = random_params(DecoderLM(cfg), jnp.zeros((1, 4), jnp.int32))
+    reference_model, params = reference(option)
     refused = backend in OPTIONS[option][1]
     try:
-        model = DecoderLM(dataclasses.replace(cfg, **BACKENDS[backend]))
+        model = DecoderLM(dataclasses.replace(reference_model.cfg, **BACKENDS[backend]))
         if backend == "ring":
             got = ring_logits(model, params, tokens, pos, seg)
         else:
-            got = jax.jit(lambda p: model.apply({"params": p}, tokens, pos, seg))(params)
+            got = forward(model, params, tokens, pos, seg)
     except ValueError as e:
         assert refused, e
         assert "\n" not in str(e) and ("model." in str(e) or "ring attention" in str(e)), e
         return
     assert not refused, f"{backend} ran {option}, which it should refuse"
-    want = DecoderLM(cfg).apply({"params": params}, tokens, pos, seg)
+    want = packed_logits(option)
     real = (seg > 0)[..., None]
     np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), **TOL)
     np.testing.assert_array_equal(np.where(seg > 0, got.argmax(-1), 0), np.where(seg > 0, want.argmax(-1), 0))
+
+
+TOKENS = jnp.asarray(random_ids(1, (2, 10)))  # fed to decode steps one at a time
+GENERATED = 12  # new tokens, past the window
+PROMPTS = [random_ids(2, 3).tolist(), random_ids(3, 6).tolist()]  # two rows decode both, left-padded; one the first
+
+
+@functools.cache
+def generation_reference(option):
+    """The reference's logits of TOKENS, and the greedy tokens of PROMPTS by recomputing its full forward pass at
+    every step."""
+    model, params = reference(option)
+    recompute = jax.jit(lambda x: model.apply({"params": params}, x))
+    return forward(model, params, TOKENS), [greedy_by_recomputing(recompute, p, GENERATED, 32) for p in PROMPTS]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -113,22 +141,13 @@ def test_generation_reads_every_score_term(option, layout):
     """Teacher-forced decode steps give the full forward pass's logits, and greedy generation past the window (12
     new tokens; two prompts of 3 and 6 tokens, left-padded together for 2 rows) gives the tokens that recomputing
     the full forward pass at every step gives."""
-    model = DecoderLM(config(option))
-    params = random_params(model, jnp.zeros((1, 4), jnp.int32))
-    tokens = jnp.asarray(random_ids(1, (2, 10)))
-    want = model.apply({"params": params}, tokens)
+    model, params = reference(option)
+    want, expected = generation_reference(option)
     if layout == "own":
-        np.testing.assert_allclose(own_cached_logits(model, params, tokens), want, **TOL)
+        np.testing.assert_allclose(own_cached_logits(model, params, TOKENS), want, **TOL)
         return
     rows = int(layout[-1])
     dmodel, dparams = decode.for_decoding(model, params, rows)
-    cache = decode.init_cache(dmodel, 2, 10)
-    prompt = (tokens[:, :1], jnp.zeros((2, 1), jnp.int32))
-    first = decode.extend(dmodel, dparams, cache, *prompt, prefill=True)
-    steps = teacher_forced_steps(dmodel, dparams, first[1], tokens, 1)
-    np.testing.assert_allclose(jnp.concatenate([first[0][:, None], steps.transpose(1, 0, 2)], 1), want, **TOL)
-    forward = jax.jit(lambda x: model.apply({"params": params}, x))
-    prompts = [random_ids(2, 3).tolist(), random_ids(3, 6).tolist()][:rows]
-    expected = [greedy_by_recomputing(forward, p, 12, 32) for p in prompts]
-    got = decode.generate(dmodel, dparams, prompts, max_new_tokens=12, eos_id=EOS, pad_id=PAD)
-    assert got.ids == expected
+    np.testing.assert_allclose(decoding_logits(dmodel, dparams, TOKENS), want, **TOL)
+    got = decode.generate(dmodel, dparams, PROMPTS[:rows], max_new_tokens=GENERATED, eos_id=EOS, pad_id=PAD)
+    assert got.ids == expected[:rows]
