@@ -50,8 +50,8 @@ def cluster():
 def swept(cluster, tmp_path_factory):
     """One sweep, two seeds of one setting (one row of 2 in the table; trials of different settings: the ASHA test),
     run by run: on Ray in `ray/` (2 trials at once, one per CPU), the trial of seed 0 SIGKILLed once it saved step 4
-    (no chance to save more; Tune retries it), and in-process in `local/`. Returns (the folder, the sweep, the pid
-    killed and whether its run had finished then)."""
+    (no chance to save more; Tune retries it), and in-process in `local/`. Returns (the folder, the sweep, each kill's
+    (pid, whether its run had finished then))."""
     root = tmp_path_factory.mktemp("swept")
     sweep = sweep_file(root, fixed=STEPS, grid={"train.learning_rate": [3e-3]}, seeds=[0, 1])
     run = root / "ray" / "learning_rate-0.003_seed-0"
