@@ -2,7 +2,9 @@
 collectives), train like 1 process x 4 devices on a (2 data, 2 fsdp) mesh (each process holds half of the batch and
 half of every parameter), on a sequence axis of 4 across both, and an MoE LM on an expert axis of 4 across both; the
 checkpoint the 2 processes write together resumes in 1 process x 4 devices and in 1 process x 1 device, training
-continuing identically. The processes run `run.py train` exactly as a user would (see docs/scaling.md)."""
+continuing identically. The processes run `run.py train` exactly as a user would (see docs/scaling.md). The models
+are tests/test_sharded_training.py's char LM and tests/test_expert_parallel.py's MoE LM with 1 layer (SMALL): what
+crosses the processes does not depend on their size, and every layer adds compile time in each process."""
 
 from __future__ import annotations
 
@@ -16,15 +18,11 @@ from pathlib import Path
 import jax
 import pytest
 from conftest import xla_flags
-from test_expert_parallel import assert_same_moe_run, moe_lm_flags, train_moe
-from test_sharded_training import (
-    EXPERIMENT,
-    assert_same_run,
-    char_lm_flags,
-    resume_from_step_2,
-    train_here,
-    write_corpus,
-)
+from test_expert_parallel import assert_same_moe_run, moe_lm_flags
+from test_sharded_training import EXPERIMENT, assert_same_run, char_lm_flags, resume_from_step_2, write_corpus
+
+from txjax.config import from_command_line
+from txjax.training.loop import train
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (XLA_FLAGS set in conftest.py)"),
@@ -32,6 +30,25 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300  # per multi-process run, then its processes are killed
+SMALL = [
+    f"--config.model.{name}={value}"
+    for name, value in {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64}.items()
+]
+
+
+def small_lm_flags(text_path, mesh: tuple[int, int, int]) -> list[str]:
+    """The char LM (test_sharded_training.char_lm_flags) with SMALL's sizes, on mesh = (data, fsdp, tensor)."""
+    return [*char_lm_flags(text_path, mesh), *SMALL]
+
+
+def small_moe_flags(text_path, mesh: dict) -> list[str]:
+    """The MoE LM (test_expert_parallel.moe_lm_flags) with SMALL's sizes, on `mesh` (sizes of config.mesh's axes)."""
+    return [*moe_lm_flags(text_path, mesh), *SMALL]
+
+
+def train_here(flags: list[str], workdir) -> None:
+    """`run.py train --config=EXPERIMENT FLAGS` in this process (8 devices: a mesh of fewer uses the first ones)."""
+    train(from_command_line(EXPERIMENT, flags), workdir)
 
 
 def free_port() -> int:
@@ -85,7 +102,7 @@ def outputs(procs, logs) -> str:
 
 def train_on_loopback(text_path, mesh, workdir, sequence: int = 1) -> None:
     """The char LM trained by 2 processes x 2 devices; fails with their output if any fails or hangs."""
-    run_on_loopback([*char_lm_flags(text_path, mesh), f"--config.mesh.sequence={sequence}"], workdir)
+    run_on_loopback([*small_lm_flags(text_path, mesh), f"--config.mesh.sequence={sequence}"], workdir)
 
 
 def run_on_loopback(flags: list[str], workdir) -> None:
@@ -109,7 +126,7 @@ def root(tmp_path_factory):
     """The corpus, the 1 process x 4 devices reference run `one_process/`, the 2-process run `two_processes/`."""
     root = tmp_path_factory.mktemp("loopback")
     write_corpus(root / "text.txt")
-    train_here(root / "text.txt", (4, 1, 1), root / "one_process")
+    train_here(small_lm_flags(root / "text.txt", (4, 1, 1)), root / "one_process")
     train_on_loopback(root / "text.txt", (2, 2, 1), root / "two_processes")
     return root
 
@@ -128,8 +145,8 @@ def test_expert_parallelism_across_two_processes_trains_like_one_device(tmp_path
     """mesh.expert = 4 over 2 processes x 2 devices: each MoE layer's all-to-all sends tokens between the processes
     (tests/test_expert_parallel.py: the same on one process's devices)."""
     write_corpus(tmp_path / "text.txt")
-    train_moe(tmp_path / "text.txt", {}, tmp_path / "one")
-    run_on_loopback(moe_lm_flags(tmp_path / "text.txt", {"expert": 4}), tmp_path / "two_processes")
+    train_here(small_moe_flags(tmp_path / "text.txt", {}), tmp_path / "one")
+    run_on_loopback(small_moe_flags(tmp_path / "text.txt", {"expert": 4}), tmp_path / "two_processes")
     assert_same_moe_run(tmp_path / "two_processes", tmp_path / "one")
 
 
@@ -138,7 +155,7 @@ def test_checkpoint_of_two_processes_resumes_in_one(root, mesh):
     """Written by 2 processes x 2 devices at step 2, resumed by 1 process: step 4 as in the uninterrupted run."""
     resumed = root / f"resumed_{'x'.join(map(str, mesh))}"
     resume_from_step_2(root / "two_processes", resumed)
-    train_here(root / "text.txt", mesh, resumed)
+    train_here(small_lm_flags(root / "text.txt", mesh), resumed)
     assert_same_run(resumed, root / "two_processes")
 
 

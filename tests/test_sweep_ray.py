@@ -1,12 +1,14 @@
 """Sweeps on Ray Tune (txjax.sweep.ray_launcher) against the in-process sweep, on one local Ray cluster of 2 CPUs
 that the module's tests share (starting one takes seconds): the same runs end bit-identical, a trial whose process
-is SIGKILLed resumes from its checkpoint and ends as if never killed, ASHA stops the worst settings. The search, the
-sweep file's checks and an --address where no Ray cluster answers need no cluster."""
+is SIGKILLed resumes from its checkpoint and ends as if never killed (both from one sweep on Ray, its runs' in-process
+twins trained once), a rerun starts no trial, ASHA stops the worse setting, a cluster's GCS passes --address's
+checks. The search, the sweep file's checks and an --address where no Ray cluster answers need no cluster."""
 
 import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,10 +27,15 @@ from txjax.sweep.local import run_sweep
 from txjax.sweep.spec import expand
 
 ray = pytest.importorskip("ray", reason="the sweep extra: pip install -e '.[sweep]'")
-from txjax.sweep.ray_launcher import _worker_env, run_on_ray  # noqa: E402 -- needs ray
+from txjax.sweep.ray_launcher import (  # noqa: E402 -- needs ray
+    _answers_in_text,
+    _gcs_answers,
+    _worker_env,
+    run_on_ray,
+)
 
 pytestmark = pytest.mark.ray
-STEPS = {**TINY, "train.steps": 20, "train.eval_every": 4, "train.checkpoint_every": 4}
+STEPS = {**TINY, "train.steps": 8, "train.eval_every": 2, "train.checkpoint_every": 2}
 
 
 @pytest.fixture(scope="module")
@@ -39,69 +46,77 @@ def cluster():
     ray.shutdown()
 
 
-def same_runs(a, b):
-    """Every run of sweep folder a equals b's: parameters bit for bit, the same logged losses at the same steps.
-    Exact by construction: a Ray worker compiles the in-process run's HLO with the same XLA flags (_worker_env) on
-    the same machine, and runs it over the same batches."""
-    assert sorted(results(a)) == sorted(results(b))
-    for name in results(a):
-        for x, y in zip(jax.tree_util.tree_leaves(params_of(a / name)), jax.tree_util.tree_leaves(params_of(b / name))):
-            np.testing.assert_array_equal(x, y)
-        losses = [[(r["split"], r["step"], r.get("loss")) for r in read_metrics(d / name)] for d in (a, b)]
-        assert losses[0] == losses[1]
-
-
-def test_a_sweep_on_ray_equals_the_in_process_sweep(cluster, tmp_path):
-    # 2 trials at once (one per CPU), two seeds of one setting (one row of 2 in the table; trials of different
-    # settings: the ASHA test), 8 steps: evals and checkpoints at 4 and 8
-    fixed = {**STEPS, "train.steps": 8}
-    sweep = sweep_file(tmp_path, fixed=fixed, grid={"train.learning_rate": [3e-3]}, seeds=[0, 1])
-    on_ray = run_on_ray(sweep, tmp_path / "ray", [], vmap=False)
-    assert [r.result["status"] for r in on_ray] == ["done"] * 2
-    run_sweep(sweep, tmp_path / "local", [], vmap=False)
-    same_runs(tmp_path / "ray", tmp_path / "local")
-    evals = [r["step"] for r in read_metrics(tmp_path / "ray" / "learning_rate-0.003_seed-1") if r["split"] == "valid"]
-    assert evals == [4, 8]
-    table = (tmp_path / "ray" / "results.md").read_text()
-    assert "| learning_rate=0.003 | 2/2 |" in table
-    before = results(tmp_path / "ray")  # the rerun skips every finished run
-    run_on_ray(sweep, tmp_path / "ray", [], vmap=False)
-    assert results(tmp_path / "ray") == before
-
-
-def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_as_if_never_killed(cluster, tmp_path):
-    sweep = sweep_file(tmp_path, fixed={**STEPS, "train.eval_every": 2, "train.checkpoint_every": 2})
-    workdir = tmp_path / "ray"
-    run = workdir / "seed-0"
+@pytest.fixture(scope="module")
+def swept(cluster, tmp_path_factory):
+    """One sweep, two seeds of one setting (one row of 2 in the table; trials of different settings: the ASHA test),
+    run by run: on Ray in `ray/` (2 trials at once, one per CPU), the trial of seed 0 SIGKILLed once it saved step 4
+    (no chance to save more; Tune retries it), and in-process in `local/`. Returns (the folder, the sweep, each kill's
+    (pid, whether its run had finished then))."""
+    root = tmp_path_factory.mktemp("swept")
+    sweep = sweep_file(root, fixed=STEPS, grid={"train.learning_rate": [3e-3]}, seeds=[0, 1])
+    run = root / "ray" / "learning_rate-0.003_seed-0"
     killed = []
 
-    def kill_after_step_8():  # the trial's process, once it saved step 8: SIGKILL, no chance to save more
-        while not (run / "checkpoints" / "8").is_dir():
+    def kill_after_step_4():
+        while not (run / "checkpoints" / "4").is_dir():
             time.sleep(0.01)
         pid = json.loads((run / "writer.lock").read_text())["pid"]
+        killed.append((pid, (run / "result.json").exists()))
         os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
 
-    threading.Thread(target=kill_after_step_8, daemon=True).start()
-    (trained,) = run_on_ray(sweep, workdir, [])
-    assert killed and trained.result["status"] == "done"
-    records = read_metrics(run)
-    assert [r["step"] for r in records if r["split"] == "valid"] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
-    run_sweep(sweep, tmp_path / "local", [])  # never interrupted
-    same_runs(workdir, tmp_path / "local")
+    threading.Thread(target=kill_after_step_4, daemon=True).start()
+    on_ray = run_on_ray(sweep, root / "ray", [], vmap=False)
+    assert [r.result["status"] for r in on_ray] == ["done"] * 2
+    run_sweep(sweep, root / "local", [], vmap=False)
+    return root, sweep, killed
 
 
-def test_asha_stops_the_worst_settings(cluster, tmp_path):
-    # the trials start in a seeded random order (1e-6, 3e-3, 1e-3, 1e-7): the worst one reaches each rung after
-    # better ones and stops there; the best beats every rung
-    rates = [3e-3, 1e-3, 1e-6, 1e-7]
+def same_run(a, b):
+    """Run folder a equals b: parameters bit for bit, the same logged losses at the same steps. Exact by
+    construction: a Ray worker compiles the in-process run's HLO with the same XLA flags (_worker_env) on the same
+    machine, and runs it over the same batches."""
+    for x, y in zip(jax.tree_util.tree_leaves(params_of(a)), jax.tree_util.tree_leaves(params_of(b))):
+        np.testing.assert_array_equal(x, y)
+    losses = [[(r["split"], r["step"], r.get("loss")) for r in read_metrics(d)] for d in (a, b)]
+    assert losses[0] == losses[1]
+
+
+def valid_steps(run):
+    return [r["step"] for r in read_metrics(run) if r["split"] == "valid"]
+
+
+def test_a_sweep_on_ray_equals_the_in_process_sweep(swept, capsys):
+    root, sweep, _ = swept
+    assert sorted(results(root / "ray")) == sorted(results(root / "local"))
+    for name in results(root / "ray"):  # seed 1's trial never stopped; seed 0's: the killed-trial test
+        same_run(root / "ray" / name, root / "local" / name)
+    assert valid_steps(root / "ray" / "learning_rate-0.003_seed-1") == [2, 4, 6, 8]
+    assert "| learning_rate=0.003 | 2/2 |" in (root / "ray" / "results.md").read_text()
+    before = results(root / "ray")  # the rerun skips every finished run: no trial at all
+    run_on_ray(sweep, root / "ray", [], vmap=False)
+    assert results(root / "ray") == before and "2 runs or points, 0 trials" in capsys.readouterr().out
+
+
+def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_as_if_never_killed(swept):
+    root, _, killed = swept
+    name = "learning_rate-0.003_seed-0"
+    ((_, finished_then),) = killed  # killed once, before its run finished
+    assert not finished_then
+    assert results(root / "ray")[name]["status"] == "done"
+    assert valid_steps(root / "ray" / name) == [2, 4, 6, 8]
+    same_run(root / "ray" / name, root / "local" / name)  # never interrupted
+
+
+def test_asha_stops_the_worst_setting(cluster, tmp_path):
+    # one trial at a time, in the seeded random order of _trials (2 settings: the grid's, 3e-3 then 1e-7): the worse
+    # one reaches the rung at step 4 after the better one and stops there; the better one passes both rungs (4, 8)
     scheduler = {"kind": "asha", "metric": "valid_loss", "grace_steps": 4, "reduction_factor": 2}
-    sweep = sweep_file(tmp_path, fixed=STEPS, grid={"train.learning_rate": rates}, scheduler=scheduler)
-    runs = run_on_ray(sweep, tmp_path / "ray", [], max_concurrent=2)
-    status = {r.settings["train.learning_rate"]: r.result for r in runs}
-    assert status[3e-3]["status"] == "done"
-    assert status[1e-7]["status"] == "stopped" and status[1e-7]["step"] < 20
-    assert (tmp_path / "ray" / runs[3].name / "checkpoints").is_dir()  # a stopped run keeps its checkpoint
+    fixed = {**STEPS, "train.eval_every": 4, "train.checkpoint_every": 4}
+    sweep = sweep_file(tmp_path, fixed=fixed, grid={"train.learning_rate": [3e-3, 1e-7]}, scheduler=scheduler)
+    runs = {r.settings["train.learning_rate"]: r for r in run_on_ray(sweep, tmp_path / "ray", [], max_concurrent=1)}
+    assert runs[3e-3].result["status"] == "done"
+    assert runs[1e-7].result == {"status": "stopped", "step": 4}
+    assert (runs[1e-7].workdir / "checkpoints").is_dir()  # a stopped run keeps its checkpoint
     assert "Stopped early by the scheduler" in (tmp_path / "ray" / "results.md").read_text()
 
 
@@ -134,10 +149,10 @@ def test_a_bad_sweep_file_is_one_line(tmp_path, section, line):
 
 def test_an_optuna_search_in_process_asks_the_same_points_again_and_skips_them(tmp_path, monkeypatch):
     space = {"train.learning_rate": ("loguniform", 1e-4, 1e-2), "model.num_heads": ("choice", [1, 2])}
-    search = {"kind": "optuna", "num_samples": 3, "seed": 0, "space": space}
+    search = {"kind": "optuna", "num_samples": 2, "seed": 0, "space": space}
     sweep = sweep_file(tmp_path, search=search)
     first = [r.name for r in run_sweep(sweep, tmp_path / "out", [])]
-    assert len(set(first)) == 3 and sorted(results(tmp_path / "out")) == sorted(first)
+    assert len(set(first)) == 2 and sorted(results(tmp_path / "out")) == sorted(first)
 
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
@@ -147,8 +162,9 @@ def test_an_optuna_search_in_process_asks_the_same_points_again_and_skips_them(t
 
 
 def test_an_address_where_a_web_server_answers_is_one_line_within_a_minute(tmp_path):
-    """Something other than Ray's GCS listens at --address (an HTTP server here): TCP connects, so only Ray's own GCS
-    client can tell; ray.init alone would retry past 300 s. The sweep ends in one line, nothing written."""
+    """Something other than Ray's GCS listens at --address (an HTTP server here): TCP connects, and ray.init alone
+    would retry past 300 s; its answer to the HTTP/2 preface is text, not a GCS's binary frames, so the sweep ends
+    at once in one line, nothing written (a GCS gets through: the test below)."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"127.0.0.1:{server.server_address[1]}"
@@ -163,3 +179,12 @@ def test_an_address_where_a_web_server_answers_is_one_line_within_a_minute(tmp_p
     assert done.returncode == 2 and time.monotonic() - start < 60, done.stderr[-2000:]
     assert done.stderr.startswith(f"error: --address={address}: something answers there, but not a Ray cluster's GCS")
     assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), done.stderr[-2000:]
+
+
+def test_a_clusters_gcs_passes_the_address_checks(cluster):
+    """--address=HOST:PORT of a running cluster: its GCS answers the HTTP/2 preface in binary frames (not refused as
+    the web server above) and Ray's GCS client, asked in a child process, finds it."""
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        assert not _answers_in_text(connection)
+    assert _gcs_answers(f"{host}:{port}")

@@ -12,14 +12,15 @@ Each eval the loop logs (txjax.ops.metrics_log.observe) is reported to Tune as {
 over the trial's runs, once every run of the trial has logged that step.
 
 Early stopping is Tune's ASHAScheduler on "step": a stopped trial's process ends where it reported; its runs keep
-their last checkpoint, and the driver writes their result.json with status "stopped" and that step. Faults: a
-trial whose process dies (SIGKILL, a lost node) is retried up to --max_failures times (tune.FailureConfig) and
-train_runs resumes each run from its last txjax checkpoint, so it ends as an uninterrupted run would (bit for bit on
-CPU). A killed driver: the same command starts a new Tune experiment in which every run with a result.json is skipped
-(txjax's rerun, not Tune's restore). SIGINT or SIGTERM to the driver (txjax.ops.preemption) writes DIR/stop.request;
-every trial polls it, its runs save their current step and stop, trials not yet started end at once, and the command
-ends as an interrupted in-process sweep does. With W&B or MLflow among train.trackers, the driver opens the sweep's
-group (txjax.sweep.local.tracked) and each worker's runs join it from DIR/trackers.json (train_group).
+their last checkpoint, and the driver writes their result.json with status "stopped" and that step. Faults: a trial
+whose process dies (SIGKILL, a lost node) is retried up to --max_failures times (tune.FailureConfig) and train_runs
+resumes each run from its last txjax checkpoint, so it ends as an uninterrupted run would (bit for bit on CPU). A
+killed driver: the same command starts a new Tune experiment of the runs not yet finished, as the in-process sweep
+trains its pending runs (txjax's rerun, not Tune's restore; none at all when every run is finished). SIGINT or
+SIGTERM to the driver (txjax.ops.preemption) writes DIR/stop.request; every trial polls it, its runs save their
+current step and stop, trials not yet started end at once, and the command ends as an interrupted in-process sweep
+does. With W&B or MLflow among train.trackers, the driver opens the sweep's group (txjax.sweep.local.tracked) and
+each worker's runs join it from DIR/trackers.json (train_group).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ def run_on_ray(
     workdir = Path(workdir).resolve()
     optuna = (sweep["search"] or {}).get("kind") == "optuna"
     runs = [] if optuna else expand(sweep, overrides, workdir)
-    plan = {} if optuna else _trials(runs, vmap, sweep["scheduler"] is not None)
     if not ray.is_initialized():  # before watch: a signal while connecting stops the command at once
         connect(ray, address)
     with workdir_lock.hold(workdir), preemption.watch():  # a signal: every trial saves and stops
@@ -72,7 +72,8 @@ def run_on_ray(
         (workdir / STOP_FILE).unlink(missing_ok=True)
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # preemption.watch's handler, not Tune's, takes Ctrl-C
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live table of CLIReporter, one line per trial
-        pending(runs)  # reads every result.json; a run with a bad setting fails here, once
+        todo = pending(runs)  # reads every result.json; a run with a bad setting fails here, once
+        plan = {} if optuna else _trials(todo, vmap, sweep["scheduler"] is not None)  # no trial of a finished run
         shown = _Shown(sweep, overrides, workdir, runs, plan)
         trainable = tune.with_parameters(_trial, sweep=sweep, overrides=overrides, workdir=workdir, plan=plan)
         if resources:
@@ -95,7 +96,8 @@ def run_on_ray(
         print(f"sweep {workdir}: {len(runs) or sweep['search']['num_samples']} runs or points, {len(plan)} trials")
         with tracked(sweep, overrides, workdir):  # the trials' runs join its group (train_group: in_sweep)
             try:
-                tuner.fit()
+                if plan or optuna:  # else every run is finished: no Tune experiment, no trial's process to start
+                    tuner.fit()
             finally:
                 (workdir / STOP_FILE).unlink(missing_ok=True)
                 for run in shown.runs:
@@ -107,20 +109,21 @@ def run_on_ray(
 
 def connect(ray, address: str | None) -> None:
     """ray.init: a new local cluster (address None), the one `ray start` left here (auto), or HOST:PORT, where a Ray
-    GCS must answer within CONNECT_TIMEOUT_S, first a TCP connection, then a request of Ray's own GCS client (ray.init
-    itself would retry for minutes, also where something else listens there, e.g. a web server); a cluster not found
-    is one ConfigError line naming the address."""
+    GCS must answer within CONNECT_TIMEOUT_S, first a TCP connection, then (unless it answers in text, as a web
+    server does: _answers_in_text) a request of Ray's own GCS client (ray.init itself would retry for minutes, also
+    where something else listens there); a cluster not found is one ConfigError line naming the address."""
     fix = "start one with `ray start --head` (on HOST), or drop --address to start one in this command"
     host, _, port = (address or "").rpartition(":")
     if address and address != "auto" and not address.startswith("ray://"):
         try:
-            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+            with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S) as connection:
+                text = _answers_in_text(connection)
         except (OSError, ValueError) as e:
             reason = "not HOST:PORT" if isinstance(e, ValueError) else e.strerror or type(e).__name__
             raise config_lib.ConfigError(
                 f"--address={address}: no Ray cluster answers there ({reason}); {fix}"
             ) from None
-        if not _gcs_answers(address):
+        if text or not _gcs_answers(address):
             raise config_lib.ConfigError(
                 f"--address={address}: something answers there, but not a Ray cluster's GCS (the port of "
                 f"`ray start --head --port=PORT`, 6379 by default); {fix}"
@@ -130,6 +133,20 @@ def connect(ray, address: str | None) -> None:
     except ConnectionError as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise config_lib.ConfigError(f"--address={address}: {reason.rstrip('.')}; {fix}") from None
+
+
+def _answers_in_text(connection: socket.socket) -> bool:
+    """Whether the server answers the HTTP/2 preface, which a gRPC client (Ray's GCS client too) sends first, in
+    text: an HTTP/1 server's status line or error page, another service's banner; never a GCS, whose gRPC answers in
+    binary frames (HTTP/2's SETTINGS, or TLS records). Told at once where Ray's client would wait 10 s
+    (_gcs_answers); a binary answer, or none within a second, leaves it to Ray's client."""
+    try:
+        connection.settimeout(1)
+        connection.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        reply = connection.recv(16)
+    except OSError:
+        return False
+    return bool(reply) and all(32 <= byte < 127 or byte in b"\t\r\n" for byte in reply)
 
 
 def _gcs_answers(address: str) -> bool:
@@ -163,16 +180,16 @@ def _worker_env() -> dict:
 
 
 def _trials(runs: list[SweepRun], vmap: bool, per_setting: bool) -> dict[str, list[tuple[str, dict]]]:
-    """{trial name: the names and settings of its runs}: the vmapped groups (or single runs), or with a scheduler each
-    setting's seeds (vmapped together, or each alone); a trial is named after its first run."""
-    todo = [r for r in runs if not r.error]  # the bad settings fail in the driver (pending)
+    """{trial name: the names and settings of its runs}: of `runs` (those still to train), the vmapped groups (or
+    single runs), or with a scheduler each setting's seeds (vmapped together, or each alone); a trial is named after
+    its first run."""
     if per_setting:
         by_label: dict[str, list[SweepRun]] = {}
-        for run in todo:
+        for run in runs:
             by_label.setdefault(run.label, []).append(run)
         groups = [g for runs_of in by_label.values() for g in (groups_of(runs_of) if vmap else [[r] for r in runs_of])]
     else:
-        groups = groups_of(todo) if vmap else [[r] for r in todo]
+        groups = groups_of(runs) if vmap else [[r] for r in runs]
     if per_setting:  # ASHA judges a trial against those that reached its rung before: in grid order (say rates
         # ascending) every one would beat the last and go on, so the trials start in a seeded random order
         groups = [groups[i] for i in np.random.default_rng(0).permutation(len(groups))]
