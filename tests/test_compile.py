@@ -41,7 +41,7 @@ TINY = [  # the default experiment (reverse) at toy size
     "--config.train.batch_size=16",
 ]
 # a TPU pads an array's last two dimensions to its (8, 128) tiles: shards of 128 columns pad nothing (but vectors')
-WIDE = ["--config.model.d_model=512", "--config.model.d_ff=2048", "--config.model.vocab_size=512"]
+WIDE = ["--config.model.d_model=512", "--config.model.d_ff=512", "--config.model.vocab_size=512"]
 needs_libtpu = pytest.mark.skipif(
     __import__("importlib").util.find_spec("libtpu") is None,
     reason="libtpu is not installed (pip install -e '.[tpu]'): no TPU topology to compile for",
