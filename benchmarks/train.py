@@ -38,9 +38,10 @@ from txjax import families
 from txjax.experiment import build_dataset, build_model, build_tokenizer
 from txjax.model.attention import resolve_impl
 from txjax.ops.summary import train_flops_per_batch
+from txjax.parallel.distributed import first_device_mesh
 from txjax.sections.train import TrainConfig
 from txjax.state.optim import OptimConfig, make_optimizer
-from txjax.state.train_state import init_state
+from txjax.state.train_state import init_state, state_shardings
 from txjax.training.step import make_train_step
 
 EXPERIMENTS = config_lib.REPO / "experiments"
@@ -156,8 +157,11 @@ def stepper(config):
     """A no-argument function that runs one train_step (the state threaded through, batches cycled)."""
     model = build_model(config)
     tx = make_optimizer(OptimConfig.of(config.train), families.param_roles(model))
-    state = jax.jit(lambda: init_state(model, tx, config.train.seed))()
-    train_step = make_train_step(model, tx, TrainConfig.of(config.train))
+    # the state laid out as the step's own output (as the training loop's Run.init does): else the second call
+    # meets another argument type than the first and compiles the step again
+    mesh, seed = first_device_mesh(), config.train.seed
+    state = jax.jit(lambda: init_state(model, tx, seed), out_shardings=state_shardings(model, tx, seed, mesh))()
+    train_step = make_train_step(model, tx, TrainConfig.of(config.train), mesh)
     holder = [state]
 
     def run(batch):

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import run as run_py
 from txjax import config as config_lib
 from txjax import families
 from txjax.cli.compile import cheapest, largest_from
@@ -40,7 +41,7 @@ TINY = [  # the default experiment (reverse) at toy size
     "--config.train.batch_size=16",
 ]
 # a TPU pads an array's last two dimensions to its (8, 128) tiles: shards of 128 columns pad nothing (but vectors')
-WIDE = ["--config.model.d_model=512", "--config.model.d_ff=2048", "--config.model.vocab_size=512"]
+WIDE = ["--config.model.d_model=512", "--config.model.d_ff=512", "--config.model.vocab_size=512"]
 needs_libtpu = pytest.mark.skipif(
     __import__("importlib").util.find_spec("libtpu") is None,
     reason="libtpu is not installed (pip install -e '.[tpu]'): no TPU topology to compile for",
@@ -63,16 +64,24 @@ def test_a_topology_name_that_is_none_is_one_line(name):
     assert "\n" not in str(e.value) and ("GENERATION:SHAPE" in str(e.value))
 
 
-def run_py(*args, env=None):
-    return subprocess.run(
-        [sys.executable, str(REPO / "run.py"), *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=900
-    )
+def run_compile(capsys, *args) -> subprocess.CompletedProcess:
+    """`run.py compile ARGS` in this process (run.py's main: its exit status and one-line errors), its output
+    captured; the tests whose compiles this process shares need no process of their own."""
+    capsys.readouterr()  # what the test printed before
+    try:
+        status = run_py.main(["compile", *args])
+    except SystemExit as e:  # a step that does not fit: compile's own exit status
+        status = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, out, err)
 
 
 def test_without_libtpu_the_command_names_the_extra(tmp_path):
+    # a process of its own: this one imported libtpu's compile-only devices already
     (tmp_path / "libtpu.py").write_text("raise ModuleNotFoundError('no libtpu here', name='libtpu')\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = run_py("compile", "--topology=v5e:2x2", "--config.mesh.data=4", env=env)
+    command = [sys.executable, str(REPO / "run.py"), "compile", "--topology=v5e:2x2", "--config.mesh.data=4"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
         "error: compiling for a TPU topology (run.py compile) needs the 'libtpu' package (the tpu extra): "
@@ -157,9 +166,9 @@ def test_two_slices_put_the_data_axis_across_them(tmp_path):
 
 
 @needs_libtpu
-def test_a_model_too_large_for_a_chip_is_refused_in_one_line():
+def test_a_model_too_large_for_a_chip_is_refused_in_one_line(capsys):
     big = ["--config.model.num_layers=1", "--config.model.d_model=1024", "--config.model.vocab_size=1000000"]
-    done = run_py("compile", "--topology=v5e:1x1", *TINY, *big)
+    done = run_compile(capsys, "--topology=v5e:1x1", *TINY, *big)
     assert done.returncode == 1, done.stderr
     assert '"fits": false' in done.stdout
     line = done.stderr.removeprefix("error: ")
@@ -185,8 +194,8 @@ def test_the_decode_step_holds_its_rows_kv_cache_among_its_arguments(tmp_path):
     assert 0 < moved < params  # one step's: each weight gathered at most once, not once a slot of the cache
 
 
-def test_a_step_that_is_none_is_one_line():
-    done = run_py("compile", "--topology=v5e:2x2", "--step=bogus")
+def test_a_step_that_is_none_is_one_line(capsys):
+    done = run_compile(capsys, "--topology=v5e:2x2", "--step=bogus")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "error: --step=bogus is not a step: choose one of train, eval, decode\n"
 
@@ -202,15 +211,16 @@ def test_the_batch_search_gallops_from_the_config_then_bisects_to_the_largest_th
 
 
 @needs_libtpu
-def test_the_batch_search_prints_its_trials_and_answers_the_largest_that_fits():
-    # one row of 514 positions over 3M logits is ~3 GB of temporaries: 2 rows fit a v5e chip's 16 GiB, 3 do not
+def test_the_batch_search_prints_its_trials_and_answers_the_largest_that_fits(capsys):
+    # one row of 514 positions over 3M logits is ~3 GB of temporaries: 2 rows fit a v5e chip's 16 GiB, 3 do not.
+    # The search starts at the answer (2): its one compile that fits (the slow one) and the refusals of 4, then 3
     huge = ["--config.data.max_digits=256", "--config.model.d_model=16", "--config.model.d_ff=32"]
-    huge += ["--config.model.num_heads=2", "--config.model.vocab_size=3000000", "--config.train.batch_size=3"]
-    done = run_py("compile", "--topology=v5e:1x1", "--search=batch", *TINY, *huge)
+    huge += ["--config.model.num_heads=2", "--config.model.vocab_size=3000000", "--config.train.batch_size=2"]
+    done = run_compile(capsys, "--topology=v5e:1x1", "--search=batch", *TINY, *huge)
     assert done.returncode == 0, done.stderr
     *trials, answer = [json.loads(line) for line in done.stdout.splitlines()]
     sizes = {t["batch_size"]: t["fits"] for t in trials}
-    assert trials[0]["batch_size"] == 3 and len(sizes) == len(trials)  # from the config's batch, each size once
+    assert trials[0]["batch_size"] == 2 and len(sizes) == len(trials)  # from the config's batch, each size once
     assert all(t["fits"] == ((t["hbm_per_chip_bytes"] or math.inf) <= 16 * 2**30) for t in trials)
     assert all(sizes[a] >= sizes[b] for a in sizes for b in sizes if a < b)  # what fits is monotonic in the batch
     best = max(n for n, fits in sizes.items() if fits)
