@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_blockwise import case, np_attention_and_grads
 from test_decode import EOS, PAD, greedy_by_recomputing, random_ids, random_params, tiny
+from test_decode_kernels import forward
 
 from txjax import decode
 from txjax.model import blockwise, masks
@@ -87,7 +88,8 @@ def test_every_attention_path_and_layer_layout_gives_the_reference_logits():
     seg = jnp.array([[1] * 9 + [2] * 5, [1] * 14])
     pos = jnp.array([list(range(9)) + list(range(5)), list(range(14))])
     looped = unstack_layers(params)
-    logits = lambda c: DecoderLM(c).apply({"params": params if c.scan_layers else looped}, tokens, pos, seg)
+    # jitted: op by op, each path's primitives (the blockwise loops' too) compiled alone
+    logits = lambda c: forward(DecoderLM(c), params if c.scan_layers else looped, tokens, pos, seg)
     want = np.asarray(logits(cfg))
     for change in (
         {"scan_layers": False},
