@@ -56,9 +56,15 @@ def test_blockwise_with_a_window_matches_numpy(block_q, block_kv):
     segments = blockwise.Segments(jnp.asarray(seg_q), jnp.asarray(seg_k))
     kw = dict(causal=True, heads_H={}, scale=q.shape[-1] ** -0.5, block_q=block_q, block_kv=block_kv)
     for window in (W, jnp.int32(W)):
-        f = lambda q, k, v, w=window: blockwise.attention(q, k, v, segments, pos_q, pos_k, window=w, **kw)
-        out, vjp = jax.vjp(f, q, k, v)
-        for name, g, e in zip(("out", "dq", "dk", "dv"), (out, *vjp(jnp.asarray(d_out))), want):
+
+        def out_and_grads(q, k, v, d_out, w=window):  # jitted: op by op, each primitive compiled alone
+            out, vjp = jax.vjp(
+                lambda q, k, v: blockwise.attention(q, k, v, segments, pos_q, pos_k, window=w, **kw), q, k, v
+            )
+            return (out, *vjp(d_out))
+
+        got = jax.jit(out_and_grads)(q, k, v, jnp.asarray(d_out))
+        for name, g, e in zip(("out", "dq", "dk", "dv"), got, want):
             np.testing.assert_allclose(np.asarray(g), e, rtol=2e-5, atol=2e-5, err_msg=f"{name} window={window!r}")
 
 
@@ -70,7 +76,7 @@ def test_blockwise_never_reads_the_key_blocks_before_the_window():
     v[0, :4] = np.nan
     pos = jnp.arange(16)[None]
     kw = dict(causal=True, heads_H={}, scale=1.0, block_q=4, block_kv=4, window=W)
-    out = np.asarray(blockwise.attention(q, k, v, None, pos, pos, **kw))
+    out = np.asarray(jax.jit(lambda q, k, v: blockwise.attention(q, k, v, None, pos, pos, **kw))(q, k, v))
     assert np.isnan(out[0, :8]).any() and np.isfinite(out[0, 8:]).all()  # queries 8.. see keys 5.. only
 
 
