@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_decode_kernels import forward  # jitted: op by op, each primitive of a module compiled alone
 
 from txjax.model import attention as A
 from txjax.model import masks as M
@@ -96,11 +97,12 @@ def test_fully_masked_row_gives_zeros_and_finite_grads():
     q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(3, 4), (5, 4), (5, 2)])
     mask = np.ones((3, 5), bool)
     mask[1] = False
-    out = A.scaled_dot_product_attention(q, k, v, mask)
+    sdpa = lambda q, k, v: A.scaled_dot_product_attention(q, k, v, mask)
+    out = jax.jit(sdpa)(q, k, v)  # jitted, as the gradient: op by op, each primitive compiled alone
     assert not np.isnan(np.asarray(out)).any()
     np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
     np.testing.assert_allclose(np.asarray(out)[[0, 2]], np_attention(q, k, v, mask)[[0, 2]], atol=1e-5)
-    grads = jax.grad(lambda q, k, v: A.scaled_dot_product_attention(q, k, v, mask).sum(), argnums=(0, 1, 2))(q, k, v)
+    grads = jax.jit(jax.grad(lambda q, k, v: sdpa(q, k, v).sum(), argnums=(0, 1, 2)))(q, k, v)
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
@@ -199,7 +201,7 @@ def test_mha_self_attention_matches_numpy(num_heads, num_kv_heads, scale):
     p = random_params(mod, x, mask, q_pos=pos)
     assert p["query"].shape == (d_model, num_heads, head_dim) and p["key"].shape == (d_model, num_kv_heads, head_dim)
     assert p["out"].shape == (num_heads, head_dim, d_model)
-    out = mod.apply({"params": p}, x, mask, q_pos=pos)
+    out = forward(mod, p, x, mask, q_pos=pos)
     s = {"sqrt": head_dim**-0.5, "none": 1.0, "linear": 1.0 / head_dim}[scale]
     for i in range(b):
         ref = np_mha(np.asarray(x[i]), np.asarray(x[i]), p, num_heads, num_kv_heads, np.asarray(mask[i, 0]), scale=s)
@@ -217,7 +219,7 @@ def test_mha_cross_attention_different_lengths_matches_numpy(num_kv_heads):
     mask = M.padding_mask(jnp.ones((2, 3), bool), src_valid)
     q_pos = jnp.zeros((2, 3), jnp.int32)
     p = random_params(mod, x, mask, q_pos=q_pos, kv=enc)
-    out = mod.apply({"params": p}, x, mask, q_pos=q_pos, kv=enc)
+    out = forward(mod, p, x, mask, q_pos=q_pos, kv=enc)
     assert out.shape == (2, 3, d_model)
     for i in range(2):
         ref = np_mha(np.asarray(x[i]), np.asarray(enc[i]), p, heads, num_kv_heads, np.asarray(mask[i, 0]))
@@ -232,7 +234,7 @@ def test_mha_alibi_bias_matches_numpy():
     pos = jnp.arange(l)[None]
     mask = M.causal_mask(pos, pos)
     p = random_params(mod, x, mask, q_pos=pos)
-    out = mod.apply({"params": p}, x, mask, q_pos=pos)
+    out = forward(mod, p, x, mask, q_pos=pos)
     slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
     i, j = np.arange(l)[:, None], np.arange(l)[None, :]
     bias = -slopes[:, None, None] * (i - j)[None]  # the paper's -m_h (i - j) on the causal keys
@@ -246,7 +248,7 @@ def test_mha_sows_attention_weights():
     pos = jnp.arange(4)[None]
     mask = M.causal_mask(pos, pos)
     p = random_params(mod, x, mask, q_pos=pos)
-    _, inter = mod.apply({"params": p}, x, mask, q_pos=pos, mutable=["intermediates"])
+    _, inter = forward(mod, p, x, mask, q_pos=pos, mutable=["intermediates"])
     (w,) = inter["intermediates"]["attention_weights"]
     assert w.shape == (1, 2, 4, 4)
     np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, atol=1e-6)
@@ -278,7 +280,9 @@ def test_fused_equals_reference_with_causal_padding_segments(num_kv_heads, alibi
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_fused, g_ref)
     # the fused path must not ignore the segment ids: it differs from an unmasked-by-segment call
     causal_only = M.causal_mask(pos, pos)
-    assert not np.allclose(fused_mod.apply(variables, x, causal_only, q_pos=pos)[0, 3:5], out_fused[0, 3:5])
+    assert not np.allclose(
+        forward(fused_mod, variables["params"], x, causal_only, q_pos=pos)[0, 3:5], out_fused[0, 3:5]
+    )
 
 
 def test_fused_cross_attention_equals_reference():
@@ -288,7 +292,7 @@ def test_fused_cross_attention_equals_reference():
     enc = jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.float32)
     mask = M.segment_mask(jnp.array([[1, 1, 0], [1, 1, 1]]), jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
     q_pos = jnp.zeros((2, 3), jnp.int32)
-    v = {"params": random_params(MultiHeadAttention(**mod_kw), x, mask, q_pos=q_pos, kv=enc)}
-    ref = MultiHeadAttention(**mod_kw).apply(v, x, mask, q_pos=q_pos, kv=enc)
-    fused = MultiHeadAttention(**mod_kw, impl="fused").apply(v, x, mask, q_pos=q_pos, kv=enc)
+    p = random_params(MultiHeadAttention(**mod_kw), x, mask, q_pos=q_pos, kv=enc)
+    ref = forward(MultiHeadAttention(**mod_kw), p, x, mask, q_pos=q_pos, kv=enc)
+    fused = forward(MultiHeadAttention(**mod_kw, impl="fused"), p, x, mask, q_pos=q_pos, kv=enc)
     np.testing.assert_allclose(fused, ref, atol=1e-5)

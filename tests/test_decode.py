@@ -99,8 +99,11 @@ def test_bfloat16_grouped_query_decoding_follows_the_full_forward_pass():
         _, cache = decode.extend(model, params, cache, tokens_BxL[:, :p], jnp.arange(p)[None].repeat(2, 0))
         return teacher_forced_steps(model, params, cache, tokens_BxL, p)
 
-    with decode.kernels.installed():  # the full pass on the decoding layout's parameters
-        full_BxLxV = model.apply({"params": params}, tokens_BxL)[:, p:].transpose(1, 0, 2)
+    # the full pass on the decoding layout's parameters, traced under the kernels; jitted: op by op, each primitive
+    # would compile alone
+    with decode.kernels.installed():
+        full_BxLxV = jax.jit(lambda params: model.apply({"params": params}, tokens_BxL))(params)
+    full_BxLxV = full_BxLxV[:, p:].transpose(1, 0, 2)
     steps_LxBxV, other_LxBxV = run(params, tokens_BxL), run(params, other_BxL)
     scale = float(jnp.abs(full_BxLxV).max())
     assert float(jnp.abs(steps_LxBxV - full_BxLxV).max()) < 0.03 * scale
@@ -160,7 +163,8 @@ def test_gather_rows_reorders_every_per_row_cache_leaf(scan_layers):
         return leaf if name == "cache_index" else jnp.broadcast_to(per_row(name, np.arange(3)), leaf.shape)
 
     rows = np.array([2, 2, 0, 1])
-    gathered = decode.gather_rows(jax.tree_util.tree_map_with_path(mark, cache), jnp.asarray(rows))
+    marked = jax.tree_util.tree_map_with_path(mark, cache)
+    gathered = jax.jit(decode.gather_rows)(marked, jnp.asarray(rows))  # op by op, each leaf's ops compiled alone
     for path, leaf in jax.tree_util.tree_leaves_with_path(gathered):
         if path[-1].key != "cache_index":
             expected = np.broadcast_to(per_row(path[-1].key, rows), leaf.shape)

@@ -54,10 +54,10 @@ def test_the_decoding_layout_computes_what_the_trained_one_does(family, rows):
         assert again == (decoding_model, decoding)  # already in the decoding layout
 
 
-def forward(model, params, *inputs, method=None):
+def forward(model, params, *inputs, method=None, **kwargs):
     """The full forward pass (or `method`), compiled: eagerly, each of its primitives would compile on its own (seconds
-    a model)."""
-    return jax.jit(lambda params: model.apply({"params": params}, *inputs, method=method))(params)
+    a model). `kwargs`: apply's keyword arguments (the module's, `mutable`)."""
+    return jax.jit(lambda params: model.apply({"params": params}, *inputs, method=method, **kwargs))(params)
 
 
 def own_cached_logits(model, params, tokens_BxL, src_BxS=None):

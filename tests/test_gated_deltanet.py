@@ -65,10 +65,12 @@ def test_the_chunked_form_is_the_delta_rule_stepped_one_token_at_a_time():
     (_, want), want_grads = grads(stepped)(q, k, v, g, beta, state)
     for a, b in zip((*got, *got_grads), (*want, *want_grads)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
-    one_chunk = chunked_delta_rule(q, k, v, g, beta, runs, state, 16)  # 11 tokens in one chunk (padded to 16 inside)
+    # jitted: op by op, each primitive of the chunks' loop and of the 11 steps compiled alone
+    one_chunk = jax.jit(chunked_delta_rule, static_argnums=7)(q, k, v, g, beta, runs, state, 16)  # padded to 16
     for a, b in zip(one_chunk, want):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
-    assert float(jnp.abs(got[0][1, 3] - stepped_delta_rule(q, k, v, g, beta, runs * 0, state)[0][1, 3]).max()) > 1e-2
+    one_run = jax.jit(stepped_delta_rule)(q, k, v, g, beta, runs * 0, state)[0]
+    assert float(jnp.abs(got[0][1, 3] - one_run[1, 3]).max()) > 1e-2
 
 
 def linear_lm(**overrides):
@@ -108,7 +110,8 @@ def test_cached_generation_follows_the_full_forward_pass():
     together and prefilled in chunks of 4, gives the tokens that recomputing the full forward pass gives."""
     model, params = linear_lm()
     tokens = jnp.asarray(random_ids(1, (2, 16)))
-    want = model.apply({"params": params}, tokens)
+    forward = jax.jit(lambda x: model.apply({"params": params}, x))  # op by op, each primitive compiled alone
+    want = forward(tokens)
     dmodel, dparams = decode.for_decoding(model, params, 2)
 
     @jax.jit
@@ -120,7 +123,6 @@ def test_cached_generation_follows_the_full_forward_pass():
         )
 
     np.testing.assert_allclose(cached(tokens), want[:, 8:], atol=1e-4, rtol=1e-5)
-    forward = jax.jit(lambda x: model.apply({"params": params}, x))
     prompts = [random_ids(2, 3).tolist(), random_ids(3, 6).tolist()]
     expected = [greedy_by_recomputing(forward, p, 12, 32) for p in prompts]
     got = decode.generate(dmodel, dparams, prompts, max_new_tokens=12, eos_id=EOS, pad_id=PAD, prefill_chunk=4)

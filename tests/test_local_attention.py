@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_blockwise import case, np_attention_and_grads
 from test_decode import EOS, PAD, greedy_by_recomputing, random_ids, random_params, tiny
+from test_decode_kernels import forward
 
 from txjax import decode
 from txjax.model import blockwise, masks
@@ -55,9 +56,15 @@ def test_blockwise_with_a_window_matches_numpy(block_q, block_kv):
     segments = blockwise.Segments(jnp.asarray(seg_q), jnp.asarray(seg_k))
     kw = dict(causal=True, heads_H={}, scale=q.shape[-1] ** -0.5, block_q=block_q, block_kv=block_kv)
     for window in (W, jnp.int32(W)):
-        f = lambda q, k, v, w=window: blockwise.attention(q, k, v, segments, pos_q, pos_k, window=w, **kw)
-        out, vjp = jax.vjp(f, q, k, v)
-        for name, g, e in zip(("out", "dq", "dk", "dv"), (out, *vjp(jnp.asarray(d_out))), want):
+
+        def out_and_grads(q, k, v, d_out, w=window):  # jitted: op by op, each primitive compiled alone
+            out, vjp = jax.vjp(
+                lambda q, k, v: blockwise.attention(q, k, v, segments, pos_q, pos_k, window=w, **kw), q, k, v
+            )
+            return (out, *vjp(d_out))
+
+        got = jax.jit(out_and_grads)(q, k, v, jnp.asarray(d_out))
+        for name, g, e in zip(("out", "dq", "dk", "dv"), got, want):
             np.testing.assert_allclose(np.asarray(g), e, rtol=2e-5, atol=2e-5, err_msg=f"{name} window={window!r}")
 
 
@@ -69,7 +76,7 @@ def test_blockwise_never_reads_the_key_blocks_before_the_window():
     v[0, :4] = np.nan
     pos = jnp.arange(16)[None]
     kw = dict(causal=True, heads_H={}, scale=1.0, block_q=4, block_kv=4, window=W)
-    out = np.asarray(blockwise.attention(q, k, v, None, pos, pos, **kw))
+    out = np.asarray(jax.jit(lambda q, k, v: blockwise.attention(q, k, v, None, pos, pos, **kw))(q, k, v))
     assert np.isnan(out[0, :8]).any() and np.isfinite(out[0, 8:]).all()  # queries 8.. see keys 5.. only
 
 
@@ -87,7 +94,8 @@ def test_every_attention_path_and_layer_layout_gives_the_reference_logits():
     seg = jnp.array([[1] * 9 + [2] * 5, [1] * 14])
     pos = jnp.array([list(range(9)) + list(range(5)), list(range(14))])
     looped = unstack_layers(params)
-    logits = lambda c: DecoderLM(c).apply({"params": params if c.scan_layers else looped}, tokens, pos, seg)
+    # jitted: op by op, each path's primitives (the blockwise loops' too) compiled alone
+    logits = lambda c: forward(DecoderLM(c), params if c.scan_layers else looped, tokens, pos, seg)
     want = np.asarray(logits(cfg))
     for change in (
         {"scan_layers": False},

@@ -213,16 +213,18 @@ def test_cpu_blocks_equal_ragged_dot_outputs_and_gradients(sizes):
     rows, w = jnp.asarray(rng.normal(size=(50, 6)), jnp.float32), jnp.asarray(rng.normal(size=(4, 6, 5)), jnp.float32)
     sizes = jnp.asarray(sizes, jnp.int32)
     cotangent = jnp.asarray(rng.normal(size=(50, 5)), jnp.float32)
-    want = jax.grad(lambda r, w: jnp.sum(jax.lax.ragged_dot(r, w, sizes) * cotangent), (0, 1))(rows, w)
-    for block in (4, 64):
+    # every product and gradient jitted: op by op, each primitive of the grouping and of its gradient compiled alone
+    ragged = jax.jit(jax.lax.ragged_dot)(rows, w, sizes)
+    want = jax.jit(jax.grad(lambda r, w: jnp.sum(jax.lax.ragged_dot(r, w, sizes) * cotangent), (0, 1)))(rows, w)
 
-        def loss(r, w, block=block):
-            enter, product, leave = moe.blocked(sizes, 50, block)
-            return jnp.sum(leave(product(enter(r), w)) * cotangent)
-
+    def blocked_product(r, w, block):
         enter, product, leave = moe.blocked(sizes, 50, block)
-        np.testing.assert_allclose(leave(product(enter(rows), w)), jax.lax.ragged_dot(rows, w, sizes), atol=1e-5)
-        for g, ref in zip(jax.grad(loss, (0, 1))(rows, w), want):
+        return leave(product(enter(r), w))
+
+    for block in (4, 64):
+        np.testing.assert_allclose(jax.jit(blocked_product, static_argnums=2)(rows, w, block), ragged, atol=1e-5)
+        loss = lambda r, w, block=block: jnp.sum(blocked_product(r, w, block) * cotangent)
+        for g, ref in zip(jax.jit(jax.grad(loss, (0, 1)))(rows, w), want):
             np.testing.assert_allclose(g, ref, atol=1e-4)
 
 
