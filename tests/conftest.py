@@ -119,28 +119,29 @@ def pairs_tsv(tmp_path):
     return path
 
 
-# The files that take longest (seconds of their tests on an idle 2-core machine, `--durations=0`), longest first,
-# run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (in the README's command) hands each
+# The files that take longest (seconds of their tests in a run of the suite on an idle 2-core machine,
+# `--durations=0`), longest first, run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (in the README's command) hands each
 # worker the next file in this order when it finishes one, so the long files overlap each other and the suite ends
 # on short ones instead of one worker finishing a long file alone while the other idles (xdist's own order, most
 # tests first, put these few-test files last).
 LONGEST_FIRST = [
-    "test_sweep_ray.py",  # ~115: a local Ray cluster and its trial processes (ASHA's 4 trials ~45)
-    "test_gpu_script.py",  # ~77: benchmarks/gpu.sh --dry-run, 9 stages each a process
-    "test_multiprocess.py",  # ~75: two-process jax.distributed runs
-    "test_faults.py",  # ~70: signals and kills of run.py processes
-    "test_gguf.py",  # ~50: SmolLM2-135M against transformers
-    "test_lora.py",  # ~55 at load 7-10 (90 at 10): LoRA runs of a tiny Llama and an encoder-decoder, peft, resume
-    "test_expert_parallel.py",  # ~50 s of CPU: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
-    "test_decode.py",  # ~50: 21 tests of cached decoding
-    "test_seq2seq_convert.py",  # four encoder-decoders against transformers and exported back, a T5 fine-tuning
-    "test_moe_convert.py",  # ~45 (42 s of CPU): four MoE families against transformers, run.py import / export
-    "test_sequence_parallel.py",  # ~45
-    "test_sharded_training.py",  # ~45
-    "test_ring_attention.py",  # ~40
-    "test_sweep.py",  # ~40
-    "test_trackers.py",  # mlflow server start, 5 tiny trainings, a rerun (4: ~30 s of CPU; 80 s at load 8-10, 99 at 16)
-    "test_train.py",  # ~40
+    "test_sweep_ray.py",  # ~63: a local Ray cluster and its trial processes (one shared sweep, 5 trial processes)
+    "test_score_everywhere.py",  # ~57: every score term x every backend and decoding layout (66 cases)
+    "test_gpu_script.py",  # ~53: benchmarks/gpu.sh --dry-run, 9 stages each a process
+    "test_train.py",  # ~47
+    "test_multiprocess.py",  # ~44: two-process jax.distributed runs
+    "test_compile.py",  # ~43: train and decode steps compiled for TPU topologies (libtpu)
+    "test_faults.py",  # ~38: signals and kills of run.py processes
+    "test_decode.py",  # ~37: 21 tests of cached decoding
+    "test_seq2seq_convert.py",  # ~29: four encoder-decoders against transformers and exported back, a T5 fine-tuning
+    "test_lora.py",  # ~27: LoRA runs of a tiny Llama and an encoder-decoder, peft, resume
+    "test_gguf.py",  # ~26: SmolLM2-135M against transformers
+    "test_sequence_parallel.py",  # ~26
+    "test_accelerators.py",  # ~25
+    "test_expert_parallel.py",  # ~25: 4 tiny MoE trainings on meshes, an MoE layer on 4 meshes
+    "test_processes.py",  # ~23
+    "test_moe.py",  # ~23
+    "test_trackers.py",  # ~21: mlflow server start, 5 tiny trainings, a rerun
 ]
 
 
