@@ -120,10 +120,10 @@ def pairs_tsv(tmp_path):
 
 
 # The files that take longest (seconds of their tests in a run of the suite on an idle 2-core machine,
-# `--durations=0`), longest first, run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (in the README's command) hands each
-# worker the next file in this order when it finishes one, so the long files overlap each other and the suite ends
-# on short ones instead of one worker finishing a long file alone while the other idles (xdist's own order, most
-# tests first, put these few-test files last).
+# `--durations=0`), longest first, run before every other file. `-n 2 --dist loadfile --no-loadscope-reorder` (in
+# the README's command) hands each worker the next file in this order when it finishes one, so the long files
+# overlap each other and the suite ends on short ones instead of one worker finishing a long file alone while the
+# other idles (xdist's own order, most tests first, put these few-test files last).
 LONGEST_FIRST = [
     "test_sweep_ray.py",  # ~63: a local Ray cluster and its trial processes (one shared sweep, 5 trial processes)
     "test_score_everywhere.py",  # ~57: every score term x every backend and decoding layout (66 cases)
