@@ -129,7 +129,6 @@ def _param_rows(cfg: ModelConfig, family: str) -> tuple[tuple[str, tuple[int, ..
     return tuple(("/".join(k.key for k in path), tuple(s.shape), math.prod(s.shape)) for path, s in leaves)
 
 
-@functools.lru_cache(maxsize=32)  # a pure function of frozen arguments, each call a trace of the model
 def summarize(
     cfg: ModelConfig, family: str = families.DECODER_LM.name, batch_size: int = 1, context: int | None = None
 ) -> Summary:
