@@ -1,8 +1,8 @@
 """Gemma 2 and Gemma 3 (text) interop against transformers' PyTorch Gemma2ForCausalLM and Gemma3ForCausalLM on tiny
 random models (tests/tiny_hf.py): `run.py import` -> logits within 1e-4 (reference and blockwise attention) and the
 same 40 greedy tokens as transformers.generate (past the sliding window), `run.py export` -> transformers loads the
-folder and gives the same logits, and a config txjax cannot represent is one line naming the field (skipped without
-the `interop` extra)."""
+folder and gives the same logits, a LoRA adapter on Gemma 3 loads in peft with txjax's logits and tokens and reads
+back, and a config txjax cannot represent is one line naming the field (skipped without the `interop` extra)."""
 
 import dataclasses
 import json
@@ -15,10 +15,11 @@ pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from tiny_hf import GEMMA, GEMMAS, hf_greedy, save_decoder, torch_logits  # noqa: E402
+from tiny_hf import GEMMA, GEMMAS, assert_logits_match, hf_greedy, save_decoder, torch_logits, txjax_logits  # noqa: E402
+from tiny_peft import assert_adapter_reads_back, peft_loaded  # noqa: E402
 
 import run  # noqa: E402
-from txjax.convert.gemma import config_from_hf, window_pattern  # noqa: E402
+from txjax.convert.gemma import config_from_hf, params_to_hf, window_pattern  # noqa: E402
 from txjax.decode import generate  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 from txjax.model.config import ModelConfig  # noqa: E402
@@ -66,6 +67,24 @@ def test_export_round_trip(imported):
     assert reloaded.config.model_type == kind
     ids = tokens(model.config.vocab_size)
     np.testing.assert_allclose(torch_logits(reloaded, ids), torch_logits(model, ids), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("imported", ["gemma3_text"], indirect=True)
+def test_a_lora_adapter_loads_in_peft_with_txjaxs_logits_and_reads_back(imported, tmp_path):
+    """Gemma 3 (q/k norms, the scaled embedding, sliding-window layers): txjax's peft export of adapters on every
+    projection, loaded by peft onto transformers' model, gives txjax's merged model's logits within 1e-4 and its 40
+    greedy tokens; the folder read back onto the imported base is the same adapters (txjax.convert.peft_adapter)."""
+    pytest.importorskip("peft")
+    _, model, workdir, _ = imported
+    base = load_workdir(workdir)
+    cfg, ids = base.model.cfg, tokens(base.model.cfg.vocab_size)
+    adapted, merged = peft_loaded(model, base.model, base.params, params_to_hf, tmp_path / "adapter")
+    assert_logits_match(adapted, cfg, merged, ids)
+    assert np.abs(txjax_logits(cfg, merged, ids) - txjax_logits(cfg, base.params, ids)).max() > 1e-2
+    prompt = ids[0, :5].tolist()
+    out = generate(base.model, merged, [prompt], max_new_tokens=NEW_TOKENS)
+    assert out.ids[0] == hf_greedy(adapted, prompt, NEW_TOKENS)
+    assert_adapter_reads_back(tmp_path / "adapter", base.model, base.params, params_to_hf, merged)
 
 
 def test_layer_types_not_one_per_layer_are_one_line_as_transformers_refuses_them(imported, tmp_path, capsys):

@@ -23,7 +23,7 @@ from tiny_hf import (  # noqa: E402
     torch_logits,
     txjax_logits,
 )
-from tiny_peft import peft_loaded  # noqa: E402
+from tiny_peft import assert_adapter_reads_back, peft_loaded  # noqa: E402
 
 from txjax.convert.llama import config_from_hf, load_llama, pairs, params_to_hf, save_llama  # noqa: E402
 from txjax.decode import generate  # noqa: E402
@@ -103,9 +103,11 @@ def test_unrepresentable_config_names_the_field(change, field):
 @pytest.mark.parametrize("hf", ["qwen2", "qwen3_yarn"], indirect=True)  # Q/K/V biases; Q/K norms, RoPE permuted
 def test_a_lora_adapter_loads_in_peft_with_txjaxs_logits(hf, tmp_path):
     """txjax's peft export of adapters on every projection (txjax.convert.peft_adapter, through params_to_hf's
-    RoPE permutation of Q and K) loaded by peft onto the transformers model: txjax's merged model's logits."""
+    RoPE permutation of Q and K) loaded by peft onto the transformers model: txjax's merged model's logits; the
+    folder read back onto the base is the same adapters."""
     pytest.importorskip("peft")
     _, model, cfg, params = hf
     adapted, merged = peft_loaded(model, DecoderLM(cfg), params, params_to_hf, tmp_path / "adapter")
     assert_logits_match(adapted, cfg, merged, TOKENS)
     assert np.abs(txjax_logits(cfg, merged, TOKENS) - txjax_logits(cfg, params, TOKENS)).max() > 1e-2
+    assert_adapter_reads_back(tmp_path / "adapter", DecoderLM(cfg), params, params_to_hf, merged)

@@ -24,7 +24,7 @@ from tiny_hf import (  # noqa: E402
     torch_logits,
     txjax_logits,
 )
-from tiny_peft import peft_loaded  # noqa: E402
+from tiny_peft import assert_adapter_reads_back, peft_loaded  # noqa: E402
 
 import run  # noqa: E402
 from txjax.convert.moe import config_from_hf, config_to_hf, load_moe, params_to_hf, save_moe  # noqa: E402
@@ -163,12 +163,15 @@ def test_export_writes_topk_then_softmax_as_norm_topk_prob(convert, tmp_path):
     np.testing.assert_allclose(torch_logits(exported, TOKENS), want, atol=1e-4, rtol=0)
 
 
-def test_a_lora_adapter_on_the_experts_loads_in_peft_with_txjaxs_logits(convert, tmp_path):
-    """Qwen2-MoE (a dense layer 0, routed and shared experts): adapters on attention and every FFN, the routed
-    experts' one pair per expert, written by txjax's peft writer and loaded by peft onto transformers' model (whose
-    experts are fused tensors): txjax's merged model's logits within 1e-4."""
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_a_lora_adapter_on_the_experts_loads_in_peft_with_txjaxs_logits(kind, convert, tmp_path):
+    """Mixtral (each expert's w1/w2/w3) and Qwen2-MoE (a dense layer 0, routed and shared experts): adapters on
+    attention and every FFN, the routed experts' one pair per expert, written by txjax's peft writer and loaded by
+    peft onto transformers' model (whose experts are fused tensors): txjax's merged model's logits within 1e-4; the
+    folder read back onto the base is the same adapters."""
     pytest.importorskip("peft")
-    _, model, cfg, params = convert("qwen2_moe")
+    _, model, cfg, params = convert(kind)
     adapted, merged = peft_loaded(model, DecoderLM(cfg), params, params_to_hf, tmp_path / "adapter")
     assert_logits_match(adapted, cfg, merged, TOKENS)
     assert np.abs(txjax_logits(cfg, merged, TOKENS) - txjax_logits(cfg, params, TOKENS)).max() > 1e-2
+    assert_adapter_reads_back(tmp_path / "adapter", DecoderLM(cfg), params, params_to_hf, merged)

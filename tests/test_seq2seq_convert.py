@@ -29,7 +29,7 @@ from tiny_hf import (  # noqa: E402
     seq2seq_config,
     seq2seq_logits,
 )
-from tiny_peft import peft_loaded  # noqa: E402
+from tiny_peft import assert_adapter_reads_back, peft_loaded  # noqa: E402
 
 import run  # noqa: E402
 from txjax import config as config_lib  # noqa: E402
@@ -297,7 +297,8 @@ def test_fine_tuning_on_the_bible_lowers_the_loss_and_eval_prints_bleu(imported,
 @pytest.mark.parametrize("imported", ["marian"], indirect=True)
 def test_a_lora_adapter_loads_in_peft_with_txjaxs_logits(imported, tmp_path):
     """txjax's peft export of adapters on every projection (self- and cross-attention, the FFN) loaded by peft onto
-    the transformers model: txjax's merged model's logits, within 1e-4."""
+    the transformers model: txjax's merged model's logits, within 1e-4; the folder read back onto the base is the same
+    adapters."""
     pytest.importorskip("peft")
     hf, workdir = imported
     run_ = load_workdir(workdir)
@@ -305,3 +306,4 @@ def test_a_lora_adapter_loads_in_peft_with_txjaxs_logits(imported, tmp_path):
     want, got = seq2seq_logits(adapted, run_.model, merged, run_.tokenizer)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
     assert np.abs(got - seq2seq_logits(hf, run_.model, run_.params, run_.tokenizer)[1]).max() > 1e-2
+    assert_adapter_reads_back(tmp_path / "adapter", run_.model, run_.params, marian.params_to_hf, merged)

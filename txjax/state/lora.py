@@ -112,9 +112,24 @@ def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
                 f"({inputs} x {outputs}): set train.lora_rank <= {min(inputs, outputs)}"
             )
         a = jax.random.normal(jax.random.fold_in(key, i), (*batch, inputs, lora.lora_rank), w.dtype)
-        adapters[(*path, "a")] = a / lora.lora_rank
-        adapters[(*path, "b")] = jnp.zeros((*batch, lora.lora_rank, outputs), w.dtype)
+        b = jnp.zeros((*batch, lora.lora_rank, outputs), w.dtype)
+        adapters[(*path, "a")], adapters[(*path, "b")] = boxed_like(flat[path], role, a / lora.lora_rank, b)
     return Adapted(params, traverse_util.unflatten_dict(adapters), lora.scale)
+
+
+def boxed_like(w, role: Role, a, b) -> tuple:
+    """(A, B) boxed as their weight `w` is (a boxed tree's, as state_shardings reads it), so that on a mesh they and
+    their moments lie with it: A [..., I, r] on W's leading and input axes, B [..., r, O] on its leading and output
+    axes, r on none. A flattened group (W^Q's output heads x kv) is named by its first axis: its split is then the
+    group's while the others (kv) are not split, as sharding.LOGICAL_RULES has them. Unboxed `w`: (A, B) as they are."""
+    if not isinstance(w, nn.LogicallyPartitioned):
+        return a, b
+    lead = len(w.names) - role.inputs - role.outputs
+    first_input, first_output = w.names[lead], w.names[len(w.names) - role.outputs]
+    return (
+        w.replace(value=a, names=(*w.names[:lead], first_input, None), role=_ADAPTER),
+        w.replace(value=b, names=(*w.names[:lead], None, first_output), role=_ADAPTER),
+    )
 
 
 def matrix_sizes(shape: tuple, role: Role) -> tuple[int, int]:

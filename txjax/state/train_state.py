@@ -61,8 +61,8 @@ def state_shardings(
     model, tx: optax.GradientTransformation, seed: int, mesh: Mesh, lora_config: lora.LoraConfig = NO_LORA
 ) -> TrainState:
     """Where each array of the state lives on `mesh`: parameters and their AdamW moments by their logical axes
-    (sharding.LOGICAL_RULES), LoRA's adapters and the step and counters replicated. Computed from shapes only
-    (jax.eval_shape)."""
+    (sharding.LOGICAL_RULES), LoRA's adapters and theirs as their weights (lora.boxed_like), the step and counters
+    replicated. Computed from shapes only (jax.eval_shape)."""
     init = functools.partial(init_state, model, tx, seed, boxed=True, lora_config=lora_config)
     return shardings_for(jax.eval_shape(init), mesh)
 
