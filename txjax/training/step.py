@@ -57,8 +57,10 @@ def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig)
     dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
 
     def objective_sum(trained, frozen, like, batch, rng):
-        params = lora.model_params(lora.joined(trained, frozen, like))
-        logits_BxLxV, targets_BxL, weights_BxL, stats, depths = forward(model, params, batch, rng if dropout else None)
+        params, adapters = lora.base_and_adapters(lora.joined(trained, frozen, like))  # merged layer by layer
+        logits_BxLxV, targets_BxL, weights_BxL, stats, depths = forward(
+            model, params, batch, rng if dropout else None, adapters
+        )
         sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL, t.label_smoothing, t.z_loss)
         sums |= moe_sums(stats, sums["weight"], t.moe_aux_weight, t.moe_z_weight) | mtp_sums(depths, t.mtp_weight)
         return sums["objective"] + sums.get("moe_objective", 0.0) + sums.get("mtp_objective", 0.0), sums
