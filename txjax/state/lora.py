@@ -49,6 +49,8 @@ class LoraConfig:
     lora_alpha: float = setting(16.0, bounds=Range(lambda v: v > 0, "> 0"), resume=False, read_by=(_ON,))
     lora_scaling: str = setting("lora", choices=("lora", "rslora"), resume=False, read_by=(_ON,))
     lora_targets: tuple[str, ...] = setting(TARGETS[:-1], resume=False, read_by=(_ON,))
+    # peft's lora_dropout: y = x W + s drop(x) A B in training (txjax.model.adapters), attention's and dense FFNs'
+    lora_dropout: float = setting(0.0, bounds=Range(lambda v: 0 <= v < 1, "in [0, 1)"), read_by=(_ON,))
 
     @classmethod
     def of(cls, t) -> LoraConfig:
@@ -100,7 +102,20 @@ def targeted(roles, lora: LoraConfig) -> dict[tuple, Role]:
             f"config.train.lora_targets={list(lora.lora_targets)!r} names no weight matrix of this model; its "
             f"matrices: {', '.join(have)}"
         )
+    if lora.lora_dropout and (odd := sorted("/".join(path) for path in found if not _drops_out(path))):
+        raise ConfigError(
+            f"config.train.lora_dropout={lora.lora_dropout} drops out the inputs of attention's and dense FFNs' "
+            f"adapters, not of {odd[0]} ({len(odd)} weights in all): set train.lora_dropout=0 or "
+            "train.lora_targets to those weights"
+        )
     return found
+
+
+def _drops_out(path: tuple) -> bool:
+    """Whether the weight at `path` is one whose projection adds a dropped-out low-rank term (txjax.model.adapters):
+    attention's (txjax.model.multi_head) or a dense FFN's nn.Dense kernel (txjax.model.ffn)."""
+    attention = path[-2] in ("self_attention", "cross_attention") and path[-1] in ("query", "key", "value", "out")
+    return attention or (path[-1] == "kernel" and path[-2] in ("wi", "wi_gate", "wo"))
 
 
 def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
