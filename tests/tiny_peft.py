@@ -25,7 +25,7 @@ def peft_loaded(hf_model, model, params, params_to_hf, folder, targets=lora.TARG
     rng = np.random.default_rng(2)
     adapted = adapted.replace(lora=jax.tree.map(lambda x: x + rng.normal(0, 0.1, x.shape), adapted.lora))
     family = "decoder_lm" if isinstance(model, DecoderLM) else "encoder_decoder"
-    fields = {f: getattr(config, f) for f in ("lora_rank", "lora_alpha", "lora_scaling")}
+    fields = {f: getattr(config, f) for f in ("lora_rank", "lora_alpha", "lora_scaling", "lora_dropout")}
     folder.mkdir(parents=True, exist_ok=True)
     write_adapter(folder, jax.device_get(adapted), model.cfg, params_to_hf, fields, family, "the base")
     return peft.PeftModel.from_pretrained(copy.deepcopy(hf_model), folder).eval(), lora.model_params(adapted)
