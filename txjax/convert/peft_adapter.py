@@ -108,7 +108,7 @@ def write_adapter(
         "r": lora["lora_rank"],
         "lora_alpha": lora["lora_alpha"],
         "use_rslora": lora["lora_scaling"] == "rslora",
-        "lora_dropout": 0.0,
+        "lora_dropout": lora["lora_dropout"],
         "bias": "none",
         "fan_in_fan_out": False,
         "init_lora_weights": "gaussian",

@@ -150,7 +150,7 @@ def _ffn_hidden(own, module, x_BxLxD):
     if not _has(module, "wi_fused"):
         return own(x_BxLxD)
     cfg, width = module.cfg, module.hidden_width
-    h1, h3 = jnp.split(module.linear("wi_fused", 2 * width, ("embed", "mlp"), cfg.hidden_init_std)(x_BxLxD), 2, -1)
+    h1, h3 = jnp.split(module.linear("wi_fused", 2 * width, ("embed", "mlp"), cfg.hidden_init_std, x_BxLxD), 2, -1)
     return hidden_units(cfg.activation, h1, h3)
 
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import flax.linen as nn
 
 from txjax.errors import ConfigError
+from txjax.model import adapters as model_adapters
 
 
 class Family:
@@ -52,9 +53,11 @@ class Family:
         the family's txjax.model.replaceable.Layout over what those methods return (its .installed()), or none."""
         return contextlib.nullcontext()
 
-    def logits(self, model, params, batch, **apply_kwargs):
-        """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs)."""
-        return model.apply({"params": params}, *(batch[k] for k in self.inputs), **apply_kwargs)
+    def logits(self, model, params, batch, adapters=None, **apply_kwargs):
+        """The full forward pass of a batch -> logits [B, L, V] (apply_kwargs: deterministic, rngs), a LoRA run's
+        `adapters` merged block by block (txjax.model.adapters)."""
+        variables = model_adapters.variables(params, adapters)
+        return model.apply(variables, *(batch[k] for k in self.inputs), **apply_kwargs)
 
     def scored_logits(self, model, params, tokens_BxL, positions_BxL, mask_Bx1xLxL, scored_BxC):
         """The logits [B, C, V] at the positions scored_BxC (indices into L) of one forward pass over tokens [B, L]

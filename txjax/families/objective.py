@@ -29,17 +29,18 @@ def params_shardings(model, mesh: Mesh):
     return shardings_for(jax.eval_shape(functools.partial(init_params, model, jax.random.key(0), boxed=True)), mesh)
 
 
-def forward(model, params, batch, dropout_rng=None):
+def forward(model, params, batch, dropout_rng=None, adapters=None):
     """(logits f32[B, L, V], targets i32[B, L], weights f32[B, L], MoE statistics, depths) of an LM or seq2seq
     batch, in the batch's order, or in ring attention's zig-zag order when the mesh in context shards the sequence
     (ring_attention.layout; the sums over tokens are the same). Dropout is on iff a dropout rng is given. The
     statistics: each MoE layer's routing counts and auxiliary losses (txjax.model.moe; {} for a dense model). The
     depths: each multi-token prediction depth's (logits, targets, weights) (txjax.model.mtp; () without them).
+    adapters: a LoRA run's, beside its base `params` (txjax.model.adapters).
     """
     family, batch = family_of(model), ring_attention.layout(batch)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     kwargs = dict(deterministic=dropout_rng is None, rngs=rngs, mutable=[moe.MOE_STATS, mtp.MTP])
-    logits_BxLxV, sown = family.logits(model, params, batch, **kwargs)
+    logits_BxLxV, sown = family.logits(model, params, batch, adapters, **kwargs)
     targets, weights = (batch[k] for k in family.labels)
     depths = tuple(
         (logits_k, *mtp.depth_labels(targets, weights, batch["segment_ids"], k))

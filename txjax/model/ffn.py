@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import flax.linen as nn
 
+from txjax.model import adapters, roles
 from txjax.model import precision as precision_lib
-from txjax.model import roles
 from txjax.model.activations import GATED, hidden_units
 from txjax.model.config import ModelConfig
 
@@ -53,13 +53,15 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD):
         cfg = self.cfg
-        return self.linear("wo", x_BxLxD.shape[-1], ("mlp", "embed"), cfg.out_init_std)(self.hidden(x_BxLxD))
+        return self.linear("wo", x_BxLxD.shape[-1], ("mlp", "embed"), cfg.out_init_std, self.hidden(x_BxLxD))
 
     def hidden(self, x_BxLxD):
         """act(x W1 + b1), or a gated act(x W1) * x W3 (SwiGLU, GeGLU): [B, L, F]."""
-        w_in = lambda name: self.linear(name, self.hidden_width, ("embed", "mlp"), self.cfg.hidden_init_std)(x_BxLxD)
+        w_in = lambda name: self.linear(name, self.hidden_width, ("embed", "mlp"), self.cfg.hidden_init_std, x_BxLxD)
         gated = self.cfg.activation in GATED
         return hidden_units(self.cfg.activation, w_in("wi"), w_in("wi_gate") if gated else None)
 
-    def linear(self, name, features, axes, std):
-        return dense(features, axes, self.cfg.use_bias, self.cfg.compute_dtype, std, name=name)
+    def linear(self, name, features, axes, std, x):
+        """x W + b (+ a LoRA train step's dropped-out low-rank term, txjax.model.adapters)."""
+        y = dense(features, axes, self.cfg.use_bias, self.cfg.compute_dtype, std, name=name)(x)
+        return adapters.low_rank(self, (name, "kernel"), x, y, inputs=1)

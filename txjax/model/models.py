@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import mtp, positional, precision, roles
+from txjax.model import adapters, mtp, positional, precision, roles
 from txjax.model.activations import soft_cap
 from txjax.model.blockwise import Segments
 from txjax.model.config import PLAIN_LAYER, LayerAttention, ModelConfig
@@ -154,6 +154,7 @@ class Stack(nn.Module):
         units = [LayerAttention(*zip(*layers[i * n : (i + 1) * n])) if grouped else layers[i] for i in range(length)]
         static = (3,) if len(set(units)) == 1 or not cfg.scan_layers else ()  # the layer argument: Python values
         remat = dict(prevent_cse=not cfg.scan_layers, static_argnums=static, policy=remat_policy(cfg.remat))
+        unit = adapters.merging(self, unit)  # a LoRA run's: each unit merges its own weights (txjax.model.adapters)
         block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
         kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
         kwargs |= dict(deterministic=deterministic, decode=decode) | (
@@ -167,7 +168,7 @@ class Stack(nn.Module):
             layer = LayerAttention(*(jnp.asarray(f, jnp.int32) if v else f[0] for f, v in zip(zip(*units), varies)))
             scanned = nn.scan(
                 block,
-                variable_axes={"params": 0, "cache": 0, "intermediates": 0, MOE_STATS: 0},
+                variable_axes={"params": 0, adapters.COLLECTION: 0, "cache": 0, "intermediates": 0, MOE_STATS: 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast, LayerAttention(*(0 if v else nn.broadcast for v in varies))),
                 length=length,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txjax.model import precision
+from txjax.model import adapters, precision
 from txjax.model.config import ModelConfig
 from txjax.model.ffn import dense
 from txjax.model.layers import Block
@@ -54,7 +54,9 @@ class Depth(nn.Module):
         cfg = self.cfg
         both = jnp.concatenate([make_norm(cfg, "embed_norm")(e_BxLxD), make_norm(cfg, "hidden_norm")(h_BxLxD)], -1)
         x_BxLxD = dense(cfg.d_model, ("mlp", "embed"), False, cfg.compute_dtype, cfg.hidden_init_std, "proj")(both)
-        block = Block(cfg, causal=True, deterministic=self.deterministic, moe=cfg.num_experts > 0, name="block")
+        block = adapters.merging(self, Block)(
+            cfg, causal=True, deterministic=self.deterministic, moe=cfg.num_experts > 0, name="block"
+        )
         h_BxLxD = block(x_BxLxD, ctx)[0]
         return h_BxLxD, make_norm(cfg, "head_norm")(h_BxLxD)
 

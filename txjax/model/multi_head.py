@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txjax.model import blockwise, norms, positional, precision, roles, score
+from txjax.model import adapters, blockwise, norms, positional, precision, roles, score
 from txjax.model.attention import attend, segment_backend
 from txjax.model.config import PLAIN_LAYER
 from txjax.model.kv_cache import append_kv_cache, cross_kv_cache, window_kv_cache
@@ -149,6 +149,7 @@ class MultiHeadAttention(nn.Module):
         init = roles.init(nn.initializers.normal(self.init_std), spec, roles.QKV)
         w = self.param(name, init, (x_BxLxD.shape[-1], heads, self.head_dim))
         y = precision.einsum("bld,dhk->blhk", x_BxLxD.astype(self.dtype), w.astype(self.dtype))
+        y = adapters.low_rank(self, (name,), x_BxLxD, y, inputs=1)  # a LoRA train step's with train.lora_dropout
         if not (self.use_bias or self.qkv_bias):
             return y
         zeros = roles.init(nn.initializers.zeros, spec[1:], roles.BIAS)
@@ -196,6 +197,7 @@ class MultiHeadAttention(nn.Module):
         spec, shape = ("heads", "kv", "embed"), (self.num_heads, out_BxLxHxK.shape[-1], d_model)
         w_out = self.param("out", roles.init(nn.initializers.normal(self.out_init_std), spec, roles.OUT), shape)
         y_BxLxD = precision.einsum("blhk,hkd->bld", out_BxLxHxK.astype(self.dtype), w_out.astype(self.dtype))
+        y_BxLxD = adapters.low_rank(self, ("out",), out_BxLxHxK, y_BxLxD, inputs=2)
         if not self.use_bias:
             return y_BxLxD
         zeros = roles.init(nn.initializers.zeros, ("embed",), roles.BIAS)

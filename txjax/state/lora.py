@@ -5,14 +5,16 @@ front (a scanned layer axis, the experts') as batch axes, gets A [..., I, r] ~ N
 init_lora_weights="gaussian") and B [..., r, O] = 0, I and O the products of its input and output axes; the model
 runs on the merged weights
 
-    W' = W + s A B (reshaped as W),  s = alpha / r  (rsLoRA, train.lora_scaling="rslora": alpha / sqrt(r))
+    W' = W + A (s B) (reshaped as W),  s = alpha / r  (rsLoRA, train.lora_scaling="rslora": alpha / sqrt(r))
 
 so B = 0 at step 0 gives the base's forward pass exactly. The state's parameters are then `Adapted(base, lora)`:
 the train step (txjax.training.step) differentiates the objective with respect to `lora` alone, `base` being an
 argument it does not differentiate, and the optimizer's state is built over `lora` alone (its roles: `roles`), so no
-gradient tree nor moment of the base is kept; the full-size gradient of each merged W' is an intermediate of one
-layer's backward pass. Everything that reads a checkpoint's parameters (evaluation, generation, export) reads
-`model_params`: the merged weights, so that generating from a LoRA run is generating from its merged export.
+gradient tree nor moment of the base is kept. The train step applies the model to the base and the adapters
+(`base_and_adapters`), and each block merges its own weights as it runs (txjax.model.adapters): the full-size W' and
+its gradient are one block's at a time. Everything that reads a checkpoint's parameters (evaluation, generation,
+export) reads `model_params`: the whole tree merged by the same function, so that generating from a LoRA run is
+generating from its merged export.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from flax import traverse_util
 
 from txjax.errors import ConfigError
 from txjax.fields import Range, ReadBy, at_least, setting
+from txjax.model import adapters
 from txjax.model.roles import Role
 
 # the weight matrices LoRA may adapt, by their parameter names (attention's in self- and cross-attention; the FFN's
@@ -46,6 +49,8 @@ class LoraConfig:
     lora_alpha: float = setting(16.0, bounds=Range(lambda v: v > 0, "> 0"), resume=False, read_by=(_ON,))
     lora_scaling: str = setting("lora", choices=("lora", "rslora"), resume=False, read_by=(_ON,))
     lora_targets: tuple[str, ...] = setting(TARGETS[:-1], resume=False, read_by=(_ON,))
+    # peft's lora_dropout: y = x W + s drop(x) A B in training (txjax.model.adapters), attention's and dense FFNs'
+    lora_dropout: float = setting(0.0, bounds=Range(lambda v: 0 <= v < 1, "in [0, 1)"), read_by=(_ON,))
 
     @classmethod
     def of(cls, t) -> LoraConfig:
@@ -97,7 +102,20 @@ def targeted(roles, lora: LoraConfig) -> dict[tuple, Role]:
             f"config.train.lora_targets={list(lora.lora_targets)!r} names no weight matrix of this model; its "
             f"matrices: {', '.join(have)}"
         )
+    if lora.lora_dropout and (odd := sorted("/".join(path) for path in found if not _drops_out(path))):
+        raise ConfigError(
+            f"config.train.lora_dropout={lora.lora_dropout} drops out the inputs of attention's and dense FFNs' "
+            f"adapters, not of {odd[0]} ({len(odd)} weights in all): set train.lora_dropout=0 or "
+            "train.lora_targets to those weights"
+        )
     return found
+
+
+def _drops_out(path: tuple) -> bool:
+    """Whether the weight at `path` is one whose projection adds a dropped-out low-rank term (txjax.model.adapters):
+    attention's (txjax.model.multi_head) or a dense FFN's nn.Dense kernel (txjax.model.ffn)."""
+    attention = path[-2] in ("self_attention", "cross_attention") and path[-1] in ("query", "key", "value", "out")
+    return attention or (path[-1] == "kernel" and path[-2] in ("wi", "wi_gate", "wo"))
 
 
 def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
@@ -139,20 +157,18 @@ def matrix_sizes(shape: tuple, role: Role) -> tuple[int, int]:
     )
 
 
-def delta(a, b, shape: tuple, scale: float):
-    """s A B laid out as the weight of `shape` it adapts."""
-    return (scale * jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)).reshape(shape)
+def base_and_adapters(params):
+    """(the parameters the model is applied to, the adapters it merges block by block: {"a": A, "b": s B} at each
+    adapted weight, txjax.model.adapters); any other run's (params, None)."""
+    if not isinstance(params, Adapted):
+        return params, None
+    scaled = {"a": lambda a: a, "b": lambda b: params.scale * b}
+    return params.base, traverse_util.path_aware_map(lambda path, x: scaled[path[-1]](x), params.lora)
 
 
 def model_params(params):
-    """The parameters the model runs on: a LoRA run's merged weights W + s A B, any other run's as they are."""
-    if not isinstance(params, Adapted):
-        return params
-    flat = traverse_util.flatten_dict(params.base)
-    for path, ab in traverse_util.flatten_dict(params.lora, is_leaf=lambda _, x: set(x) == {"a", "b"}).items():
-        w = flat[path]
-        flat[path] = w + delta(ab["a"], ab["b"], w.shape, params.scale).astype(w.dtype)
-    return traverse_util.unflatten_dict(flat)
+    """The parameters the model runs on: a LoRA run's merged weights W + A (s B), any other run's as they are."""
+    return adapters.merged(*base_and_adapters(params))
 
 
 def trained(params):

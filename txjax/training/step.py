@@ -7,7 +7,9 @@ train_step(state, batch, dropout_key) -> (state, metrics):
     + mtp_weight * mean_k L_k                          multi-token prediction's depths (txjax.model.mtp)
     b <- b + gamma sign(mean n - n)                    an MoE sigmoid router's bias (train.moe_bias_rate)
 With LoRA on (train.lora_rank > 0, txjax.state.lora) theta is the adapters alone: the base parameters are an
-argument the gradient is not taken with respect to, and the optimizer's state holds the adapters' moments alone.
+argument the gradient is not taken with respect to, and the optimizer's state holds the adapters' moments alone;
+each block merges its weights as it runs, or with train.lora_dropout each projection adds s drop(x) A B to x W
+(txjax.model.adapters).
 Step s draws dropout masks from fold_in(dropout key, s). Everything that may differ between runs (parameters,
 optimizer hyperparameters, batch, dropout key) is an argument, so the same function is jitted for one run and
 vmapped for stacked runs (txjax.training.stack).
@@ -24,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from txjax.families.objective import forward, moe_sums, mtp_metrics, mtp_sums, token_sums
+from txjax.model import adapters as model_adapters
 from txjax.model import moe
 from txjax.parallel.distributed import first_device_mesh
 from txjax.parallel.sharding import batch_sharding, on_mesh
@@ -54,11 +57,15 @@ def train_step_function(model, tx: optax.GradientTransformation, t: TrainConfig)
 
     Everything that may differ between runs (parameters, optimizer hyperparameters, batch, dropout key) is an argument.
     """
-    dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0
+    lora_dropout = t.lora.lora_dropout if t.lora.lora_rank else 0.0
+    dropout = model.cfg.dropout > 0 or model.cfg.attention_dropout > 0 or lora_dropout > 0
 
     def objective_sum(trained, frozen, like, batch, rng):
-        params = lora.model_params(lora.joined(trained, frozen, like))
-        logits_BxLxV, targets_BxL, weights_BxL, stats, depths = forward(model, params, batch, rng if dropout else None)
+        params, adapters = lora.base_and_adapters(lora.joined(trained, frozen, like))  # merged layer by layer
+        with model_adapters.dropout(lora_dropout):  # or, with train.lora_dropout, added beside each x W
+            logits_BxLxV, targets_BxL, weights_BxL, stats, depths = forward(
+                model, params, batch, rng if dropout else None, adapters
+            )
         sums = token_sums(logits_BxLxV, targets_BxL, weights_BxL, t.label_smoothing, t.z_loss)
         sums |= moe_sums(stats, sums["weight"], t.moe_aux_weight, t.moe_z_weight) | mtp_sums(depths, t.mtp_weight)
         return sums["objective"] + sums.get("moe_objective", 0.0) + sums.get("mtp_objective", 0.0), sums
