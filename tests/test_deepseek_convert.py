@@ -1,4 +1,4 @@
-"""DeepSeek-V3 interop against transformers' DeepseekV3ForCausalLM (multi-head latent attention; every layer dense):
+"""DeepSeek-V3 interop against transformers' DeepseekV3ForCausalLM (multi-head latent attention, dense or MoE):
 logits within 1e-4 in float32, greedy generation by the latent cache (the absorbed form) equal to transformers',
 the export round trip (skipped without the `interop` extra)."""
 
@@ -22,13 +22,14 @@ SHAPE |= dict(first_k_dense_replace=LAYERS, kv_lora_rank=12, qk_nope_head_dim=6,
 SHAPE |= dict(max_position_embeddings=32, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, mscale=1.0)
 CASES = {  # dense, queries projected directly, rotate_half's RoPE; a query latent, YaRN with DeepSeek's mscale_all_dim
-    # and MoE in the second layer: 8 experts in 4 groups, top-2 of the best 2 groups by sigmoid + bias, renormalised
-    # and scaled, one shared expert
+    # and 3 layers, the first dense and MoE from the second on (first_k_dense_replace=1): 8 experts in 4 groups, top-2
+    # of the best 2 groups by sigmoid + bias, renormalised and scaled, one shared expert
     "dense, q_proj, rotate_half": dict(q_lora_rank=None, rope_interleave=False, tie_word_embeddings=True),
     "q latent, yarn, moe": dict(
         q_lora_rank=8, rope_interleave=True, tie_word_embeddings=False, rope_parameters=YARN | dict(mscale_all_dim=0.8),
-        first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2, n_shared_experts=1,
-        moe_intermediate_size=16, routed_scaling_factor=2.5, norm_topk_prob=True,
+        num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,
+        norm_topk_prob=True,
     ),
 }  # fmt: skip
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, (2, 32))
@@ -48,10 +49,10 @@ def converted(request, tmp_path_factory):
 
 def test_logits_match_transformers(converted):
     model, cfg, params = converted
-    moe = model.config.first_k_dense_replace < LAYERS
+    moe = model.config.first_k_dense_replace < model.config.num_hidden_layers
     assert cfg.attention == "mla" and cfg.kv_lora_rank == 12
-    assert (cfg.num_experts, cfg.moe_every, cfg.moe_groups, cfg.moe_routed_scale) == (
-        (8, 2, 4, 2.5) if moe else (0, 1, 1, 1)
+    assert (cfg.num_experts, cfg.moe_dense_first, cfg.moe_groups, cfg.moe_routed_scale) == (
+        (8, 1, 4, 2.5) if moe else (0, 0, 1, 1)
     )
     assert_logits_match(model, cfg, params, TOKENS)
 

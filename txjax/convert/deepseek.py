@@ -18,10 +18,9 @@ The MoE layers (those from first_k_dense_replace on) are txjax.model.moe's with 
 [X, D] and its e_score_correction_bias -> ffn.router.kernel [D, X] and ffn.router_bias, mlp.experts.e.{gate,up,
 down}_proj -> ffn.experts [X, ...], mlp.shared_experts (n_shared_experts x moe_intermediate_size wide) ->
 ffn.shared_experts; n_group / topk_group -> model.moe_groups / moe_topk_groups, routed_scaling_factor ->
-model.moe_routed_scale, norm_topk_prob -> model.moe_norm_topk. txjax places MoE layers every moe_every-th, so
-first_k_dense_replace is read when it is 0, num_hidden_layers - 1 (moe_every = the layers) or >= num_hidden_layers
-(dense); another value, and any field txjax cannot hold, is refused in one line. MTP layers (num_nextn_predict_layers)
-are not read.
+model.moe_routed_scale, norm_topk_prob -> model.moe_norm_topk, first_k_dense_replace -> model.moe_dense_first (the
+model dense when it is >= num_hidden_layers); any field txjax cannot hold is refused in one line. MTP layers
+(num_nextn_predict_layers) are not read.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from txjax.convert import exportable, hf_folder, llama, moe
+from txjax.model import moe_config
 from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("deepseek_v3",)
@@ -91,23 +91,19 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
 
 
 def _experts(hf: Mapping) -> dict:
-    """ModelConfig's MoE fields of DeepSeek-V3's layers past first_k_dense_replace ({}: every layer dense): only the
-    placements model.moe_every has, all MoE (0) or the last layer alone (num_hidden_layers - 1)."""
+    """ModelConfig's MoE fields of DeepSeek-V3's layers from first_k_dense_replace on ({}: every layer dense)."""
     layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 0)
+    if not isinstance(dense, int) or dense < 0:
+        raise ValueError(f"config.json: first_k_dense_replace={dense!r} must be an integer >= 0")
     if dense >= layers:
         return {}
-    if dense not in (0, layers - 1):
-        raise ValueError(
-            f"config.json: first_k_dense_replace={dense} is not supported (txjax's MoE layers are every moe_every-th: "
-            f"0 or num_hidden_layers - 1 = {layers - 1} dense layers first, or all of them)"
-        )
     hf_folder.integers(hf, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group")
     return dict(
         num_experts=hf["n_routed_experts"],
         experts_per_token=hf["num_experts_per_tok"],
         num_shared_experts=hf.get("n_shared_experts") or 0,
         moe_d_ff=hf["moe_intermediate_size"],
-        moe_every=1 if dense == 0 else layers,
+        moe_dense_first=dense,
         router="sigmoid",
         moe_norm_topk=bool(hf.get("norm_topk_prob", True)),
         moe_groups=hf["n_group"],
@@ -117,8 +113,8 @@ def _experts(hf: Mapping) -> dict:
 
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """ModelConfig -> a config.json that DeepseekV3ForCausalLM loads, every layer dense; what it cannot hold is
-    refused when read back (exportable.check_fields)."""
+    """ModelConfig -> a config.json that DeepseekV3ForCausalLM loads; what it cannot hold (MoE layers other than all
+    from the first on) is refused when read back (exportable.check_fields)."""
     rope = llama._rope_to_hf(cfg)
     if cfg.rope_mscale_all_dim:  # without mscale, transformers' attention factor is the one written or txjax's
         rope["mscale_all_dim"] = cfg.rope_mscale_all_dim
@@ -129,12 +125,7 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.num_layers,
-        # dense first: all layers (no experts), none (moe_every 1) or all but the last (moe_every = the layers)
-        "first_k_dense_replace": cfg.num_layers
-        if not cfg.num_experts
-        else 0
-        if cfg.moe_every == 1
-        else cfg.num_layers - 1,
+        "first_k_dense_replace": next((i for i in range(cfg.num_layers) if moe_config.is_moe(cfg, i)), cfg.num_layers),
         "n_routed_experts": cfg.num_experts or 1,
         "num_experts_per_tok": cfg.experts_per_token,
         "n_shared_experts": cfg.num_shared_experts,
@@ -218,11 +209,6 @@ def latent_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     }
 
 
-def _is_moe(cfg: ModelConfig, i: int) -> bool:
-    """Whether layer i's FFN is a mixture of experts (txjax.model.layers: every moe_every-th layer)."""
-    return cfg.num_experts > 0 and (i + 1) % cfg.moe_every == 0
-
-
 def _moe_from_hf(get: Callable, cfg: ModelConfig) -> dict:
     """An MoE layer's FFN: mlp.gate.weight [X, D] and e_score_correction_bias [X] -> ffn.router.kernel [D, X] and
     ffn.router_bias; mlp.experts.e.{gate,up,down}_proj -> ffn.experts [X, ...]; mlp.shared_experts -> shared_experts."""
@@ -251,21 +237,24 @@ def _moe_to_hf(ffn: Mapping, cfg: ModelConfig) -> dict:
 
 
 def _where(cfg: ModelConfig, i: int) -> tuple[str, ...]:
-    """Layer i's place in the looped decoder: layers_i, or layers_{i // n}.block_{i % n} in Groups of moe_every."""
-    n = cfg.moe_every if cfg.num_experts else 1
-    return (f"layers_{i}",) if n == 1 else (f"layers_{i // n}", f"block_{i % n}")
+    """Layer i's place in the looped decoder: dense_layers_i among the first moe_dense_first, else from j = i minus
+    them layers_j, or layers_{j // n}.block_{j % n} in Groups of moe_every (txjax.model.models.Stack)."""
+    n, j = cfg.moe_every if cfg.num_experts else 1, i - cfg.moe_dense_first
+    return (f"dense_layers_{i}",) if j < 0 else (f"layers_{j}",) if n == 1 else (f"layers_{j // n}", f"block_{j % n}")
 
 
 def _layer_from_hf(get: Callable, cfg: ModelConfig, i: int, interleave: bool) -> dict:
     """HF layer i (`get(name, shape)` of `model.layers.i.<name>`): MLA, norms, and a dense or MoE FFN."""
     dense = lambda: llama.ffn_from_hf(lambda n, s: get(f"mlp.{n}", s), cfg.d_model, cfg.d_ff)
-    return latent_from_hf(get, cfg, interleave) | {"ffn": _moe_from_hf(get, cfg) if _is_moe(cfg, i) else dense()}
+    return latent_from_hf(get, cfg, interleave) | {
+        "ffn": _moe_from_hf(get, cfg) if moe_config.is_moe(cfg, i) else dense()
+    }
 
 
 def _layer_to_hf(p: Mapping, cfg: ModelConfig, i: int) -> dict:
     """Inverse of _layer_from_hf."""
     dense = lambda: {f"mlp.{k}": v for k, v in llama.ffn_to_hf(p["ffn"]).items()}
-    return latent_to_hf(p, cfg) | (_moe_to_hf(p["ffn"], cfg) if _is_moe(cfg, i) else dense())
+    return latent_to_hf(p, cfg) | (_moe_to_hf(p["ffn"], cfg) if moe_config.is_moe(cfg, i) else dense())
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, interleave: bool = True) -> dict:
