@@ -239,6 +239,8 @@ class DecoderLM(nn.Module):
             depths = mtp.Modules(cfg, deterministic, name="mtp")(x_BxLxD, embedder.token_embedding(tokens_BxL), ctx)
             for normed_BxLxD in depths:  # txjax.model.mtp: only a forward pass that asks for their logits runs them
                 self.sow(mtp.MTP, "logits", embedder.logits(normed_BxLxD))
+        if decode and self.is_mutable_collection(mtp.MTP):  # the draft of speculative decoding reads h (its h^0)
+            self.sow(mtp.MTP, "hidden", x_BxLxD)
         if scored is not None:
             x_BxLxD = jnp.take_along_axis(x_BxLxD, scored[..., None], axis=1)
         return embedder.logits(x_BxLxD)

@@ -1,0 +1,71 @@
+"""Self-speculative greedy decoding (txjax.decode.speculative): the MTP modules draft, one cached call verifies; the
+tokens equal plain greedy decoding's on a random model (drafts mostly refused: the emptied slots) and on one whose
+MTP modules were set to agree with it (drafts mostly accepted), and what it cannot do is refused in one line."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txjax.decode import generate
+from txjax.families import init_params
+from txjax.model.config import ModelConfig
+from txjax.model.models import DecoderLM
+
+VOCAB, NEW = 48, 12
+CFG = ModelConfig(
+    vocab_size=VOCAB, d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=64, positional="rope", norm="rmsnorm",
+    mtp_depth=2,
+)  # fmt: skip
+RNG = np.random.default_rng(0)
+PROMPTS = [RNG.integers(0, VOCAB, RNG.integers(1, 9)).tolist() for _ in range(16)]
+
+
+def random_params():
+    """Random weights times 5: sharp logits (no near ties between the two programs' roundings)."""
+    return jax.tree.map(lambda a: a * 5 if a.ndim >= 2 else a, init_params(DecoderLM(CFG), jax.random.key(0)))
+
+
+def agreeing_params(noise: float):
+    """Modules that compute what the model computes one token on: embeddings of RMS 1, the model's one layer with
+    its attention's output `noise` (0: each next token a function of the last one alone), each module's block that
+    layer without attention, its projection [I; 0] (the token's embedding e, which its norm leaves as it is)."""
+    params = random_params()
+    embedding = params["embed"]["tokens"]["embedding"]
+    params["embed"]["tokens"]["embedding"] = embedding / jnp.sqrt(jnp.mean(embedding**2, -1, keepdims=True))
+    layer = jax.tree.map(lambda a: a[0], params["decoder"]["layers"])
+    out = layer["self_attention"]["out"]
+    layer["self_attention"]["out"] = jnp.zeros_like(out)
+    for depth in params["mtp"].values():
+        depth["block"] = layer
+        depth["proj"]["kernel"] = jnp.concatenate([jnp.eye(CFG.d_model), jnp.zeros((CFG.d_model,) * 2)])
+    noisy = noise * jax.random.normal(jax.random.key(1), out.shape)[None] / 5
+    params["decoder"]["layers"]["self_attention"]["out"] = noisy
+    return params
+
+
+@pytest.mark.parametrize("name, params, eos", [("random", random_params, None), ("agreeing", agreeing_params, 3)])
+def test_tokens_equal_greedy(name, params, eos):
+    """16 prompts of 1-8 tokens, 12 new tokens each (the agreeing model with an EOS: rows stop apart): ids, stops and
+    log-probabilities equal plain greedy decoding's; the agreeing model's drafts are mostly accepted."""
+    model, params = DecoderLM(CFG), params() if name == "random" else params(0.5)
+    want = generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
+    got = generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos, speculative=True)
+    assert got.ids == want.ids and got.stopped == want.stopped
+    np.testing.assert_allclose(got.scores, want.scores, atol=1e-4, rtol=0)
+    tokens = sum(map(len, want.ids))
+    if name == "agreeing":
+        assert got.accepted > tokens / 3 and got.steps < NEW  # up to 3 tokens a round
+    assert 0 <= got.accepted < tokens
+
+
+def test_what_it_cannot_do_is_refused():
+    with pytest.raises(ValueError, match="model.mtp_depth > 0"):
+        generate(DecoderLM(dataclasses.replace(CFG, mtp_depth=0)), {}, [[1]], max_new_tokens=2, speculative=True)
+    with pytest.raises(ValueError, match="method=greedy"):
+        generate(DecoderLM(CFG), {}, [[1]], max_new_tokens=2, method="sample", speculative=True)
+    with pytest.raises(ValueError, match="ring buffer"):
+        local = DecoderLM(dataclasses.replace(CFG, attention_window=4))
+        generate(local, {}, [[1]], max_new_tokens=2, speculative=True)
