@@ -1,6 +1,7 @@
 """Self-speculative greedy decoding (txjax.decode.speculative): the MTP modules draft, one cached call verifies; the
-tokens equal plain greedy decoding's on a random model (drafts mostly refused: the emptied slots) and on one whose
-MTP modules were set to agree with it (drafts mostly accepted), and what it cannot do is refused in one line."""
+tokens equal plain greedy decoding's on a random model (drafts mostly refused: the emptied slots), a random one of
+DeepSeek-V3's shape (MLA, MoE) and one whose MTP modules were set to agree with it (drafts mostly accepted), and what
+it cannot do is refused in one line."""
 
 import dataclasses
 
@@ -23,9 +24,14 @@ RNG = np.random.default_rng(0)
 PROMPTS = [RNG.integers(0, VOCAB, RNG.integers(1, 9)).tolist() for _ in range(16)]
 
 
-def random_params():
+# DeepSeek-V3's shape: MLA's latent cache, a dense layer then an MoE one, the module's block MoE
+LATENT = dict(attention="mla", kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, mtp_depth=1)
+LATENT |= dict(num_layers=2, num_experts=4, moe_dense_first=1, router="sigmoid", activation="swiglu")
+
+
+def random_params(cfg=CFG):
     """Random weights times 5: sharp logits (no near ties between the two programs' roundings)."""
-    return jax.tree.map(lambda a: a * 5 if a.ndim >= 2 else a, init_params(DecoderLM(CFG), jax.random.key(0)))
+    return jax.tree.map(lambda a: a * 5 if a.ndim >= 2 else a, init_params(DecoderLM(cfg), jax.random.key(0)))
 
 
 def agreeing_params(noise: float):
@@ -46,11 +52,13 @@ def agreeing_params(noise: float):
     return params
 
 
-@pytest.mark.parametrize("name, params, eos", [("random", random_params, None), ("agreeing", agreeing_params, 3)])
-def test_tokens_equal_greedy(name, params, eos):
+@pytest.mark.parametrize("name, eos", [("random", None), ("agreeing", 3), ("latent", None)])
+def test_tokens_equal_greedy(name, eos):
     """16 prompts of 1-8 tokens, 12 new tokens each (the agreeing model with an EOS: rows stop apart): ids, stops and
     log-probabilities equal plain greedy decoding's; the agreeing model's drafts are mostly accepted."""
-    model, params = DecoderLM(CFG), params() if name == "random" else params(0.5)
+    cfg = dataclasses.replace(CFG, **LATENT) if name == "latent" else CFG
+    model = DecoderLM(cfg)
+    params = agreeing_params(0.5) if name == "agreeing" else random_params(cfg)
     want = generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
     got = generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos, speculative=True)
     assert got.ids == want.ids and got.stopped == want.stopped

@@ -10,9 +10,11 @@ A round, for a row with n tokens t_0 .. t_{n-1} known, t_{n-1} not yet fed:
     the fed slots after the accepted ones are emptied          position -1: no query attends to them (kv_cache)
     d'_k: module k at position n+a-1 (the last fed hidden state h), its input e_{n+a-1+k} = t_{n+a}, d'_1, ...
 The cache index advances D + 1 slots a round whatever is kept (the refused drafts' slots stay as holes), so the
-cache holds P + (D + 1) x max_new_tokens slots. The modules run uncached over the rows' buffers of hidden states and
-tokens (every position so far, once per depth): their cost grows with the length, the model's does not. A local
-layer's ring buffer and a Gated DeltaNet layer's state cannot forget a refused draft: such models are refused.
+cache holds P + (D + 1) x max_new_tokens slots. Each module has a KV cache of its own, the same way: module k's
+entry at position j is final once t_{j+k} is known; the entries whose input is still a draft are computed for the
+draft's query and emptied after it, so module k is fed D + k positions a round (its cache P + 2D x max_new_tokens
+slots). A local layer's ring buffer and a Gated DeltaNet layer's state cannot forget a refused draft: such models are
+refused.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from txjax.decode import kernels
 from txjax.decode.cache import filled, for_decoding, init_cache
 from txjax.decode.strategy import Strategy, is_eos
 from txjax.families import DECODER_LM, family_of
-from txjax.model import kv_cache, mtp
+from txjax.model import kv_cache, mtp, precision
 from txjax.model.blockwise import Segments
 from txjax.model.models import Embedder
 
@@ -49,13 +51,14 @@ def check_model(model, strategy: Strategy) -> None:
 
 @flax.struct.dataclass
 class Rounds:
-    """The loop's carry: C rows, T = P + max_new_tokens + D + 1 positions (a row's tokens at their positions)."""
+    """The loop's carry: C rows, T positions (a row's tokens at their positions: prompt, generated, room for drafts)."""
 
     n_C: jax.Array  # tokens known (prompt and generated)
     tokens_CxT: jax.Array
-    hidden_CxTxD: jax.Array  # the decoder's output h at every fed position (0 .. n - 2 are the known ones)
+    hidden: list  # D arrays [C, T, D]: h^0 (the decoder's output), h^1 .. h^{D-1} (the modules'), final up to n - 2
     drafts_CxD: jax.Array
-    cache: Any
+    cache: Any  # the model's
+    caches: list  # each module's
     stopped_C: jax.Array  # EOS chosen, or max_new_tokens reached
     logp_C: jax.Array  # the generated tokens' log-probabilities, summed
     rounds: jax.Array  # cached calls after the prefill
@@ -91,95 +94,126 @@ def _write(buffer_CxT, values_CxK, start_C):
     )
 
 
-def draft(cfg, params, tokens_CxT, hidden_CxTxD, n_C):
-    """The MTP modules' greedy drafts [C, D] of t_n .. t_{n+D-1}: module k at position n - 2 reads e_{n-2+k}, so each
-    depth's input token is the draft before it, written into the tokens before the modules run again."""
-    embed, modules = Embedder(cfg), mtp.Modules(cfg)
-    c, t = tokens_CxT.shape
-    pos_CxT = jnp.broadcast_to(jnp.arange(t), (c, t))
-    ctx = {"mask": Segments(jnp.ones((c, t), jnp.int32), jnp.ones((c, t), jnp.int32)), "pos": pos_CxT}
-    last_C, drafts = n_C - 2, []
-    for k in range(cfg.mtp_depth):
-        e_CxTxD = embed.apply({"params": params["embed"]}, tokens_CxT, method=Embedder.token_embedding)
-        normed_CxTxD = modules.apply({"params": params["mtp"]}, hidden_CxTxD, e_CxTxD, ctx)[k]
-        at_Cx1xD = jnp.take_along_axis(normed_CxTxD, last_C[:, None, None], axis=1)
-        token_C = jnp.argmax(embed.apply({"params": params["embed"]}, at_Cx1xD, method=Embedder.logits)[:, 0], -1)
-        drafts.append(token_C.astype(jnp.int32))
-        tokens_CxT = _write(tokens_CxT, token_C[:, None].astype(jnp.int32), last_C + k + 2)
-    return jnp.stack(drafts, axis=1)
+def _depth(cfg, params, cache, k: int, h_CxWxD, tokens_CxW, positions_CxW, segments_CxW):
+    """Module k's cached call over W positions (its inputs h^{k-1} and the tokens k places on) -> (h^k [C, W, D],
+    Norm_k(h^k) [C, W, D], cache). Decoding's layout, as the model's calls."""
+    variables = {"params": params["embed"]}
+    with kernels.installed(), precision.matmul_precision(cfg.matmul_precision, cfg.compute_dtype):
+        e_CxWxD = Embedder(cfg).apply(variables, tokens_CxW, method=Embedder.token_embedding)
+        ctx = {"mask": Segments(segments_CxW, segments_CxW), "pos": positions_CxW}
+        variables = {"params": params["mtp"][f"depth_{k}"]} | ({} if cache is None else {"cache": cache})
+        (h_CxWxD, normed_CxWxD), mutated = mtp.Depth(cfg, decode=True).apply(
+            variables, h_CxWxD, e_CxWxD, ctx, mutable=["cache"]
+        )
+    return h_CxWxD, normed_CxWxD, mutated["cache"]
+
+
+def _depth_caches(cfg, params, rows: int, slots: int) -> list:
+    """Each module's empty cache of `slots` slots (what its first cached call of that many positions creates)."""
+    c_x_s = jnp.zeros((rows, slots), jnp.int32)
+    h_CxSxD = jnp.zeros((rows, slots, cfg.d_model), jnp.float32)
+    shapes = [jax.eval_shape(lambda k=k: _depth(cfg, params, None, k, h_CxSxD, c_x_s, c_x_s, c_x_s + 1)[2])
+              for k in range(1, cfg.mtp_depth + 1)]  # fmt: skip
+    empty = lambda path, leaf: jnp.full(leaf.shape, kv_cache.empty_value(path[-1].key), leaf.dtype)
+    return [jax.tree_util.tree_map_with_path(empty, shape) for shape in shapes]
+
+
+def _draft(cfg, params, s: Rounds, start, width, active_C) -> Rounds:
+    """The modules' greedy drafts of t_n .. t_{n+D-1} (s.n_C = n), each module fed the positions from `start(k)`
+    [C], `width(k)` of them, that its cache lacks: module k's entry at j is final once t_{j+k} is known (j <= n-1-k),
+    read and emptied after the call for j up to n - 2 (its input a draft), never fed past n - 2 (the last h known).
+    Module k's query at n - 2 reads e_{n-2+k}: the draft before it, written into the tokens first."""
+    rows_C, t = jnp.arange(s.n_C.shape[0]), s.tokens_CxT.shape[1]
+    last_C, caches, hidden, tokens_CxT, drafts = s.n_C - 2, list(s.caches), list(s.hidden), s.tokens_CxT, []
+    for k in range(1, cfg.mtp_depth + 1):
+        j_CxW = start(k)[:, None] + jnp.arange(width(k))
+        fed_CxW = (j_CxW >= 0) & (j_CxW <= last_C[:, None]) & active_C[:, None]
+        at_CxW = jnp.clip(j_CxW, 0, t - 1)
+        h_in_CxWxD = jnp.take_along_axis(hidden[k - 1], at_CxW[..., None], axis=1)
+        ahead_CxW = jnp.take_along_axis(tokens_CxT, jnp.clip(j_CxW + k, 0, t - 1), axis=1)
+        first = filled(caches[k - 1])
+        h_CxWxD, normed_CxWxD, cache = _depth(
+            cfg, params, caches[k - 1], k, h_in_CxWxD, ahead_CxW, at_CxW, fed_CxW.astype(jnp.int32)
+        )
+        caches[k - 1] = _forget(cache, first, fed_CxW & (j_CxW <= (s.n_C - 1 - k)[:, None]))
+        if k < cfg.mtp_depth:  # the next module's input; a position not fed is dropped (index t: out of range)
+            hidden[k] = hidden[k].at[rows_C[:, None], jnp.where(fed_CxW, j_CxW, t)].set(h_CxWxD, mode="drop")
+        query_C = jnp.clip(last_C - start(k), 0, width(k) - 1)
+        normed_Cx1xD = jnp.take_along_axis(normed_CxWxD, query_C[:, None, None], axis=1)
+        with kernels.installed():
+            logits_Cx1xV = Embedder(cfg).apply({"params": params["embed"]}, normed_Cx1xD, method=Embedder.logits)
+        drafts.append(jnp.argmax(logits_Cx1xV[:, 0], -1).astype(jnp.int32))
+        tokens_CxT = tokens_CxT.at[rows_C, s.n_C - 1 + k].set(drafts[-1], mode="drop")
+    return s.replace(drafts_CxD=jnp.stack(drafts, axis=1), caches=caches, hidden=hidden)
 
 
 def speculative_ids(model, params, strategy: Strategy, prompt_CxP, lengths_C):
     """Left-padded prompts [C, P] with their lengths [C] -> (tokens [C, max_new_tokens], log-probabilities [C],
-    rounds, drafts accepted), greedy, in one compiled call; `params` as trained (the modules run on them, the
-    model on for_decoding's)."""
+    rounds, drafts accepted), greedy, in one compiled call."""
     check_model(model, strategy)
-    if kernels.is_decoding(params):
-        raise ValueError("speculative decoding's MTP modules read the parameters as trained, not for_decoding's")
-    decoding, decoding_params = for_decoding(model, params, prompt_CxP.shape[0])
-    return _generate(decoding, decoding_params, params, strategy, prompt_CxP, lengths_C)
+    # each call feeds D + 1 tokens a row: the kernels of several rows' layout (one row's products a token at a time)
+    rows = prompt_CxP.shape[0] * (model.cfg.mtp_depth + 1)
+    return _generate(*for_decoding(model, params, rows), strategy, prompt_CxP, lengths_C)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _generate(model, decoding_params, params, strategy: Strategy, prompt_CxP, lengths_C):
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _generate(model, params, strategy: Strategy, prompt_CxP, lengths_C):
     cfg, (c, p), d, new = model.cfg, prompt_CxP.shape, model.cfg.mtp_depth, strategy.max_new_tokens
-    t = p + new + d + 1
+    t = p + new + 2 * d + 1  # a window's last token: n - 1 + D + k <= P + max_new_tokens + 2D
     first_C = p - lengths_C
     positions_CxP = jnp.maximum(jnp.arange(p)[None, :] - first_C[:, None], 0)
     segments_CxP = (jnp.arange(p)[None, :] >= first_C[:, None]).astype(jnp.int32)
     cache = init_cache(model, c, p + (d + 1) * new)
-    logits_CxPxV, hidden_CxPxD, cache = _cached(model, decoding_params, cache, prompt_CxP, positions_CxP, segments_CxP)
+    logits_CxPxV, hidden_CxPxD, cache = _cached(model, params, cache, prompt_CxP, positions_CxP, segments_CxP)
     # the prompts at their positions (row c's token i at prompt column first_c + i), then the first choice
     at_CxT = jnp.clip(first_C[:, None] + jnp.arange(t)[None, :], 0, p - 1)
     tokens_CxT = jnp.take_along_axis(prompt_CxP, at_CxT, axis=1)
     hidden_CxTxD = jnp.take_along_axis(hidden_CxPxD, at_CxT[..., None], axis=1)
     logp_CxV = jax.nn.log_softmax(logits_CxPxV[:, -1])
     first_token_C = jnp.argmax(logp_CxV, -1).astype(jnp.int32)
-    tokens_CxT = _write(tokens_CxT, first_token_C[:, None], lengths_C)
-    n_C = lengths_C + 1
     state = Rounds(
-        n_C=n_C,
-        tokens_CxT=tokens_CxT,
-        hidden_CxTxD=hidden_CxTxD,
-        drafts_CxD=draft(cfg, params, tokens_CxT, hidden_CxTxD, n_C),
+        n_C=lengths_C + 1,
+        tokens_CxT=_write(tokens_CxT, first_token_C[:, None], lengths_C),
+        hidden=[hidden_CxTxD] + [jnp.zeros_like(hidden_CxTxD)] * (d - 1),
+        drafts_CxD=jnp.zeros((c, d), jnp.int32),
         cache=cache,
+        caches=_depth_caches(cfg, params, c, p + 2 * d * new),
         stopped_C=is_eos(strategy, first_token_C) | (new == 1),
         logp_C=jnp.take_along_axis(logp_CxV, first_token_C[:, None], axis=1)[:, 0],
         rounds=jnp.zeros((), jnp.int32),
         accepted=jnp.zeros((), jnp.int32),
     )
+    # the modules' caches filled over the prompt's positions, then D + k positions a round (from module k's first
+    # entry not yet final, n - k of the n before the round)
+    state = _draft(cfg, params, state, lambda k: jnp.zeros((c,), jnp.int32), lambda k: p, jnp.ones((c,), bool))
 
-    def body(s: Rounds) -> Rounds:
-        last_C = jnp.take_along_axis(s.tokens_CxT, s.n_C[:, None] - 1, axis=1)
+    def step(s: Rounds) -> Rounds:
+        n_C, active_C = s.n_C, ~s.stopped_C
+        last_C = jnp.take_along_axis(s.tokens_CxT, n_C[:, None] - 1, axis=1)
         fed_CxK = jnp.concatenate([last_C, s.drafts_CxD], axis=1)
-        positions_CxK = s.n_C[:, None] - 1 + jnp.arange(d + 1)
+        positions_CxK = n_C[:, None] - 1 + jnp.arange(d + 1)
         first = filled(s.cache)
-        logits_CxKxV, hidden_CxKxD, cache = _cached(model, decoding_params, s.cache, fed_CxK, positions_CxK)
+        logits_CxKxV, hidden_CxKxD, cache = _cached(model, params, s.cache, fed_CxK, positions_CxK)
         greedy_CxK = jnp.argmax(logits_CxKxV, -1).astype(jnp.int32)
-        agree_CxD = jnp.cumprod(s.drafts_CxD == greedy_CxK[:, :d], axis=1)
-        a_C = jnp.where(s.stopped_C, 0, agree_CxD.sum(1))
+        a_C = jnp.where(active_C, jnp.cumprod(s.drafts_CxD == greedy_CxK[:, :d], axis=1).sum(1), 0)
         # g_0 .. g_a are new, up to the first EOS and max_new_tokens; a stopped row keeps nothing
-        room_C = lengths_C + new - s.n_C
+        room_C = lengths_C + new - n_C
         k_K = jnp.arange(d + 1)
         eos_CxK = is_eos(strategy, greedy_CxK) & (k_K <= a_C[:, None])
         first_eos_C = jnp.where(eos_CxK.any(1), jnp.argmax(eos_CxK, 1), d + 1)
-        kept_C = jnp.where(s.stopped_C, 0, jnp.minimum(jnp.minimum(a_C + 1, room_C), first_eos_C + 1))
+        kept_C = jnp.where(active_C, jnp.minimum(jnp.minimum(a_C + 1, room_C), first_eos_C + 1), 0)
         logp_CxK = jnp.take_along_axis(jax.nn.log_softmax(logits_CxKxV), greedy_CxK[..., None], axis=-1)[..., 0]
-        return Rounds(
-            n_C=s.n_C + kept_C,
-            tokens_CxT=_write(s.tokens_CxT, greedy_CxK, s.n_C),
-            hidden_CxTxD=_write(s.hidden_CxTxD, hidden_CxKxD, s.n_C - 1),
-            drafts_CxD=s.drafts_CxD,  # replaced below, from the new tokens and hidden states
-            cache=_forget(cache, first, (k_K[None, :] <= a_C[:, None]) & ~s.stopped_C[:, None]),
+        s = s.replace(
+            n_C=n_C + kept_C,
+            tokens_CxT=_write(s.tokens_CxT, greedy_CxK, n_C),
+            hidden=[_write(s.hidden[0], hidden_CxKxD, n_C - 1), *s.hidden[1:]],
+            cache=_forget(cache, first, (k_K[None, :] <= a_C[:, None]) & active_C[:, None]),
             stopped_C=s.stopped_C | (kept_C == room_C) | (first_eos_C < kept_C),
             logp_C=s.logp_C + jnp.where(k_K[None, :] < kept_C[:, None], logp_CxK, 0.0).sum(1),
             rounds=s.rounds + 1,
             accepted=s.accepted + jnp.maximum(kept_C - 1, 0).sum(),
         )
-
-    def step(s: Rounds) -> Rounds:
-        s = body(s)
-        return s.replace(drafts_CxD=draft(cfg, params, s.tokens_CxT, s.hidden_CxTxD, s.n_C))
+        return _draft(cfg, params, s, lambda k: n_C - k, lambda k: d + k, active_C)
 
     state = jax.lax.while_loop(lambda s: ~s.stopped_C.all(), step, state)
     out_CxN = jnp.take_along_axis(state.tokens_CxT, lengths_C[:, None] + jnp.arange(new), axis=1)
