@@ -133,7 +133,14 @@ def _draft(cfg, params, s: Rounds, start, width, active_C) -> Rounds:
         ahead_CxW = jnp.take_along_axis(tokens_CxT, jnp.clip(j_CxW + k, 0, t - 1), axis=1)
         first = filled(caches[k - 1])
         h_CxWxD, normed_CxWxD, cache = _depth(
-            cfg, params, caches[k - 1], k, h_in_CxWxD, ahead_CxW, at_CxW, fed_CxW.astype(jnp.int32)
+            cfg,
+            params,
+            caches[k - 1],
+            k,
+            h_in_CxWxD,
+            ahead_CxW,
+            jnp.minimum(at_CxW, cfg.max_len - 1),
+            fed_CxW.astype(jnp.int32),
         )
         caches[k - 1] = _forget(cache, first, fed_CxW & (j_CxW <= (s.n_C - 1 - k)[:, None]))
         if k < cfg.mtp_depth:  # the next module's input; a position not fed is dropped (index t: out of range)
@@ -191,9 +198,14 @@ def _generate(model, params, strategy: Strategy, prompt_CxP, lengths_C):
         n_C, active_C = s.n_C, ~s.stopped_C
         last_C = jnp.take_along_axis(s.tokens_CxT, n_C[:, None] - 1, axis=1)
         fed_CxK = jnp.concatenate([last_C, s.drafts_CxD], axis=1)
+        # a draft past the context (the last rounds of a generation up to max_len) is never kept: segment 0, no query
+        # sees it, at the last position (a learned position table has no row past it)
         positions_CxK = n_C[:, None] - 1 + jnp.arange(d + 1)
+        inside_CxK = (positions_CxK < cfg.max_len).astype(jnp.int32)
         first = filled(s.cache)
-        logits_CxKxV, hidden_CxKxD, cache = _cached(model, params, s.cache, fed_CxK, positions_CxK)
+        logits_CxKxV, hidden_CxKxD, cache = _cached(
+            model, params, s.cache, fed_CxK, jnp.minimum(positions_CxK, cfg.max_len - 1), inside_CxK
+        )
         greedy_CxK = jnp.argmax(logits_CxKxV, -1).astype(jnp.int32)
         a_C = jnp.where(active_C, jnp.cumprod(s.drafts_CxD == greedy_CxK[:, :d], axis=1).sum(1), 0)
         # g_0 .. g_a are new, up to the first EOS and max_new_tokens; a stopped row keeps nothing
