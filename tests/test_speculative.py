@@ -15,7 +15,7 @@ from txjax.families import init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
 
-VOCAB, NEW = 48, 12
+VOCAB, NEW = 48, 20  # past 16 rounds: the caches grow once
 CFG = ModelConfig(
     vocab_size=VOCAB, d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=64, positional="rope", norm="rmsnorm",
     mtp_depth=2,
@@ -54,7 +54,7 @@ def agreeing_params(noise: float):
 
 @pytest.mark.parametrize("name, eos", [("random", None), ("agreeing", 3), ("latent", None)])
 def test_tokens_equal_greedy(name, eos):
-    """16 prompts of 1-8 tokens, 12 new tokens each (the agreeing model with an EOS: rows stop apart): ids, stops and
+    """16 prompts of 1-8 tokens, 20 new tokens each (the agreeing model with an EOS: rows stop apart): ids, stops and
     log-probabilities equal plain greedy decoding's; the agreeing model's drafts are mostly accepted."""
     # the random model's learned positions end where the longest prompt's generation does (drafts fed past them)
     learned = dict(positional="learned", max_len=8 + NEW - 1)
@@ -67,7 +67,7 @@ def test_tokens_equal_greedy(name, eos):
     np.testing.assert_allclose(got.scores, want.scores, atol=1e-4, rtol=0)
     tokens = sum(map(len, want.ids))
     if name == "agreeing":
-        assert got.accepted > tokens / 3 and got.steps < NEW  # up to 3 tokens a round
+        assert got.accepted > tokens / 3 and got.steps < NEW / 2  # up to 3 tokens a round
     assert 0 <= got.accepted < tokens
 
 

@@ -10,11 +10,11 @@ A round, for a row with n tokens t_0 .. t_{n-1} known, t_{n-1} not yet fed:
     the fed slots after the accepted ones are emptied          position -1: no query attends to them (kv_cache)
     d'_k: module k at position n+a-1 (the last fed hidden state h), its input e_{n+a-1+k} = t_{n+a}, d'_1, ...
 The cache index advances D + 1 slots a round whatever is kept (the refused drafts' slots stay as holes), so the
-cache holds P + (D + 1) x max_new_tokens slots. Each module has a KV cache of its own, the same way: module k's
-entry at position j is final once t_{j+k} is known; the entries whose input is still a draft are computed for the
-draft's query and emptied after it, so module k is fed D + k positions a round (its cache P + 2D x max_new_tokens
-slots). A local layer's ring buffer and a Gated DeltaNet layer's state cannot forget a refused draft: such models are
-refused.
+cache holds P + (D + 1) x rounds slots, grown through 16, 32, ... rounds. Each module has a KV cache of its own, the
+same way: module k's entry at position j is final once t_{j+k} is known; the entries whose input is still a draft are
+computed for the draft's query and emptied after it, so module k is fed D + k positions a round (its cache
+P + 2D x rounds slots). A local layer's ring buffer and a Gated DeltaNet layer's state cannot forget a refused draft:
+such models are refused.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from txjax.decode import kernels
-from txjax.decode.cache import filled, for_decoding, init_cache
+from txjax.decode.cache import bucket_lengths, filled, for_decoding, grow, init_cache
 from txjax.decode.strategy import Strategy, is_eos
 from txjax.families import DECODER_LM, family_of
 from txjax.model import kv_cache, mtp, precision
@@ -170,7 +170,10 @@ def _generate(model, params, strategy: Strategy, prompt_CxP, lengths_C):
     first_C = p - lengths_C
     positions_CxP = jnp.maximum(jnp.arange(p)[None, :] - first_C[:, None], 0)
     segments_CxP = (jnp.arange(p)[None, :] >= first_C[:, None]).astype(jnp.int32)
-    cache = init_cache(model, c, p + (d + 1) * new)
+    # the caches grow as the rounds do (16, 32, ... rounds, as search.py's by slots), so that a call attends over
+    # about the slots filled: the model's D + 1 slots a round, each module's at most 2D
+    phases = bucket_lengths(1, new - 1, 16)
+    cache = init_cache(model, c, p + (d + 1) * phases[0])
     logits_CxPxV, hidden_CxPxD, cache = _cached(model, params, cache, prompt_CxP, positions_CxP, segments_CxP)
     # the prompts at their positions (row c's token i at prompt column first_c + i), then the first choice
     at_CxT = jnp.clip(first_C[:, None] + jnp.arange(t)[None, :], 0, p - 1)
@@ -184,7 +187,7 @@ def _generate(model, params, strategy: Strategy, prompt_CxP, lengths_C):
         hidden=[hidden_CxTxD] + [jnp.zeros_like(hidden_CxTxD)] * (d - 1),
         drafts_CxD=jnp.zeros((c, d), jnp.int32),
         cache=cache,
-        caches=_depth_caches(cfg, params, c, p + 2 * d * new),
+        caches=_depth_caches(cfg, params, c, p + 2 * d * phases[0]),
         stopped_C=is_eos(strategy, first_token_C) | (new == 1),
         logp_C=jnp.take_along_axis(logp_CxV, first_token_C[:, None], axis=1)[:, 0],
         rounds=jnp.zeros((), jnp.int32),
@@ -227,6 +230,10 @@ def _generate(model, params, strategy: Strategy, prompt_CxP, lengths_C):
         )
         return _draft(cfg, params, s, lambda k: n_C - k, lambda k: d + k, active_C)
 
-    state = jax.lax.while_loop(lambda s: ~s.stopped_C.all(), step, state)
+    for rounds in phases:
+        state = state.replace(
+            cache=grow(state.cache, p + (d + 1) * rounds), caches=[grow(x, p + 2 * d * rounds) for x in state.caches]
+        )
+        state = jax.lax.while_loop(lambda s, r=rounds: ~s.stopped_C.all() & (s.rounds < r), step, state)
     out_CxN = jnp.take_along_axis(state.tokens_CxT, lengths_C[:, None] + jnp.arange(new), axis=1)
     return out_CxN, state.logp_C, state.rounds, state.accepted
