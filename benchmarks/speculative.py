@@ -33,8 +33,13 @@ CFG = ModelConfig(
 )  # fmt: skip
 
 
-def weights(kind: str, noise: float):
-    params = jax.tree.map(lambda a: a * 3 if a.ndim >= 2 else a, init_params(DecoderLM(CFG), jax.random.key(0)))
+def weights(cfg: ModelConfig, kind: str, noise: float, scale: float = 3.0):
+    """Random weights times `scale` (sharp logits: no near ties between two programs' roundings), and for `agreeing`
+    modules that compute what the model computes one token on: embeddings of RMS 1 (which the modules' input norm
+    leaves as they are), each module's projection [I; 0] (the token's embedding alone) and block the model's first
+    layer without attention; the model's layers after it identities but for their attention's output, and every
+    layer's attention output random x `noise` (0: each next token a function of the last one alone)."""
+    params = jax.tree.map(lambda a: a * scale if a.ndim >= 2 else a, init_params(DecoderLM(cfg), jax.random.key(0)))
     if kind == "random":
         return params
     embedding = params["embed"]["tokens"]["embedding"]
@@ -44,9 +49,9 @@ def weights(kind: str, noise: float):
     first["self_attention"]["out"] = jnp.zeros_like(first["self_attention"]["out"])
     for depth in params["mtp"].values():
         depth["block"] = first
-        depth["proj"]["kernel"] = jnp.concatenate([jnp.eye(CFG.d_model), jnp.zeros((CFG.d_model,) * 2)])
+        depth["proj"]["kernel"] = jnp.concatenate([jnp.eye(cfg.d_model), jnp.zeros((cfg.d_model,) * 2)])
     out = layers["self_attention"]["out"]
-    layers["self_attention"]["out"] = noise * jax.random.normal(jax.random.key(1), out.shape) / 3
+    layers["self_attention"]["out"] = noise * jax.random.normal(jax.random.key(1), out.shape) / scale
     layers["ffn"]["wo"]["kernel"] = layers["ffn"]["wo"]["kernel"].at[1:].set(0.0)
     return params
 
@@ -61,7 +66,7 @@ def main():
     common.warn_if_loaded()
     model, prompt, rows = DecoderLM(CFG), [[5, 17, 42, 9, 200, 3, 77, 120]], []
     for kind in ("agreeing", "random"):
-        params = weights(kind, args.noise)
+        params = weights(CFG, kind, args.noise)
         ways = {
             "greedy": lambda p=params: generate(model, p, prompt, max_new_tokens=args.new_tokens),
             "speculative": lambda p=params: generate(

@@ -4,16 +4,18 @@ DeepSeek-V3's shape (MLA, MoE) and one whose MTP modules were set to agree with 
 it cannot do is refused in one line."""
 
 import dataclasses
+import sys
+from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from txjax.decode import generate
-from txjax.families import init_params
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from speculative import weights  # noqa: E402  (the benchmark's weights: random, or modules set to agree)
 
 VOCAB, NEW = 48, 20  # past 16 rounds: the caches grow once
 CFG = ModelConfig(
@@ -29,29 +31,6 @@ LATENT = dict(attention="mla", kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_
 LATENT |= dict(num_layers=2, num_experts=4, moe_dense_first=1, router="sigmoid", activation="swiglu")
 
 
-def random_params(cfg=CFG):
-    """Random weights times 5: sharp logits (no near ties between the two programs' roundings)."""
-    return jax.tree.map(lambda a: a * 5 if a.ndim >= 2 else a, init_params(DecoderLM(cfg), jax.random.key(0)))
-
-
-def agreeing_params(noise: float):
-    """Modules that compute what the model computes one token on: embeddings of RMS 1, the model's one layer with
-    its attention's output `noise` (0: each next token a function of the last one alone), each module's block that
-    layer without attention, its projection [I; 0] (the token's embedding e, which its norm leaves as it is)."""
-    params = random_params()
-    embedding = params["embed"]["tokens"]["embedding"]
-    params["embed"]["tokens"]["embedding"] = embedding / jnp.sqrt(jnp.mean(embedding**2, -1, keepdims=True))
-    layer = jax.tree.map(lambda a: a[0], params["decoder"]["layers"])
-    out = layer["self_attention"]["out"]
-    layer["self_attention"]["out"] = jnp.zeros_like(out)
-    for depth in params["mtp"].values():
-        depth["block"] = layer
-        depth["proj"]["kernel"] = jnp.concatenate([jnp.eye(CFG.d_model), jnp.zeros((CFG.d_model,) * 2)])
-    noisy = noise * jax.random.normal(jax.random.key(1), out.shape)[None] / 5
-    params["decoder"]["layers"]["self_attention"]["out"] = noisy
-    return params
-
-
 @pytest.mark.parametrize("name, eos", [("random", None), ("agreeing", 3), ("latent", None)])
 def test_tokens_equal_greedy(name, eos):
     """16 prompts of 1-8 tokens, 20 new tokens each (the agreeing model with an EOS: rows stop apart): ids, stops and
@@ -60,7 +39,7 @@ def test_tokens_equal_greedy(name, eos):
     learned = dict(positional="learned", max_len=8 + NEW - 1)
     cfg = dataclasses.replace(CFG, **(LATENT if name == "latent" else learned if name == "random" else {}))
     model = DecoderLM(cfg)
-    params = agreeing_params(0.5) if name == "agreeing" else random_params(cfg)
+    params = weights(cfg, "agreeing" if name == "agreeing" else "random", noise=0.5, scale=5.0)
     want = generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
     got = generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos, speculative=True)
     assert got.ids == want.ids and got.stopped == want.stopped
