@@ -115,8 +115,8 @@ FAMILIES = {
         "DeepSeek-V3 with MoE layers (`deepseek_v3`)",
         "import, export",
         "as dense, `router=sigmoid` with its bias (e_score_correction_bias), `moe_groups` / `moe_topk_groups` "
-        "(n_group, topk_group), `moe_routed_scale`, `moe_norm_topk`, shared experts; first_k_dense_replace 0 or "
-        "the layers - 1 (`moe_every`)",
+        "(n_group, topk_group), `moe_routed_scale`, `moe_norm_topk`, shared experts; dense layers first "
+        "(`moe_dense_first` = first_k_dense_replace)",
     ),
     "llama4_text": (
         "Llama 4 text (`llama4_text`)",

@@ -1,6 +1,7 @@
 """txjax as an lm-evaluation-harness model against the harness's own `hf` model (transformers) on a small random
 Llama and the shipped local tasks (experiments/lm_eval): every request's log-likelihood and is-greedy flag, the
-generated texts, the accuracies (and the log-likelihoods of Llama 3, windowed Mistral and Qwen3 models);
+generated texts, the accuracies (and the log-likelihoods of Llama 3, windowed Mistral, Qwen3, SmolLM3, GPT-OSS,
+DeepSeek-V3 and Llama 4 models);
 perplexity windows against `run.py eval --text`'s; the CLI's one-line errors. Skipped without the lmeval and
 interop extras."""
 
@@ -131,10 +132,13 @@ def test_rolling_uses_the_windows_of_eval_text(models):
     assert metrics["tokens"] == len(ids) - 1
 
 
-@pytest.mark.parametrize("kind", ["llama3", "mistral_window", "qwen3", "smollm3", "gpt_oss"])
+@pytest.mark.parametrize(
+    "kind", ["llama3", "mistral_window", "qwen3", "smollm3", "gpt_oss", "deepseek_v3_moe", "llama4_text"]
+)
 def test_newer_families_score_requests_as_the_hf_model(kind, tmp_path):
     """Llama 3 (rope scaling llama3), Mistral (a window of 8 tokens, shorter than the requests), Qwen3 (q/k
-    norms), SmolLM3 (a NoPE layer) and GPT-OSS (sinks, a 4-token window, biased experts), each a random model
+    norms), SmolLM3 (a NoPE layer), GPT-OSS (sinks, a 4-token window, biased experts), DeepSeek-V3 (MLA, YaRN, a dense
+    then an MoE layer) and Llama 4 (NoPE and chunked RoPE layers, dense and MoE layers alternating), each a random model
     imported with `run.py import`: the capitals task's multiple-choice requests get the harness's `hf` model's
     log-likelihoods within 1e-4 nats and its is-greedy flags."""
     save_tiny_decoder(tmp_path / "hf", TEXT, vocab_size=400, max_positions=96, kind=kind)

@@ -258,6 +258,12 @@ def test_bad_moe_settings_are_one_line_errors():
         ModelConfig(vocab_size=11, num_experts=2, experts_per_token=3)
     with pytest.raises(ValueError, match="multiple of model.moe_every=3"):
         ModelConfig(vocab_size=11, num_experts=2, moe_every=3)
+    with pytest.raises(
+        ValueError, match="num_layers=4 - model.moe_dense_first=1 must be a multiple of model.moe_every=2"
+    ):
+        ModelConfig(vocab_size=11, num_experts=2, moe_every=2, moe_dense_first=1)
+    with pytest.raises(ValueError, match="moe_dense_first=4 leaves model.num_layers=4 no MoE layer"):
+        ModelConfig(vocab_size=11, num_experts=2, moe_dense_first=4)
     with pytest.raises(ValueError, match="set model.num_shared_experts > 0"):
         ModelConfig(vocab_size=11, num_experts=2, shared_expert_gate=True)
     with pytest.raises(config_lib.ConfigError, match="moe_bias_rate=0.001 is not read by model.router"):
@@ -282,13 +288,19 @@ def test_active_parameters_count_k_of_x_experts():
     assert moe_sum.total_params == dense_sum.total_params - ffn_weights + 4 * (2 * 32 * 32) + 32 * 4
 
 
-def test_alternating_layers_scanned_equal_looped():
-    cfg = lm_cfg(moe_every=2, num_layers=4)
+@pytest.mark.parametrize("dense_first", [0, 1])
+def test_alternating_layers_scanned_equal_looped(dense_first):
+    """Dense and MoE layers alternating, after a dense layer of their own with model.moe_dense_first=1."""
+    cfg = lm_cfg(moe_every=2, num_layers=4 + dense_first, moe_dense_first=dense_first)
     model, tokens = DecoderLM(cfg), jnp.asarray(np.random.default_rng(7).integers(0, 13, (2, 9)), jnp.int32)
     params = random_params(model, tokens)
     assert set(params["decoder"]["layers"]) == {"block_0", "block_1"} and "experts" in str(
         params["decoder"]["layers"]["block_1"]
     )
+    assert "experts" not in str(params["decoder"]["layers"]["block_0"])
+    assert "experts" not in str(params["decoder"].get("dense_layers", {})) and (
+        "dense_layers" in params["decoder"]
+    ) == bool(dense_first)
     looped = DecoderLM(dataclasses.replace(cfg, scan_layers=False))
     both = jax.jit(lambda p: (model.apply({"params": p}, tokens), looped.apply({"params": unstack_layers(p)}, tokens)))
     np.testing.assert_allclose(*both(params), atol=1e-5)

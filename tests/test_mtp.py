@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from test_train import tiny_config
 
+import run
 from txjax import config as config_lib
 from txjax import decode
 from txjax.convert import llama
@@ -145,7 +146,8 @@ def test_depth_0_and_decoding_are_the_model_without_the_modules():
     assert ids == decode.generate(plain, without, prompts, max_new_tokens=8).ids
 
 
-def test_training_logs_each_depths_loss(tmp_path):
+def test_training_logs_each_depths_loss(tmp_path, capsys):
+    """... and `run.py generate --speculative` prints the text greedy decoding prints."""
     config = tiny_config(
         "--config.model.mtp_depth=2", "--config.train.steps=4", "--config.train.eval_every=2",
         "--config.train.eval_batches=1",
@@ -159,6 +161,12 @@ def test_training_logs_each_depths_loss(tmp_path):
         )
     assert "mtp_loss_3" not in records[0]
     assert result["valid_mtp_loss_1"] > 0
+    texts = []
+    for flags in ([], ["--speculative"]):
+        capsys.readouterr()
+        assert run.main(["generate", f"--workdir={tmp_path}", "--prompt=1234", "--max_new_tokens=6", *flags]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].startswith("1234")
 
 
 @pytest.mark.parametrize(

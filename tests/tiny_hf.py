@@ -220,10 +220,11 @@ def byte_level_tokenizer(text: str, vocab_size: int, chat_template: str | None =
 
 
 def save_tiny_decoder(folder, text: str, vocab_size: int, max_positions: int, kind="llama", chat_template=None):
-    """A random 2-layer model of DECODERS[kind] (d_model 32, 4 heads / 2 KV heads) saved by transformers into `folder`
-    with byte_level_tokenizer(text) (and `chat_template`); returns the model."""
+    """A random 2-layer model of DECODERS[kind] (d_model 32, 4 heads; 2 KV heads but in MLA) saved by transformers
+    into `folder` with byte_level_tokenizer(text) (and `chat_template`); returns the model."""
     fast = byte_level_tokenizer(text, vocab_size, chat_template)
-    sizes = dict(hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8)
+    sizes = dict(hidden_size=32, intermediate_size=64)
+    sizes |= dict(num_key_value_heads=2, head_dim=8) if kind not in DEEPSEEKS else {}  # MLA: its heads' own sizes
     config = decoder_config(kind, vocab_size=fast.vocab_size, max_position_embeddings=max_positions, **sizes)
     config.bos_token_id, config.eos_token_id = 0, 1
     model = randomized(transformers.AutoModelForCausalLM.from_config(config))

@@ -19,8 +19,9 @@ OPTIONS = ("max_new_tokens", *(name for method in METHODS for name in METHOD_OPT
 
 def main(argv: list[str]) -> None:
     """run.py generate --workdir=DIR --prompt=TEXT [--method=greedy|sample|beam] [--temperature --top_k --top_p
-    --num_samples (sample)] [--beam_size --length_penalty (beam)] [--max_new_tokens --seed] [--chat]: prints each
-    output (--chat: the prompt is a user message in the model's chat template, the output its reply).
+    --num_samples (sample)] [--beam_size --length_penalty (beam)] [--max_new_tokens --seed] [--chat] [--speculative]:
+    prints each output (--chat: the prompt is a user message in the model's chat template, the output its reply;
+    --speculative: greedy drafted by the model's MTP modules, the same text, printed at its end).
 
     Defaults: the workdir config's `decode` section. Without --method, a sampling option (--temperature, ...) means
     --method=sample and a beam option means --method=beam; an option of another method than --method is an error.
@@ -41,12 +42,23 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--average", type=int, default=1, help="the mean of the last N checkpoints' parameters")
     parser.add_argument("--chat", action="store_true", help="the prompt is a user message in the chat template")
+    parser.add_argument(
+        "--speculative",
+        action="store_true",
+        help="greedy, drafted by the model's MTP modules (model.mtp_depth > 0; txjax.decode.speculative): the same "
+        "text, within the context, printed at its end",
+    )
     args = vars(parser.parse_args(argv))
     if not 0 <= args["seed"] <= SEED_MAX:
         raise ConfigError(f"--seed={args['seed']} must be in [0, {SEED_MAX}] (a 64-bit seed)")
     with user_errors():
         run = load_workdir(args.pop("workdir"), average=args.pop("average"))
-        prompt, seed, chat = args.pop("prompt"), args.pop("seed"), args.pop("chat")
+        prompt, seed, chat, speculative = (
+            args.pop("prompt"),
+            args.pop("seed"),
+            args.pop("chat"),
+            args.pop("speculative"),
+        )
         strategy = strategy_from_config(run.config.decode, run.tokenizer.eos_id, **args)
         limit = family_of(run.model).output_limit(run.model.cfg)
         if strategy["max_new_tokens"] > limit:  # as eval decodes
@@ -62,8 +74,9 @@ def main(argv: list[str]) -> None:
                 "every token is kept, as with top_k=0",
                 file=sys.stderr,
             )
-        if not streams(run, strategy):
-            print("\n---------------\n".join(generate_from_workdir(run, prompt, seed=seed, chat=chat, **args)))
+        if speculative or not streams(run, strategy):
+            texts = generate_from_workdir(run, prompt, seed=seed, chat=chat, speculative=speculative, **args)
+            print("\n---------------\n".join(texts))
             return
         if strategy["max_new_tokens"] >= run.model.cfg.max_len:
             print(past_context(run.model.cfg.max_len, strategy["max_new_tokens"]), file=sys.stderr, flush=True)

@@ -18,10 +18,15 @@ The MoE layers (those from first_k_dense_replace on) are txjax.model.moe's with 
 [X, D] and its e_score_correction_bias -> ffn.router.kernel [D, X] and ffn.router_bias, mlp.experts.e.{gate,up,
 down}_proj -> ffn.experts [X, ...], mlp.shared_experts (n_shared_experts x moe_intermediate_size wide) ->
 ffn.shared_experts; n_group / topk_group -> model.moe_groups / moe_topk_groups, routed_scaling_factor ->
-model.moe_routed_scale, norm_topk_prob -> model.moe_norm_topk. txjax places MoE layers every moe_every-th, so
-first_k_dense_replace is read when it is 0, num_hidden_layers - 1 (moe_every = the layers) or >= num_hidden_layers
-(dense); another value, and any field txjax cannot hold, is refused in one line. MTP layers (num_nextn_predict_layers)
-are not read.
+model.moe_routed_scale, norm_topk_prob -> model.moe_norm_topk, first_k_dense_replace -> model.moe_dense_first (the
+model dense when it is >= num_hidden_layers); any field txjax cannot hold is refused in one line.
+
+Multi-token prediction: the num_nextn_predict_layers layers after the decoder's, model.layers.{L + k - 1}. (L the
+decoder's layers; transformers' DeepseekV3ForCausalLM skips them), are model.mtp_depth's modules (txjax.model.mtp),
+read when the checkpoint holds them (mtp_depth 0 when it does not) and written back: enorm, hnorm, eh_proj [D, 2D]
+-> mtp.depth_k's embed_norm, hidden_norm, proj [2D, D]; the decoder layer (MoE when the model has experts) -> block;
+shared_head.norm -> head_norm. Their embed_tokens and shared_head.head are the model's own (txjax shares them; an
+import whose copies differ is refused).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from txjax.convert import exportable, hf_folder, llama, moe
+from txjax.model import moe_config
 from txjax.model.config import ModelConfig
 
 MODEL_TYPES = ("deepseek_v3",)
@@ -45,8 +51,9 @@ def _mscale(factor: float, m: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
 
-def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
-    """A DeepSeek-V3 config.json (as a dict) -> ModelConfig; a field txjax cannot hold is a ValueError naming it."""
+def config_from_hf(hf: Mapping, has_head: bool, mtp: bool = False) -> ModelConfig:
+    """A DeepSeek-V3 config.json (as a dict) -> ModelConfig; a field txjax cannot hold is a ValueError naming it.
+    mtp: whether the checkpoint holds the MTP layers (else mtp_depth 0, whatever num_nextn_predict_layers says)."""
     if hf.get("model_type") not in MODEL_TYPES:
         raise ValueError(f"config.json: model_type={hf.get('model_type')!r} is not {', '.join(MODEL_TYPES)}")
     sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -80,6 +87,7 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
         qk_rope_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"],
         rope_mscale_all_dim=float(mscale_all_dim or 0.0) if fields.get("rope_scaling") == "yarn" else 0.0,
+        mtp_depth=hf.get("num_nextn_predict_layers", 0) if mtp else 0,
         tie_embeddings=hf.get("tie_word_embeddings", not has_head),
         norm_eps=float(hf.get("rms_norm_eps", _LATENT_EPS)),
         **fields,
@@ -91,23 +99,19 @@ def config_from_hf(hf: Mapping, has_head: bool) -> ModelConfig:
 
 
 def _experts(hf: Mapping) -> dict:
-    """ModelConfig's MoE fields of DeepSeek-V3's layers past first_k_dense_replace ({}: every layer dense): only the
-    placements model.moe_every has, all MoE (0) or the last layer alone (num_hidden_layers - 1)."""
+    """ModelConfig's MoE fields of DeepSeek-V3's layers from first_k_dense_replace on ({}: every layer dense)."""
     layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 0)
+    if not isinstance(dense, int) or dense < 0:
+        raise ValueError(f"config.json: first_k_dense_replace={dense!r} must be an integer >= 0")
     if dense >= layers:
         return {}
-    if dense not in (0, layers - 1):
-        raise ValueError(
-            f"config.json: first_k_dense_replace={dense} is not supported (txjax's MoE layers are every moe_every-th: "
-            f"0 or num_hidden_layers - 1 = {layers - 1} dense layers first, or all of them)"
-        )
     hf_folder.integers(hf, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group")
     return dict(
         num_experts=hf["n_routed_experts"],
         experts_per_token=hf["num_experts_per_tok"],
         num_shared_experts=hf.get("n_shared_experts") or 0,
         moe_d_ff=hf["moe_intermediate_size"],
-        moe_every=1 if dense == 0 else layers,
+        moe_dense_first=dense,
         router="sigmoid",
         moe_norm_topk=bool(hf.get("norm_topk_prob", True)),
         moe_groups=hf["n_group"],
@@ -117,8 +121,8 @@ def _experts(hf: Mapping) -> dict:
 
 
 def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """ModelConfig -> a config.json that DeepseekV3ForCausalLM loads, every layer dense; what it cannot hold is
-    refused when read back (exportable.check_fields)."""
+    """ModelConfig -> a config.json that DeepseekV3ForCausalLM loads; what it cannot hold (MoE layers other than all
+    from the first on) is refused when read back (exportable.check_fields)."""
     rope = llama._rope_to_hf(cfg)
     if cfg.rope_mscale_all_dim:  # without mscale, transformers' attention factor is the one written or txjax's
         rope["mscale_all_dim"] = cfg.rope_mscale_all_dim
@@ -129,12 +133,8 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.num_layers,
-        # dense first: all layers (no experts), none (moe_every 1) or all but the last (moe_every = the layers)
-        "first_k_dense_replace": cfg.num_layers
-        if not cfg.num_experts
-        else 0
-        if cfg.moe_every == 1
-        else cfg.num_layers - 1,
+        "num_nextn_predict_layers": cfg.mtp_depth,
+        "first_k_dense_replace": next((i for i in range(cfg.num_layers) if moe_config.is_moe(cfg, i)), cfg.num_layers),
         "n_routed_experts": cfg.num_experts or 1,
         "num_experts_per_tok": cfg.experts_per_token,
         "n_shared_experts": cfg.num_shared_experts,
@@ -218,11 +218,6 @@ def latent_to_hf(p: Mapping, cfg: ModelConfig) -> dict:
     }
 
 
-def _is_moe(cfg: ModelConfig, i: int) -> bool:
-    """Whether layer i's FFN is a mixture of experts (txjax.model.layers: every moe_every-th layer)."""
-    return cfg.num_experts > 0 and (i + 1) % cfg.moe_every == 0
-
-
 def _moe_from_hf(get: Callable, cfg: ModelConfig) -> dict:
     """An MoE layer's FFN: mlp.gate.weight [X, D] and e_score_correction_bias [X] -> ffn.router.kernel [D, X] and
     ffn.router_bias; mlp.experts.e.{gate,up,down}_proj -> ffn.experts [X, ...]; mlp.shared_experts -> shared_experts."""
@@ -251,21 +246,66 @@ def _moe_to_hf(ffn: Mapping, cfg: ModelConfig) -> dict:
 
 
 def _where(cfg: ModelConfig, i: int) -> tuple[str, ...]:
-    """Layer i's place in the looped decoder: layers_i, or layers_{i // n}.block_{i % n} in Groups of moe_every."""
-    n = cfg.moe_every if cfg.num_experts else 1
-    return (f"layers_{i}",) if n == 1 else (f"layers_{i // n}", f"block_{i % n}")
+    """Layer i's place in the looped decoder: dense_layers_i among the first moe_dense_first, else from j = i minus
+    them layers_j, or layers_{j // n}.block_{j % n} in Groups of moe_every (txjax.model.models.Stack)."""
+    n, j = cfg.moe_every if cfg.num_experts else 1, i - cfg.moe_dense_first
+    return (f"dense_layers_{i}",) if j < 0 else (f"layers_{j}",) if n == 1 else (f"layers_{j // n}", f"block_{j % n}")
 
 
-def _layer_from_hf(get: Callable, cfg: ModelConfig, i: int, interleave: bool) -> dict:
-    """HF layer i (`get(name, shape)` of `model.layers.i.<name>`): MLA, norms, and a dense or MoE FFN."""
+def _layer_from_hf(get: Callable, cfg: ModelConfig, moe: bool, interleave: bool) -> dict:
+    """An HF layer (`get(name, shape)` of `model.layers.i.<name>`): MLA, norms, and a dense or (moe) MoE FFN."""
     dense = lambda: llama.ffn_from_hf(lambda n, s: get(f"mlp.{n}", s), cfg.d_model, cfg.d_ff)
-    return latent_from_hf(get, cfg, interleave) | {"ffn": _moe_from_hf(get, cfg) if _is_moe(cfg, i) else dense()}
+    return latent_from_hf(get, cfg, interleave) | {"ffn": _moe_from_hf(get, cfg) if moe else dense()}
 
 
-def _layer_to_hf(p: Mapping, cfg: ModelConfig, i: int) -> dict:
+def _layer_to_hf(p: Mapping, cfg: ModelConfig, moe: bool) -> dict:
     """Inverse of _layer_from_hf."""
     dense = lambda: {f"mlp.{k}": v for k, v in llama.ffn_to_hf(p["ffn"]).items()}
-    return latent_to_hf(p, cfg) | (_moe_to_hf(p["ffn"], cfg) if _is_moe(cfg, i) else dense())
+    return latent_to_hf(p, cfg) | (_moe_to_hf(p["ffn"], cfg) if moe else dense())
+
+
+def _mtp_from_hf(get: Callable, cfg: ModelConfig, params: Mapping, interleave: bool) -> dict:
+    """{'mtp': the MTP modules} from the layers after the decoder's (`get(name, shape)` of `model.<name>`); {}
+    without them."""
+    d, v, embed = cfg.d_model, cfg.vocab_size, params["embed"]
+    shared = {"embed_tokens": embed["tokens"]["embedding"]}
+    shared["shared_head.head"] = shared["embed_tokens"] if cfg.tie_embeddings else embed["lm_head"]["kernel"].T
+    depths = {}
+    for k in range(1, cfg.mtp_depth + 1):
+        i = cfg.num_layers + k - 1
+        at = lambda name, shape, i=i: get(f"layers.{i}.{name}", shape)
+        for name, own in shared.items():
+            if not hf_folder.same(at(f"{name}.weight", (v, d)), own):
+                raise ValueError(
+                    f"{hf_folder.WEIGHTS_FILE}: model.layers.{i}.{name}.weight differs from the model's own; txjax's "
+                    "multi-token prediction shares the embedding and the head"
+                )
+        depths[f"depth_{k}"] = {
+            "embed_norm": {"scale": at("enorm.weight", (d,))},
+            "hidden_norm": {"scale": at("hnorm.weight", (d,))},
+            "proj": {"kernel": at("eh_proj.weight", (d, 2 * d)).T},
+            "block": _layer_from_hf(at, cfg, cfg.num_experts > 0, interleave),
+            "head_norm": {"scale": at("shared_head.norm.weight", (d,))},
+        }
+    return {"mtp": depths} if depths else {}
+
+
+def _mtp_to_hf(params: Mapping, cfg: ModelConfig, out: Mapping) -> dict:
+    """Inverse of _mtp_from_hf, with the model's embedding and head (`out`: its tensors) as the layers' copies."""
+    embed = out["model.embed_tokens.weight"]
+    tensors = {}
+    for k in range(1, cfg.mtp_depth + 1):
+        p = params["mtp"][f"depth_{k}"]
+        layer = _layer_to_hf(p["block"], cfg, cfg.num_experts > 0) | {
+            "enorm.weight": p["embed_norm"]["scale"],
+            "hnorm.weight": p["hidden_norm"]["scale"],
+            "eh_proj.weight": p["proj"]["kernel"].T,
+            "shared_head.norm.weight": p["head_norm"]["scale"],
+            "embed_tokens.weight": embed,
+            "shared_head.head.weight": out.get("lm_head.weight", embed),
+        }
+        tensors |= {f"model.layers.{cfg.num_layers + k - 1}.{n}": np.ascontiguousarray(w) for n, w in layer.items()}
+    return tensors
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, interleave: bool = True) -> dict:
@@ -276,29 +316,38 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, interlea
         for i in range(cfg_.num_layers):
             *outer, last = _where(cfg_, i)
             tree = functools.reduce(lambda t, key: t.setdefault(key, {}), outer, out)
-            tree[last] = _layer_from_hf(functools.partial(get, i), cfg_, i, interleave)
+            tree[last] = _layer_from_hf(functools.partial(get, i), cfg_, moe_config.is_moe(cfg_, i), interleave)
         return out
 
-    return llama.params_from_hf(tensors, cfg, layers=layers)
+    more = functools.partial(_mtp_from_hf, interleave=interleave)
+    return llama.params_from_hf(tensors, cfg, layers=layers, more=more)
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """DecoderLM params -> HF tensors as DeepseekV3ForCausalLM.save_pretrained names them (rope_interleave)."""
     at = lambda dec, i: functools.reduce(lambda t, key: t[key], _where(cfg, i), dec)
-    layers = lambda dec, cfg_: [_layer_to_hf(at(dec, i), cfg_, i) for i in range(cfg_.num_layers)]
-    return llama.params_to_hf(params, cfg, layers=layers)
+    layers = lambda dec, cfg_: [
+        _layer_to_hf(at(dec, i), cfg_, moe_config.is_moe(cfg_, i)) for i in range(cfg_.num_layers)
+    ]
+    params = exportable.looped(params, cfg)
+    out = llama.params_to_hf(params, cfg, layers=layers)
+    return out | _mtp_to_hf(params, cfg, out)
 
 
 def load_deepseek(folder) -> tuple[ModelConfig, dict]:
-    """A save_pretrained DeepSeek-V3 folder -> (ModelConfig, DecoderLM params as float32 numpy)."""
-    interleave = hf_folder.read_config(Path(folder)).get("rope_interleave", True)
+    """A save_pretrained DeepSeek-V3 folder -> (ModelConfig, DecoderLM params as float32 numpy), with its MTP
+    modules when its tensors hold the first one's (model.layers.{num_hidden_layers}.eh_proj.weight)."""
+    hf = hf_folder.read_config(Path(folder))
+    mtp = f"model.layers.{hf.get('num_hidden_layers')}.eh_proj.weight" in hf_folder.read_tensors(Path(folder))
     return hf_folder.load_decoder_folder(
-        folder, config_from_hf, functools.partial(params_from_hf, interleave=interleave)
+        folder,
+        functools.partial(config_from_hf, mtp=mtp),
+        functools.partial(params_from_hf, interleave=hf.get("rope_interleave", True)),
     )
 
 
 def write_deepseek(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
     """Writes config.json + model.safetensors into `folder` (DeepseekV3ForCausalLM.from_pretrained loads them)."""
     hf_config = config_to_hf(cfg, bos_id, eos_id)
-    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings)
+    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings, mtp=True)
     hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))

@@ -30,6 +30,7 @@ import numpy as np
 from txjax.convert.hf_folder import check_params
 from txjax.errors import ConfigError
 from txjax.families import DECODER_LM, Family
+from txjax.model import moe_config
 from txjax.model.config import ModelConfig
 from txjax.model.models import unstack_layers
 
@@ -107,8 +108,12 @@ def _function(cfg: ModelConfig) -> dict:
     out |= {"num_kv_heads": cfg.kv_heads, "d_head": cfg.head_dim, "num_encoder_layers": cfg.encoder_layers}
     out |= {"attention_window": _windows(cfg), "window_pattern": _windows(cfg)}
     out["rope_layers"] = tuple(layer.rope for layer in cfg.layer_attention)  # RN on 4 layers is RNRN
-    if cfg.num_experts:
-        out["moe_d_ff"] = cfg.expert_d_ff
+    if cfg.num_experts:  # which layers are MoE, however moe_every and moe_dense_first spell it
+        out |= {
+            "moe_d_ff": cfg.expert_d_ff,
+            "moe_every": tuple(moe_config.is_moe(cfg, i) for i in range(cfg.num_layers)),
+        }
+        out["moe_dense_first"] = out["moe_every"]
     if cfg.router == "softmax_then_topk" and cfg.moe_norm_topk:  # the top k of the softmax, renormalised: Mixtral's
         out |= {"router": "topk_then_softmax", "moe_norm_topk": False}  # softmax over the top-k logits
     if not cfg.rope_local_base and cfg.rope_scaling == "none":  # local layers on the global RoPE, unscaled
@@ -156,6 +161,7 @@ def checked(
 
 
 def _workdir_path(path: tuple, cfg: ModelConfig) -> str:
-    """A looped leaf's path as the workdir's tree names it: layers_i is `layers` when the layers are scanned."""
+    """A looped leaf's path as the workdir's tree names it: layers_i is `layers` (dense_layers_i `dense_layers`) when
+    the layers are scanned."""
     text = "/".join(str(k) for k in path)
-    return re.sub(r"\blayers_\d+\b", "layers", text) if cfg.scan_layers else text
+    return re.sub(r"\b((?:dense_)?layers)_\d+\b", r"\1", text) if cfg.scan_layers else text

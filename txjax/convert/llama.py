@@ -316,12 +316,18 @@ def each_layer_to_hf(layer: Callable) -> Callable:
 
 
 def params_from_hf(
-    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, pairs_layout: bool = False, layers: Callable | None = None
+    tensors: Mapping[str, np.ndarray],
+    cfg: ModelConfig,
+    *,
+    pairs_layout: bool = False,
+    layers: Callable | None = None,
+    more: Callable | None = None,
 ) -> dict:
     """HF Llama-family tensors (`model.` prefix or not) -> DecoderLM params, float32, layers stacked when
     cfg.scan_layers. pairs_layout: the Q/K rows already rotate adjacent pairs (GGUF), so none is permuted.
     layers(get, cfg, to_pairs): the decoder's layer entries (default: Llama blocks; another FFN: txjax.convert.moe;
-    other norms: .gemma). A missing, extra or misshapen tensor is a ValueError naming it."""
+    other norms: .gemma); more(get, cfg, params): entries beside embed and decoder (DeepSeek-V3's MTP modules). A
+    missing, extra or misshapen tensor is a ValueError naming it."""
     layers = layers or each_layer_from_hf(layer_from_hf)
     t = hf_folder.Tensors(tensors, "model.")
     to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
@@ -336,7 +342,8 @@ def params_from_hf(
             )
     decoder = layers(lambda i, name, shape: t.get(f"layers.{i}.{name}", shape), cfg, to_pairs)
     decoder["final_norm"] = {"scale": t.get("norm.weight", (d,))}
-    return t.finish({"embed": embed, "decoder": decoder}, cfg, _BUFFERS)
+    params = {"embed": embed, "decoder": decoder}
+    return t.finish(params | (more(t.get, cfg, params) if more else {}), cfg, _BUFFERS)
 
 
 def params_to_hf(params: Mapping, cfg: ModelConfig, layers: Callable | None = None) -> dict[str, np.ndarray]:

@@ -16,6 +16,8 @@ The Flax wmt/lm1b split, one job per file:
 - generate.py: the host side, one `generate` for both families (an encoder-decoder's inputs are sources: translation
   is generation with a source), `decode_all` (whole splits), `generate_windowed` (past the context), each with its
   streaming form (`generation_steps`, `windowed_steps`);
+- speculative.py: self-speculative greedy decoding, the MTP modules' drafts verified by one cached call a round
+  (`generate(..., speculative=True)`: greedy's tokens);
 - workdir.py: generation from a training workdir (`run.py generate`);
 - stream.py: one row's tokens as the loop produces them (`generate_stream`; `run.py generate`).
 

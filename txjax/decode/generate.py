@@ -17,6 +17,7 @@ import numpy as np
 
 from txjax.decode.cache import for_decoding
 from txjax.decode.search import generate_ids, stream_ids
+from txjax.decode.speculative import speculative_ids
 from txjax.decode.strategy import Strategy
 from txjax.families import family_of
 from txjax.model.models import DecoderLM
@@ -32,6 +33,7 @@ class Generation:
     scores: np.ndarray
     stopped: list[bool]
     steps: int
+    accepted: int = 0  # speculative decoding: the drafts accepted, every row summed (steps: its rounds)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None, left: bool = False):
@@ -109,6 +111,7 @@ def generation_steps(
     inputs: Sequence[Sequence[int]],
     *,
     stream: bool = False,
+    speculative: bool = False,
     bos_id: int | None = None,
     pad_id: int | None = None,
     length: int | None = None,
@@ -117,7 +120,8 @@ def generation_steps(
 ) -> Generator[np.ndarray, None, Generation]:
     """`generate` as a generator returning its Generation: without `stream`, one compiled call (generate_ids) and
     no yield; with it (greedy or sampling), every chunk of tokens [C, n] as the compiled loop chooses them
-    (search.stream_ids), EOS and the pad after a row stopped included."""
+    (search.stream_ids), EOS and the pad after a row stopped included. `speculative`: greedy decoding drafted by
+    the model's MTP modules (txjax.decode.speculative; the same tokens), in one call."""
     strategy = Strategy(**strategy)
     cfg = model.cfg
     prompts, sources = family_of(model).prompts(inputs, bos_id)
@@ -128,6 +132,11 @@ def generation_steps(
         source, length = pad_batch(sources, pad_id, length), None  # `length` pads the inputs: here, the sources
     check_inputs(prompts, cfg.vocab_size, cfg.max_len, "prompt", strategy.max_new_tokens)
     prompt_BxP, lengths_B = pad_batch(prompts, pad_id, length, left=True)
+    if speculative:
+        if stream:
+            raise ValueError("speculative decoding's tokens come in one call: stream=False")
+        tokens_BxT, scores_B, rounds, accepted = speculative_ids(model, params, strategy, prompt_BxP, lengths_B)
+        return dataclasses.replace(_results(strategy, tokens_BxT, scores_B, rounds), accepted=int(accepted))
     model, params = for_decoding(model, params, len(inputs) * strategy.rows_per_prompt)
     args = (model, params, strategy, pad_id, prompt_BxP, lengths_B, source, jax.random.key(seed))
     out = (yield from stream_ids(*args)) if stream else generate_ids(*args)

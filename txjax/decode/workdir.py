@@ -68,18 +68,22 @@ def workdir_prompt(run, text: str, *, chat: bool = False, **overrides) -> tuple[
     return ids, shown, strategy
 
 
-def generate_from_workdir(run, text: str, *, seed: int = 0, chat: bool = False, **overrides) -> list[str]:
+def generate_from_workdir(
+    run, text: str, *, seed: int = 0, chat: bool = False, speculative: bool = False, **overrides
+) -> list[str]:
     """Generate from a loaded run (txjax.experiment.load_workdir): the LM continues `text` (the returned texts
     include it; sampling slides past the context, see generate_windowed), the encoder-decoder translates it.
     chat: `text` is a user message put into the tokenizer's chat template; the texts are the replies, each ending
-    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample."""
+    at the model's EOS. `overrides`: Strategy fields (None = the config's decode value). One text per sample.
+    speculative: greedy drafted by the MTP modules (generate's), within the context (never sliding past it)."""
     tokenizer = run.tokenizer
     ids, shown, strategy = workdir_prompt(run, text, chat=chat, **overrides)
-    if family_of(run.model).slides(strategy):
+    if family_of(run.model).slides(strategy) and not speculative:
         rows = generate_windowed(run.model, run.params, ids, pad_id=tokenizer.pad_id, seed=seed, **strategy)
     else:
         out = generate(
-            run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed, **strategy
-        )
+            run.model, run.params, [ids], bos_id=tokenizer.bos_id, pad_id=tokenizer.pad_id, seed=seed,
+            speculative=speculative, **strategy,
+        )  # fmt: skip
         rows = out.ids
     return [shown + tokenizer.decode(row) for row in rows]

@@ -15,7 +15,16 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from txjax.fields import ReadBy, setting
-from txjax.model import activations, latent_config, linear_config, llama4_config, positional, precision, score
+from txjax.model import (
+    activations,
+    latent_config,
+    linear_config,
+    llama4_config,
+    moe_config,
+    positional,
+    precision,
+    score,
+)
 from txjax.model.attention import ATTENTION_IMPLS
 
 NORMS = ("layernorm", "rmsnorm")
@@ -159,6 +168,7 @@ class ModelConfig(latent_config.LatentFields, linear_config.LinearFields, llama4
     num_shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek-MoE, Qwen2-MoE)
     moe_d_ff: int | None = None  # each expert's width; None: d_ff
     moe_every: int = 1  # every n-th layer is MoE (layers n-1, 2n-1, ...), the others dense; 1: all
+    moe_dense_first: int = 0  # the first k layers dense, moe_every's pattern from layer k on (first_k_dense_replace)
     router: str = "topk_then_softmax"  # Mixtral | softmax_then_topk (Switch, Qwen-MoE, OLMoE) | sigmoid (DeepSeek-V3)
     moe_norm_topk: bool = False  # softmax_then_topk / sigmoid: renormalise the k chosen gates to sum 1
     moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: each expert takes ceil(c * tokens * k / E), drops the rest
@@ -274,59 +284,10 @@ class ModelConfig(latent_config.LatentFields, linear_config.LinearFields, llama4
             raise ValueError("model.qk_norm_all_heads changes how qk_norm normalizes: set model.qk_norm=true")
         if not isinstance(self.mtp_depth, int) or self.mtp_depth < 0:
             raise ValueError(f"model.mtp_depth={self.mtp_depth!r} must be an integer >= 0 (0 = off)")
-        self._check_moe()
+        moe_config.check_moe(self)
         latent_config.check_latent(self)
         linear_config.check_linear(self)
         llama4_config.check_llama4(self)
-
-    def _check_moe(self):
-        """The mixture-of-experts fields: read only with num_experts > 0, and then consistent."""
-        moe_fields = ("experts_per_token", "num_shared_experts", "moe_d_ff", "moe_every", "router", "moe_norm_topk")
-        moe_fields += ("moe_capacity_factor", "shared_expert_gate", "moe_bias", "moe_groups", "moe_topk_groups")
-        moe_fields += ("moe_routed_scale", "moe_gate_input")
-        if not isinstance(self.num_experts, int) or self.num_experts < 0:
-            raise ValueError(f"model.num_experts={self.num_experts!r} must be an integer >= 0 (0 = dense FFN)")
-        if self.num_experts == 0:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            if unread := [name for name in moe_fields if getattr(self, name) != defaults[name]]:
-                back = " ".join(f"model.{name}={defaults[name]}" for name in unread)
-                raise ValueError(
-                    f"model.{' and model.'.join(unread)} {'are' if len(unread) > 1 else 'is'} read only by an MoE "
-                    f"model: set {back} (the default{'s' * (len(unread) > 1)}) or model.num_experts > 0"
-                )
-            return
-        for name in ("experts_per_token", "moe_every", *(("moe_d_ff",) if self.moe_d_ff is not None else ())):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
-        if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
-            raise ValueError(f"model.num_shared_experts={self.num_shared_experts!r} must be an integer >= 0")
-        if self.experts_per_token > self.num_experts:
-            raise ValueError(
-                f"model.experts_per_token={self.experts_per_token} must be <= model.num_experts={self.num_experts}"
-            )
-        for name, layers in (("num_layers", self.num_layers), ("num_encoder_layers", self.encoder_layers)):
-            if layers % self.moe_every:
-                raise ValueError(f"model.{name}={layers} must be a multiple of model.moe_every={self.moe_every}")
-        if self.moe_capacity_factor < 0:
-            raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must be >= 0 (0 = dropless)")
-        if self.moe_norm_topk and self.router == "topk_then_softmax":
-            raise ValueError(
-                "model.moe_norm_topk: router 'topk_then_softmax' gates already sum to 1: set model.moe_norm_topk=false"
-            )
-        if self.use_bias:
-            raise ValueError("model.num_experts > 0 puts its biases by model.moe_bias: set model.use_bias=false")
-        if self.shared_expert_gate and not self.num_shared_experts:
-            raise ValueError("model.shared_expert_gate gates the shared experts: set model.num_shared_experts > 0")
-        groups, top = self.moe_groups, self.moe_topk_groups
-        if not (isinstance(groups, int) and isinstance(top, int) and groups >= 1):
-            raise ValueError(f"model.moe_groups={groups!r} and model.moe_topk_groups={top!r} must be integers >= 1")
-        per_group = self.num_experts // groups
-        if groups > 1 and (self.router != "sigmoid" or self.num_experts % groups or per_group < 2):
-            raise ValueError("model.moe_groups > 1 needs model.router=sigmoid and groups of >= 2 of model.num_experts")
-        if not (1 <= top <= groups and self.experts_per_token <= top * per_group):
-            raise ValueError(f"model.moe_topk_groups={top} must be in [1, model.moe_groups={groups}] and hold top-k")
-        if not self.moe_routed_scale > 0:
-            raise ValueError(f"model.moe_routed_scale={self.moe_routed_scale!r} must be > 0")
 
     @classmethod
     def from_dict(cls, d) -> ModelConfig:

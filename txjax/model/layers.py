@@ -9,7 +9,8 @@ reads t5 instead of t3:                       t5 = t3 + CrossMHA(LN(t3), enc)   
                                               t5 = LN(t3 + CrossMHA(t3, enc))   (post-LN)
 FFN(x) = act(x W1 + b1) W2 + b2 (ReLU in the 2017 paper, GELU in GPT-2); SwiGLU(x) = (silu(x W1) * x W3) W2
 (txjax.model.ffn); in an MoE layer the FFN is a mixture of experts (txjax.model.moe). With model.moe_every = n > 1
-every n-th layer is MoE: the stack repeats a Group of n blocks, n - 1 dense then one MoE.
+every n-th layer is MoE: the stack repeats a Group of n blocks, n - 1 dense then one MoE; model.moe_dense_first = k
+puts k dense layers before them (a stack of their own, models.Stack).
 Dropout is applied to each residual branch before the addition and is off when deterministic.
 """
 
@@ -144,6 +145,7 @@ class Group(nn.Module):
     cfg: ModelConfig
     size: int = 1
     linear: tuple[bool, ...] = ()  # each block's LayerAttention.linear (the same in every group); () = none linear
+    moe: bool = False  # its every moe_every-th block is MoE (False: a dense prefix's group, model.moe_dense_first)
     cross: bool = False
     causal: bool = False
     sow_weights: bool = False
@@ -159,7 +161,7 @@ class Group(nn.Module):
         kwargs |= dict(deterministic=self.deterministic, decode=self.decode)
         for j in range(n):
             block_layer = LayerAttention(*(field if isinstance(field, int) else field[j] for field in layer))
-            moe = cfg.num_experts > 0 and (j + 1) % cfg.moe_every == 0
+            moe = self.moe and (j + 1) % cfg.moe_every == 0
             linear = bool(self.linear and self.linear[j])
             x_BxLxD, _ = Block(**kwargs, moe=moe, linear=linear, name=f"block_{j}")(x_BxLxD, ctx, block_layer)
         return x_BxLxD, None

@@ -115,6 +115,8 @@ class Stack(nn.Module):
     """num_layers Blocks, scanned (parameters stacked on a leading 'layers' axis) or looped (layers_0, ...); with
     model.moe_every = n > 1 (and experts), or a model.layer_types pattern of n letters mixing linear and full layers
     (a causal stack's), num_layers / n Groups of n blocks the same way (n: the two periods' least common multiple).
+    With model.moe_dense_first = k the first k layers, dense, are a stack of their own before those ('dense_layers',
+    looped dense_layers_0, ...), so that each stack's layers share one body.
 
     Local attention: a causal stack's layers take their windows from cfg.layer_attention. Looped, or scanned with one
     window for all, each is a Python int (static: the fused kernels' local_window_size, a ring-buffer KV cache of
@@ -143,24 +145,34 @@ class Stack(nn.Module):
             init = roles.init(nn.initializers.normal(cfg.init_std), (None, "heads"), roles.EMBEDDING)
             ctx = {**ctx, "relative_table": self.param("relative_table", init, (cfg.relative_buckets, cfg.num_heads))}
         layers = cfg.layer_attention if self.causal else (PLAIN_LAYER,) * self.num_layers
+        k = cfg.moe_dense_first  # DeepSeek-V3's dense layers first: a stack of their own before the MoE layers
+        if k:
+            x_BxLxD = self._run(x_BxLxD, ctx, layers[:k], False, "dense_layers", deterministic, decode)
+        x_BxLxD = self._run(x_BxLxD, ctx, layers[k:], cfg.num_experts > 0, "layers", deterministic, decode)
+        return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement != "post" else x_BxLxD
+
+    def _run(self, x_BxLxD, ctx, layers, moe, name, deterministic, decode):
+        """The consecutive layers whose LayerAttentions are `layers`, scanned as `name` (looped: name_0, ...); moe:
+        whether every moe_every-th of them is MoE."""
+        cfg = self.cfg
         uniform = len(set(layers)) == 1
         # a Group repeats MoE's period and the linear/full pattern's (a Gated DeltaNet layer's parameters are not an
         # attention layer's, so one body serves every group, never every layer of a mixed stack)
         mixed = len({layer.linear for layer in layers}) > 1
-        n = math.lcm(cfg.moe_every if cfg.num_experts > 0 else 1, len(cfg.layer_types) if mixed else 1)
+        n = math.lcm(cfg.moe_every if moe else 1, len(cfg.layer_types) if mixed else 1)
         grouped = n > 1
-        unit, length = (Group if grouped else Block), self.num_layers // n
+        unit, length = (Group if grouped else Block), len(layers) // n
         # a Group's blocks: one LayerAttention whose fields are tuples of n values
         units = [LayerAttention(*zip(*layers[i * n : (i + 1) * n])) if grouped else layers[i] for i in range(length)]
         static = (3,) if len(set(units)) == 1 or not cfg.scan_layers else ()  # the layer argument: Python values
         remat = dict(prevent_cse=not cfg.scan_layers, static_argnums=static, policy=remat_policy(cfg.remat))
         unit = adapters.merging(self, unit)  # a LoRA run's: each unit merges its own weights (txjax.model.adapters)
         block = nn.remat(unit, **remat) if cfg.remat != "none" else unit
-        kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights)
+        kwargs = dict(cfg=cfg, cross=self.cross, causal=self.causal, sow_weights=self.sow_weights, moe=moe)
         kwargs |= dict(deterministic=deterministic, decode=decode) | (
             dict(size=n, linear=tuple(layer.linear for layer in layers[:n]))
             if grouped
-            else dict(moe=cfg.num_experts > 0, linear=layers[0].linear)  # one kind in every layer
+            else dict(linear=layers[0].linear)  # one kind in every layer
         )
         if cfg.scan_layers:
             # a setting that varies over the layers is scanned (one value per layer), one that does not stays static
@@ -174,11 +186,10 @@ class Stack(nn.Module):
                 length=length,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x_BxLxD, _ = scanned(**kwargs, name="layers")(x_BxLxD, ctx, layers[0] if uniform else layer)
-        else:
-            for i in range(length):
-                x_BxLxD, _ = block(**kwargs, name=f"layers_{i}")(x_BxLxD, ctx, units[i])
-        return make_norm(cfg, "final_norm")(x_BxLxD) if cfg.norm_placement != "post" else x_BxLxD
+            return scanned(**kwargs, name=name)(x_BxLxD, ctx, layers[0] if uniform else layer)[0]
+        for i in range(length):
+            x_BxLxD, _ = block(**kwargs, name=f"{name}_{i}")(x_BxLxD, ctx, units[i])
+        return x_BxLxD
 
 
 def remat_policy(name: str):
@@ -229,6 +240,8 @@ class DecoderLM(nn.Module):
             depths = mtp.Modules(cfg, deterministic, name="mtp")(x_BxLxD, embedder.token_embedding(tokens_BxL), ctx)
             for normed_BxLxD in depths:  # txjax.model.mtp: only a forward pass that asks for their logits runs them
                 self.sow(mtp.MTP, "logits", embedder.logits(normed_BxLxD))
+        if decode and self.is_mutable_collection(mtp.MTP):  # the draft of speculative decoding reads h (its h^0)
+            self.sow(mtp.MTP, "hidden", x_BxLxD)
         if scored is not None:
             x_BxLxD = jnp.take_along_axis(x_BxLxD, scored[..., None], axis=1)
         return embedder.logits(x_BxLxD)
@@ -301,6 +314,9 @@ class EncoderDecoder(nn.Module):
         )
 
 
+STACKS = ("dense_layers", "layers")  # the scanned stacks' names (Stack: model.moe_dense_first's, then the rest)
+
+
 def unstack_layers(tree):
     """Scanned -> looped parameter layout: each {'layers': tree with a leading [num_layers] axis} becomes
     {'layers_0': ..., 'layers_{N-1}': ...} (what scan_layers=False expects). Works on unboxed params or a cache."""
@@ -308,9 +324,9 @@ def unstack_layers(tree):
         return tree
     out = {}
     for key, sub in tree.items():
-        if key == "layers":
+        if key in STACKS:
             n = jax.tree_util.tree_leaves(sub)[0].shape[0]
-            out.update({f"layers_{i}": jax.tree_util.tree_map(lambda a, i=i: a[i], sub) for i in range(n)})
+            out.update({f"{key}_{i}": jax.tree_util.tree_map(lambda a, i=i: a[i], sub) for i in range(n)})
         else:
             out[key] = unstack_layers(sub)
     return out
@@ -320,8 +336,10 @@ def stack_layers(tree):
     """Looped -> scanned parameter layout, the inverse of `unstack_layers`."""
     if not isinstance(tree, Mapping):
         return tree
-    looped = sorted((k for k in tree if re.fullmatch(r"layers_\d+", k)), key=lambda k: int(k.split("_")[1]))
-    out = {key: stack_layers(sub) for key, sub in tree.items() if key not in looped}
-    if looped:
-        out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *(tree[k] for k in looped))
+    looped = {name: [k for k in tree if re.fullmatch(rf"{name}_\d+", k)] for name in STACKS}
+    out = {key: stack_layers(sub) for key, sub in tree.items() if not any(key in keys for keys in looped.values())}
+    for name, keys in looped.items():
+        if keys:
+            keys = sorted(keys, key=lambda k: int(k.rpartition("_")[2]))
+            out[name] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *(tree[k] for k in keys))
     return out

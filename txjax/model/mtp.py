@@ -48,6 +48,7 @@ class Depth(nn.Module):
 
     cfg: ModelConfig
     deterministic: bool = True
+    decode: bool = False  # its block's keys and values cached (txjax.decode.speculative's drafts)
 
     @nn.compact
     def __call__(self, h_BxLxD, e_BxLxD, ctx):
@@ -55,7 +56,12 @@ class Depth(nn.Module):
         both = jnp.concatenate([make_norm(cfg, "embed_norm")(e_BxLxD), make_norm(cfg, "hidden_norm")(h_BxLxD)], -1)
         x_BxLxD = dense(cfg.d_model, ("mlp", "embed"), False, cfg.compute_dtype, cfg.hidden_init_std, "proj")(both)
         block = adapters.merging(self, Block)(
-            cfg, causal=True, deterministic=self.deterministic, moe=cfg.num_experts > 0, name="block"
+            cfg,
+            causal=True,
+            deterministic=self.deterministic,
+            decode=self.decode,
+            moe=cfg.num_experts > 0,
+            name="block",
         )
         h_BxLxD = block(x_BxLxD, ctx)[0]
         return h_BxLxD, make_norm(cfg, "head_norm")(h_BxLxD)
