@@ -50,6 +50,7 @@ EXECUTION_FIELDS = frozenset(
         "attention_dropout",
         "init_std",
         "moe_capacity_factor",
+        "linear_chunk",  # Gated DeltaNet's chunks: the delta rule computed in pieces of that many tokens
     }
 )
 REFUSED = "export is refused; nothing was written"

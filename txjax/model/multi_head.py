@@ -59,6 +59,7 @@ class MultiHeadAttention(nn.Module):
     chunk: int = 0  # the RoPE layers attend within blocks of this many positions (masks.chunk_mask; Llama 4), 0: none
     temperature: tuple[float, int] = (0.0, 1)  # NoPE layers' query temperature (scale, floor_scale; Llama 4), 0: off
     norm_offset: bool = False  # the q/k norms' gains as 1 + w (Gemma 3: txjax.model.norms)
+    output_gate: bool = False  # each head's output times sigmoid(x W_i^G) before W^O (Qwen3-Next's gated attention)
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
     init_std: float = 0.02  # W^Q, W^K, W^V ~ N(0, init_std^2)
@@ -110,6 +111,8 @@ class MultiHeadAttention(nn.Module):
             causal=causal, window=window, deterministic=deterministic, relative_table=relative_table,
             bidirectional=bidirectional, chunk=chunk,
         )  # fmt: skip
+        if self.output_gate:  # W_i^G [D, heads, K] read from the queries' side, as W_i^Q is
+            out_BxLxHxK = out_BxLxHxK * jax.nn.sigmoid(self.heads_in("gate", self.num_heads, x_BxLxD))
         return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
 
     def backend(self, mask, decode, window=0, chunk=0):
@@ -144,8 +147,8 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q_BxLxHxK, k, v, terms, deterministic)
 
     def heads_in(self, name, heads, x_BxLxD):
-        """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K or W_i^V of each head)."""
-        spec = ("embed", "heads" if name in ("query", "qkv") else "kv_heads", "kv")
+        """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K, W_i^V or W_i^G)."""
+        spec = ("embed", "heads" if name in ("query", "qkv", "gate") else "kv_heads", "kv")
         init = roles.init(nn.initializers.normal(self.init_std), spec, roles.QKV)
         w = self.param(name, init, (x_BxLxD.shape[-1], heads, self.head_dim))
         y = precision.einsum("bld,dhk->blhk", x_BxLxD.astype(self.dtype), w.astype(self.dtype))
