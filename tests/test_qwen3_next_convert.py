@@ -7,6 +7,7 @@ represent refused in one line."""
 
 import copy
 import dataclasses
+import functools
 import json
 
 import jax
@@ -19,8 +20,14 @@ transformers = pytest.importorskip("transformers")
 from tiny_hf import QWEN3_NEXT, decoder_config, hf_greedy, save_decoder, torch_logits, txjax_logits  # noqa: E402
 
 import run  # noqa: E402
-from txjax.convert import hf_folder  # noqa: E402
-from txjax.convert.qwen3_next import config_from_hf, load_qwen3_next, params_from_hf, save_qwen3_next  # noqa: E402
+from txjax.convert import exportable, hf_folder  # noqa: E402
+from txjax.convert.qwen3_next import (  # noqa: E402
+    config_from_hf,
+    config_to_hf,
+    load_qwen3_next,
+    params_from_hf,
+    save_qwen3_next,
+)
 from txjax.decode import generate  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
@@ -77,6 +84,15 @@ def test_export_round_trip(hf, tmp_path):
     assert hf_config["architectures"] == ["Qwen3NextForCausalLM"] and config_from_hf(hf_config, has_head=True) == cfg
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     np.testing.assert_allclose(torch_logits(reloaded, TOKENS), torch_logits(model, TOKENS), atol=1e-5, rtol=0)
+
+
+def test_linear_sizes_taken_from_the_attention_are_exported():
+    """A linear layer's size 0 (the attention's) is written as the size it gives and reads back as that size."""
+    cfg = config_from_hf(decoder_config("qwen3_next").to_dict(), has_head=True)
+    own = dataclasses.replace(cfg, linear_heads=0, linear_head_dim=0, linear_v_head_dim=0)
+    hf_config = config_to_hf(own)
+    assert [hf_config[f"linear_{name}"] for name in ("num_key_heads", "key_head_dim", "value_head_dim")] == [4, 16, 16]
+    exportable.check_fields(own, hf_config, functools.partial(config_from_hf, has_head=True))
 
 
 def test_run_py_import_and_export(hf, tmp_path):

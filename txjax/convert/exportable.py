@@ -31,6 +31,7 @@ from txjax.convert.hf_folder import check_params
 from txjax.errors import ConfigError
 from txjax.families import DECODER_LM, Family
 from txjax.model.config import ModelConfig
+from txjax.model.linear_config import linear_sizes
 from txjax.model.models import unstack_layers
 
 # fields that change how a model computes (precision, kernels, memory, layout) or trains (dropout, the initial
@@ -110,6 +111,9 @@ def _function(cfg: ModelConfig) -> dict:
     out["rope_layers"] = tuple(layer.rope for layer in cfg.layer_attention)  # RN on 4 layers is RNRN
     if cfg.num_experts:
         out["moe_d_ff"] = cfg.expert_d_ff
+    if "L" in cfg.layer_types:  # a linear layer's size 0 is the attention's
+        sizes = dataclasses.asdict(linear_sizes(cfg))
+        out |= {f"linear_{name}": sizes[name] for name in ("heads", "v_heads", "head_dim", "v_head_dim")}
     if cfg.router == "softmax_then_topk" and cfg.moe_norm_topk:  # the top k of the softmax, renormalised: Mixtral's
         out |= {"router": "topk_then_softmax", "moe_norm_topk": False}  # softmax over the top-k logits
     if not cfg.rope_local_base and cfg.rope_scaling == "none":  # local layers on the global RoPE, unscaled

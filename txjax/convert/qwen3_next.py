@@ -98,9 +98,8 @@ def config_to_hf(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None
     back (exportable.check_fields)."""
     plain = dataclasses.replace(cfg, qk_norm=False, attention_bias=False, rope_fraction=1.0)
     hf = llama.config_to_hf(plain, bos_id, eos_id)  # the attention's sizes, norms, RoPE; Qwen3-Next's follow
-    size = linear_sizes(cfg)
-    linear = (size.heads, size.v_heads, size.head_dim, size.v_head_dim, size.conv)
-    hf |= dict(zip(_LINEAR_SIZES, linear, strict=True))
+    size = linear_sizes(cfg)  # the sizes a 0 field takes (its LinearSizes name: the field's without linear_)
+    hf |= {theirs: getattr(size, ours.removeprefix("linear_")) for theirs, ours in _LINEAR_SIZES.items()}
     hf |= {
         "architectures": ["Qwen3NextForCausalLM"],
         "model_type": MODEL_TYPES[0],
