@@ -30,6 +30,7 @@ from txjax.convert.qwen3_next import (  # noqa: E402
 )
 from txjax.decode import generate  # noqa: E402
 from txjax.experiment import load_workdir  # noqa: E402
+from txjax.model.config import ModelConfig  # noqa: E402
 from txjax.model.models import DecoderLM  # noqa: E402
 
 TOKENS = np.random.default_rng(0).integers(0, QWEN3_NEXT["vocab_size"], (2, QWEN3_NEXT["max_position_embeddings"]))
@@ -125,3 +126,14 @@ def test_unrepresentable_config_names_the_field(change, field):
     with pytest.raises(ValueError, match=field) as e:
         config_from_hf(hf_config, has_head=True)
     assert "\n" not in str(e.value)
+
+
+def test_the_output_gate_is_refused_where_nothing_reads_it():
+    """Multi-head latent attention has no output gate: one line naming the fix; a gate that is not a bool too."""
+    mla = dict(positional="rope", attention="mla", kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=3)
+    with pytest.raises(
+        ValueError, match=r"^model.attention=mla has no form for this: set .*attention_output_gate=false"
+    ):
+        ModelConfig(vocab_size=8, d_model=16, num_heads=2, attention_output_gate=True, **mla)
+    with pytest.raises(ValueError, match=r"^model.attention_output_gate='yes' must be true or false$"):
+        ModelConfig(vocab_size=8, d_model=16, num_heads=2, attention_output_gate="yes")
