@@ -184,12 +184,12 @@ def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> Non
 
 
 def export_workdir(workdir, target, merged: bool = False, base_model: str | None = None) -> dict:
-    """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
-    table, Qwen3-Next with Gated DeltaNet layers or gated attention, an MoE architecture when it has experts, Gemma
-    2/3 with sandwich norms, else Llama / Qwen2); its
-    tokenizer's files with them when it is a GPT-2 or a pretrained model's one. A LoRA run's: its adapters as a
-    peft adapter folder (txjax.convert.peft_adapter, adapter_config.json's base_model_name_or_path `base_model`,
-    default its train.init_from), or with `merged` its merged weights as that folder."""
+    """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position table,
+    Qwen3-Next with Gated DeltaNet layers or gated attention, an MoE architecture when it has experts, Gemma 2/3 with
+    sandwich norms, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one.
+    A LoRA run's: its adapters as a peft adapter folder (txjax.convert.peft_adapter, adapter_config.json's
+    base_model_name_or_path `base_model`, default its train.init_from), or with `merged` its merged weights as that
+    folder."""
     run = load_workdir(workdir, merge=merged)
     family = family_of(run.model)
     if family not in _EXPORTERS:

@@ -1,6 +1,7 @@
 """Multi-head attention, the module.
 
     MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+    gated (output_gate, Qwen3-Next):                  head_i = sigmoid(Q W_i^G) * Attention(...)
 
 `MultiHeadAttention` projects with per-head weights written as einsums and runs the heads through
 txjax.model.attention's `attend` (the scores' terms of txjax.model.score over all heads, or a fused kernel). The same
@@ -33,10 +34,11 @@ from txjax.model.score import Spec
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
 
-    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
-    sequence axis. Self-attention unless `cross` (keys/values from the encoder output). In decode mode (Flax's wmt
-    style: the same parameters) self-attention appends the new tokens' keys/values to a cache and attends over it;
-    cross-attention caches the encoder's keys/values at the first call. Each step is a method; those declared in
+    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model] (and the
+    output gate's gate [d_model, heads, d_k]); none has a sequence axis. Self-attention unless `cross` (keys/values
+    from the encoder output). In decode mode (Flax's wmt style: the same parameters) self-attention appends the new
+    tokens' keys/values to a cache and attends over it; cross-attention caches the encoder's keys/values at the
+    first call. Each step is a method; those declared in
     txjax/model/replaceable.py are what a decoding layout replaces (the module docstring says which run when).
     """
 
