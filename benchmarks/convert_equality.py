@@ -65,6 +65,7 @@ FAMILIES = {
     "deepseek_v3": ("decoder_lm", None, 1, 40),
     "deepseek_v3_moe": ("decoder_lm", None, 1, 40),
     "llama4_text": ("decoder_lm", None, 1, 40),
+    "qwen3_next": ("decoder_lm", None, 1, 40),
 }
 PROMPT = 5
 

@@ -126,6 +126,14 @@ FAMILIES = {
         "top-1 `router=sigmoid` scaling the expert's input (`moe_gate_input`), one shared expert, dense and MoE "
         "layers alternating (`moe_every`, the dense `d_ff` intermediate_size_mlp)",
     ),
+    "qwen3_next": (
+        "Qwen3-Next (`qwen3_next`; its multi-token-prediction weights `mtp.*` left out)",
+        "import, export",
+        "Gated DeltaNet layers beside full ones (`layer_types` from its layer_types, `linear_heads`, `linear_v_heads`, "
+        "`linear_head_dim`, `linear_v_head_dim`, `linear_conv`; in_proj_qkvz / in_proj_ba split per key head), "
+        "gated attention (`attention_output_gate`: the query projection's second half), partial RoPE "
+        "(`rope_fraction`), `qk_norm`, `norm_offset`; Qwen2-MoE's routing and gated shared expert, `moe_every`",
+    ),
 }
 _NOT_MEASURED = "tests/test_gpt2_convert.py"  # families convert_equality.py does not build
 

@@ -41,11 +41,11 @@ OPTIONS = {  # every option that adds, removes or reshapes parameters
         qk_rope_head_dim=2,
         v_head_dim=3,
     ),
-    "Gated DeltaNet and full layers": dict(layer_types="LF", linear_v_heads=4),
+    "Gated DeltaNet and gated full layers": dict(layer_types="LF", linear_v_heads=4, attention_output_gate=True),
 }
 # what each parameter is, from its name and its module's: the test's own reading, independent of the library's
 QKV, OUT = {"query", "key", "value", "q", "q_up", "key_up", "value_up"}, {"out"}  # MLA's [latent or D, heads, K]
-QKV |= {"gate"}  # a Gated DeltaNet's output gate z [D, heads, V]
+QKV |= {"gate"}  # a Gated DeltaNet's output gate z [D, heads, V], gated attention's W^G [D, heads, K]
 # a Gated DeltaNet layer's own: b and a [D, heads] matrices; the convolution's taps vector-like (decayed, never Muon's);
 # A_log and dt_bias per head and the gated norm's gain not decayed
 LINEAR = {"beta": (True, "matrix"), "decay": (True, "matrix"), "conv": (True, None), "A_log": (False, None)}

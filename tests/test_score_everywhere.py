@@ -51,6 +51,12 @@ OPTIONS = {
         dict(attention_chunk=4, rope_layers="RN", qk_l2_norm=True, attention_temperature=0.5, attention_floor_scale=2),
         ("ring",),
     ),
+    # not a score term: Qwen3-Next's full attention, each head's output gated (its own projection), half the channels
+    # rotated, zero-centred q/k norms
+    "qwen3_next": (
+        dict(attention_output_gate=True, rope_fraction=0.5, qk_norm=True, norm="rmsnorm", norm_offset=True),
+        (),
+    ),
 }
 BACKENDS = {
     "blockwise": dict(attention_impl="blockwise", attention_block_q=4, attention_block_kv=4),

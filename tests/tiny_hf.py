@@ -1,9 +1,9 @@
 """Tiny random Hugging Face models built by transformers (nothing downloaded), saved as the folders `run.py import`
 reads: the decoder LMs (the Llama family: Llama, Llama 3's rope scaling, Mistral with and without its window, Qwen2,
 Qwen3, SmolLM3 with a NoPE layer; Gemma 2 and 3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and
-GPT-OSS; DeepSeek-V3, dense and with an MoE layer; Llama 4's text model) and the encoder-decoders (Marian, BART, T5,
-T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which
-measures every converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips
+GPT-OSS; DeepSeek-V3, dense and with an MoE layer; Llama 4's text model; Qwen3-Next) and the encoder-decoders
+(Marian, BART, T5, T5 v1.1). What the converter tests and benchmarks/convert_equality.py (which measures every
+converter on these models) share; it imports torch, transformers and tokenizers, so a test importorskips
 them first."""
 
 from __future__ import annotations
@@ -171,11 +171,17 @@ DEEPSEEKS = {
              n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5, norm_topk_prob=True),
     ),
 }  # fmt: skip
+# Qwen3-Next: Gated DeltaNet and gated full attention alternating over 4 layers (2 key heads of 8 for 4 value heads of
+# 6), partial RoPE (a quarter of head_dim 16), MoE layers every 2nd with a shared expert
+QWEN3_NEXT = MOE | dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, head_dim=16)
+QWEN3_NEXT |= dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6)
+QWEN3_NEXT |= dict(num_experts=4, intermediate_size=40, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+QWEN3_NEXT |= dict(decoder_sparse_step=2)
 DECODERS = {  # kind -> (config class, its fields)
     kind: (config_class, base | fields)
     for base, kinds in [(COMMON, LLAMAS), (GEMMA, GEMMAS), (MOE, MOES), (DEEPSEEK, DEEPSEEKS)]
     for kind, (config_class, fields) in kinds.items()
-} | {"llama4_text": ("Llama4TextConfig", LLAMA4)}
+} | {"llama4_text": ("Llama4TextConfig", LLAMA4), "qwen3_next": ("Qwen3NextConfig", QWEN3_NEXT)}
 
 
 def decoder_config(kind: str, **changes):
@@ -185,9 +191,15 @@ def decoder_config(kind: str, **changes):
 
 
 def random_decoder(kind: str, **changes):
-    """A randomized transformers causal LM of DECODERS[kind]; Gemma's (1 + w) norms' w ~ N(0, 0.2^2) and all else
-    N(0, 0.3^2), seeded before transformers' own init."""
+    """A randomized transformers causal LM of DECODERS[kind] (randomized's; Qwen3-Next's (1 + w) norms' w ~ N(0,
+    0.2^2)); Gemma's (1 + w) norms' w ~ N(0, 0.2^2) and all else N(0, 0.3^2), seeded before transformers' own init."""
     config = decoder_config(kind, **changes)
+    if kind == "qwen3_next":  # its (1 + w) RMSNorms' w ~ N(0, 0.2^2) (the gated norm's gain, w, N(1, 0.2^2))
+        model = randomized(transformers.AutoModelForCausalLM.from_config(config))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.sub_(1.0 if name.endswith(("layernorm.weight", "model.norm.weight", "_norm.weight")) else 0.0)
+        return model
     if kind not in GEMMAS:
         return randomized(transformers.AutoModelForCausalLM.from_config(config))
     torch.manual_seed(0)

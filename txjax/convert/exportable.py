@@ -32,6 +32,7 @@ from txjax.errors import ConfigError
 from txjax.families import DECODER_LM, Family
 from txjax.model import moe_config
 from txjax.model.config import ModelConfig
+from txjax.model.linear_config import linear_sizes
 from txjax.model.models import unstack_layers
 
 # fields that change how a model computes (precision, kernels, memory, layout) or trains (dropout, the initial
@@ -51,6 +52,7 @@ EXECUTION_FIELDS = frozenset(
         "attention_dropout",
         "init_std",
         "moe_capacity_factor",
+        "linear_chunk",  # Gated DeltaNet's chunks: the delta rule computed in pieces of that many tokens
     }
 )
 REFUSED = "export is refused; nothing was written"
@@ -114,6 +116,9 @@ def _function(cfg: ModelConfig) -> dict:
             "moe_every": tuple(moe_config.is_moe(cfg, i) for i in range(cfg.num_layers)),
         }
         out["moe_dense_first"] = out["moe_every"]
+    if "L" in cfg.layer_types:  # a linear layer's size 0 is the attention's
+        sizes = dataclasses.asdict(linear_sizes(cfg))
+        out |= {f"linear_{name}": sizes[name] for name in ("heads", "v_heads", "head_dim", "v_head_dim")}
     if cfg.router == "softmax_then_topk" and cfg.moe_norm_topk:  # the top k of the softmax, renormalised: Mixtral's
         out |= {"router": "topk_then_softmax", "moe_norm_topk": False}  # softmax over the top-k logits
     if not cfg.rope_local_base and cfg.rope_scaling == "none":  # local layers on the global RoPE, unscaled

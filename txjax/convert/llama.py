@@ -20,9 +20,10 @@ model.attention_bias, which GPT-OSS's attention shares with its sinks (txjax.con
 RoPE layout. Hugging Face rotates channel i of a head with channel i + K/2 (`rotate_half`); txjax's apply_rope
 rotates the adjacent pair (2i, 2i+1), both by the angle p * base^(-2i/K). Scores q . k are sums over channels, so
 one permutation applied to the query and key channels of every head changes nothing but the layout: txjax
-channel 2i is HF channel i and 2i+1 is HF channel i + K/2 (`PAIRS`). Q/K weights (Qwen2's biases, Qwen3's norm
-gains) are permuted on the way in and back on the way out; llama.cpp's GGUF files already store them in pair order
-(`pairs=True`).
+channel 2i is HF channel i and 2i+1 is HF channel i + K/2 (`PAIRS`); with partial rotary (model.rope_fraction: the
+first R channels rotate) the same within those R, the rest in place (`rope_pairs`). Q/K weights (Qwen2's biases,
+Qwen3's norm gains) are permuted on the way in and back on the way out; llama.cpp's GGUF files already store them
+in pair order (`pairs=True`).
 
 A config txjax cannot represent (another rope_type or its parameter, Qwen's per-layer sliding window, biases Llama
 puts where txjax has none, another activation) is a one-line ValueError naming the config.json field.
@@ -66,6 +67,12 @@ def pairs(k: int) -> np.ndarray:
     """The channel permutation from HF's half layout to txjax's pair layout: txjax channel c is HF channel
     PAIRS[c] = [0, K/2, 1, K/2 + 1, ...]; its inverse argsort(PAIRS) goes back."""
     return np.stack([np.arange(k // 2), np.arange(k // 2) + k // 2], axis=1).reshape(-1)
+
+
+def rope_pairs(cfg: ModelConfig) -> np.ndarray:
+    """`pairs` over the channels RoPE rotates (the first rope_fraction of a head's), the others kept in place."""
+    rotated = int(cfg.head_dim * cfg.rope_fraction)
+    return np.concatenate([pairs(rotated), np.arange(rotated, cfg.head_dim)])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -281,7 +288,7 @@ def attention_to_hf(p: Mapping, cfg: ModelConfig, pairs_layout: bool = False) ->
     """Inverse of attention_from_hf: one block's attention and norms -> {name: array} without `model.layers.i.`
     (pairs_layout: the format rotates adjacent pairs as txjax does, so no channel is permuted)."""
     d = cfg.d_model
-    to_halves = np.arange(cfg.head_dim) if pairs_layout else np.argsort(pairs(cfg.head_dim))
+    to_halves = np.arange(cfg.head_dim) if pairs_layout else np.argsort(rope_pairs(cfg))
     a = p["self_attention"]
     out = {
         "self_attn.q_proj.weight": a["query"][..., to_halves].reshape(d, -1).T,
@@ -330,7 +337,7 @@ def params_from_hf(
     missing, extra or misshapen tensor is a ValueError naming it."""
     layers = layers or each_layer_from_hf(layer_from_hf)
     t = hf_folder.Tensors(tensors, "model.")
-    to_pairs = np.arange(cfg.head_dim) if pairs_layout else pairs(cfg.head_dim)
+    to_pairs = np.arange(cfg.head_dim) if pairs_layout else rope_pairs(cfg)
     d, v = cfg.d_model, cfg.vocab_size
     embed = {"tokens": {"embedding": t.get("embed_tokens.weight", (v, d))}}
     if not cfg.tie_embeddings:

@@ -260,7 +260,7 @@ def stack_experts(arrays: list):
     return jnp.stack(arrays) if isinstance(arrays[0], jax.core.Tracer) else np.stack(arrays)
 
 
-def _moe_from_hf(get: Callable, cfg: ModelConfig, kind: str) -> dict:
+def moe_from_hf(get: Callable, cfg: ModelConfig, kind: str) -> dict:
     """One MoE block's params (ffn.router, experts, shared experts and their gate) from get(name, shape)."""
     if kind == "gpt_oss":
         return _gpt_oss_from_hf(get, cfg)
@@ -288,7 +288,7 @@ def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray, kind:
         if (i + 1) % n:
             ffn = llama.ffn_from_hf(lambda name, s, get_i=get_i: get_i(f"mlp.{name}", s), cfg.d_model, cfg.d_ff)
         else:
-            ffn = _moe_from_hf(get_i, cfg, kind)
+            ffn = moe_from_hf(get_i, cfg, kind)
         layer = llama.attention_from_hf(get_i, cfg, to_pairs) | {"ffn": ffn}
         if n == 1:
             out[f"layers_{i}"] = layer
@@ -299,26 +299,32 @@ def _layers_from_hf(get: Callable, cfg: ModelConfig, to_pairs: np.ndarray, kind:
 
 def _layers_to_hf(dec: Mapping, cfg: ModelConfig, kind: str) -> list[dict]:
     """Inverse of _layers_from_hf: HF layer i's tensors (names without `model.layers.i.`) for each i."""
-    block, names = _BLOCKS.get(kind, (None, None))
     n, out = cfg.moe_every, []
     for i in range(cfg.num_layers):
         p = dec[f"layers_{i}"] if n == 1 else dec[f"layers_{i // n}"][f"block_{i % n}"]
         tensors, ffn = llama.attention_to_hf(p, cfg), p["ffn"]
         if (i + 1) % n:
             tensors |= {f"mlp.{k}": v for k, v in llama.ffn_to_hf(ffn).items()}
-        elif kind == "gpt_oss":
-            tensors |= _gpt_oss_to_hf(ffn)
         else:
-            tensors[f"{block}.gate.weight"] = ffn["router"]["kernel"].T
-            for e in range(cfg.num_experts):
-                expert = {key: {"kernel": ffn["experts"][key][e]} for key in ("wi", "wi_gate", "wo")}
-                tensors |= {f"{block}.experts.{e}.{k}": v for k, v in llama.ffn_to_hf(expert, names).items()}
-            if cfg.num_shared_experts:
-                tensors |= {f"mlp.shared_expert.{k}": v for k, v in llama.ffn_to_hf(ffn["shared_experts"]).items()}
-            if cfg.shared_expert_gate:
-                tensors["mlp.shared_expert_gate.weight"] = ffn["shared_expert_gate"]["kernel"].T
+            tensors |= moe_to_hf(ffn, cfg, kind)
         out.append(tensors)
     return out
+
+
+def moe_to_hf(ffn: Mapping, cfg: ModelConfig, kind: str) -> dict:
+    """Inverse of moe_from_hf: one MoE block's tensors (names without `model.layers.i.`)."""
+    if kind == "gpt_oss":
+        return _gpt_oss_to_hf(ffn)
+    (block, names), tensors = _BLOCKS[kind], {}
+    tensors[f"{block}.gate.weight"] = ffn["router"]["kernel"].T
+    for e in range(cfg.num_experts):
+        expert = {key: {"kernel": ffn["experts"][key][e]} for key in ("wi", "wi_gate", "wo")}
+        tensors |= {f"{block}.experts.{e}.{k}": v for k, v in llama.ffn_to_hf(expert, names).items()}
+    if cfg.num_shared_experts:
+        tensors |= {f"mlp.shared_expert.{k}": v for k, v in llama.ffn_to_hf(ffn["shared_experts"]).items()}
+    if cfg.shared_expert_gate:
+        tensors["mlp.shared_expert_gate.weight"] = ffn["shared_expert_gate"]["kernel"].T
+    return tensors
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, kind: str) -> dict:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from txjax import config as config_lib
-from txjax.convert import bart, deepseek, gemma, gguf, gpt2, llama, llama4, marian, moe, t5
+from txjax.convert import bart, deepseek, gemma, gguf, gpt2, llama, llama4, marian, moe, qwen3_next, t5
 from txjax.convert.hf_folder import check_params, read_config, read_tokenizer, write_atomically, write_tokenizer
 from txjax.convert.peft_adapter import read_adapter, write_adapter
 from txjax.data import TOKENIZER_DIR
@@ -66,6 +66,8 @@ def read_checkpoint(source) -> tuple[ModelConfig, dict, object, Family]:
         return (*moe.load_moe(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in llama4.MODEL_TYPES:
         return (*llama4.load_llama4(path), read_tokenizer(path, hf), DECODER_LM)
+    if hf.get("model_type") in qwen3_next.MODEL_TYPES:
+        return (*qwen3_next.load_qwen3_next(path), read_tokenizer(path, hf), DECODER_LM)
     if hf.get("model_type") in (*gemma.MODEL_TYPES, "gemma3"):  # gemma3, the multimodal model, refused in one line
         return (*gemma.load_gemma(path), read_tokenizer(path, hf), DECODER_LM)
     return (*llama.load_llama(path), read_tokenizer(path, hf), DECODER_LM)
@@ -182,11 +184,12 @@ def _write_gpt2_tokenizer(folder: Path, tokenizer: ByteLevelBPETokenizer) -> Non
 
 
 def export_workdir(workdir, target, merged: bool = False, base_model: str | None = None) -> dict:
-    """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position
-    table, an MoE architecture when it has experts, Gemma 2/3 with sandwich norms, else Llama / Qwen2); its
-    tokenizer's files with them when it is a GPT-2 or a pretrained model's one. A LoRA run's: its adapters as a
-    peft adapter folder (txjax.convert.peft_adapter, adapter_config.json's base_model_name_or_path `base_model`,
-    default its train.init_from), or with `merged` its merged weights as that folder."""
+    """A workdir's latest parameters -> a new Hugging Face folder (GPT-2 when the model has a learned position table,
+    Qwen3-Next with Gated DeltaNet layers or gated attention, an MoE architecture when it has experts, Gemma 2/3 with
+    sandwich norms, else Llama / Qwen2); its tokenizer's files with them when it is a GPT-2 or a pretrained model's one.
+    A LoRA run's: its adapters as a peft adapter folder (txjax.convert.peft_adapter, adapter_config.json's
+    base_model_name_or_path `base_model`, default its train.init_from), or with `merged` its merged weights as that
+    folder."""
     run = load_workdir(workdir, merge=merged)
     family = family_of(run.model)
     if family not in _EXPORTERS:
@@ -209,6 +212,7 @@ def _decoder_format(cfg: ModelConfig):
         gpt2 if cfg.positional == "learned"
         else deepseek if cfg.attention == "mla"
         else llama4 if cfg.moe_gate_input
+        else qwen3_next if cfg.attention_output_gate or "L" in cfg.layer_types
         else moe if cfg.num_experts
         else gemma if cfg.norm_placement == "sandwich"
         else llama
@@ -219,6 +223,7 @@ _WRITERS = {
     gpt2: gpt2.write_gpt2,
     deepseek: deepseek.write_deepseek,
     llama4: llama4.write_llama4,
+    qwen3_next: qwen3_next.write_qwen3_next,
     moe: moe.write_moe,
     gemma: gemma.write_gemma,
     llama: llama.write_llama,

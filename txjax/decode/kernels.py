@@ -38,7 +38,7 @@ def decoding_params(tree, fused: bool = True, out_major: bool = True):
     """Trained parameters (unboxed, looped layers) -> the decoding layout, the same values rearranged: each
     self-attention's query/key/value side by side as 'qkv' [D, H+2G, K] (their biases 'qkv_bias'), each SwiGLU's
     wi/wi_gate as 'wi_fused' [D, 2F] (with `fused`); with `out_major` every kernel stored output axes first under a
-    '_t' name (Dense 'kernel' [in, out] -> 'kernel_t' [out, in]; attention's query/key/value/qkv [D, H, K] ->
+    '_t' name (Dense 'kernel' [in, out] -> 'kernel_t' [out, in]; attention's query/key/value/qkv/gate [D, H, K] ->
     [H, K, D], out [H, K, D] -> 'out_t' [D, H, K]). The encoder's subtree is left as it is."""
     if not isinstance(tree, Mapping):
         return tree
@@ -54,7 +54,7 @@ def decoding_params(tree, fused: bool = True, out_major: bool = True):
             if "query_bias" in weights:
                 weights["qkv_bias"] = jnp.concatenate([weights.pop(f"{n}_bias") for n in names], axis=0)
         if out_major:
-            for n in {"qkv", *names} & set(weights):
+            for n in {"qkv", *names, "gate"} & set(weights):  # gate: the output gate's W^G (its own product)
                 weights[f"{n}_t"] = jnp.moveaxis(weights.pop(n), 0, -1)
             weights["out_t"] = jnp.moveaxis(weights.pop("out"), -1, 0)
         out[name] = weights

@@ -120,6 +120,7 @@ class ModelConfig(latent_config.LatentFields, linear_config.LinearFields, llama4
     attention_softcap: float = 0.0  # > 0: scores = c tanh(scores / c) (Gemma 2's attn_logit_softcapping); 0 = off
     attention_scale_dim: int = 0  # > 0: the d of attention_scale's 1/sqrt(d) (1/d), not d_k (query_pre_attn_scalar)
     attention_sinks: bool = False  # a learned logit per head in the softmax's denominator (GPT-OSS; model.score)
+    attention_output_gate: bool = False  # each head's output times sigmoid(x W_g) before W^O (Qwen3-Next: multi_head)
     norm_offset: bool = False  # RMSNorm gains as 1 + w, w stored and zero at init (Gemma's; txjax.model.norms)
     init_std: float = 0.02
     parametrization: str = "standard"  # "mup": muP (Yang et al. 2022) relative to base_width (width_multiplier)
@@ -194,10 +195,8 @@ class ModelConfig(latent_config.LatentFields, linear_config.LinearFields, llama4
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be a positive integer")
         for name in ("num_kv_heads", "num_encoder_layers", "d_head"):  # optional: None or a positive integer
-            if getattr(self, name) is not None and (
-                not isinstance(getattr(self, name), int) or getattr(self, name) <= 0
-            ):
-                raise ValueError(f"model.{name}={getattr(self, name)!r} must be None or a positive integer")
+            if (value := getattr(self, name)) is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"model.{name}={value!r} must be None or a positive integer")
         if self.d_head is None and self.d_model % self.num_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.kv_heads:
@@ -239,8 +238,9 @@ class ModelConfig(latent_config.LatentFields, linear_config.LinearFields, llama4
                 "model.attention_scale_dim is read by attention_scale sqrt or linear, not none: set "
                 "model.attention_scale_dim=0 (its default) or another model.attention_scale"
             )
-        if not isinstance(self.attention_sinks, bool):
-            raise ValueError(f"model.attention_sinks={self.attention_sinks!r} must be true or false")
+        for name in ("attention_sinks", "attention_output_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be true or false")
         if self.norm_offset and self.norm != "rmsnorm":
             raise ValueError("model.norm_offset (gains 1 + w) is an RMSNorm's: set model.norm=rmsnorm")
         if self.parametrization == "mup" and self.attention_scale != "linear":

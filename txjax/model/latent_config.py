@@ -64,6 +64,7 @@ def check_latent(cfg) -> None:
         "model.attention_chunk=0": cfg.attention_chunk != 0,
         "model.rope_local_base=0": cfg.rope_local_base != 0,
         "model.qk_norm=false": cfg.qk_norm,
+        "model.attention_output_gate=false": cfg.attention_output_gate,
         "model.num_kv_heads=None": cfg.num_kv_heads is not None,  # every head reads the one latent
         "model.d_head=None": cfg.d_head is not None,  # qk_nope/qk_rope/v_head_dim give the heads' widths
         "model.qkv_bias, use_bias and attention_bias=false": cfg.qkv_bias or cfg.use_bias or cfg.attention_bias,

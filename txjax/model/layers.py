@@ -62,6 +62,7 @@ def make_attention(cfg, cross: bool, name: str, sow_weights=False):
         chunk=0 if cross else cfg.attention_chunk,
         temperature=(0.0 if cross else cfg.attention_temperature, cfg.attention_floor_scale),
         norm_offset=cfg.norm_offset,
+        output_gate=cfg.attention_output_gate,
         sow_weights=sow_weights,
         cross=cross,
         init_std=cfg.hidden_init_std,

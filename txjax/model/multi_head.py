@@ -1,6 +1,7 @@
 """Multi-head attention, the module.
 
     MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+    gated (output_gate, Qwen3-Next):                  head_i = sigmoid(Q W_i^G) * Attention(...)
 
 `MultiHeadAttention` projects with per-head weights written as einsums and runs the heads through
 txjax.model.attention's `attend` (the scores' terms of txjax.model.score over all heads, or a fused kernel). The same
@@ -33,10 +34,11 @@ from txjax.model.score import Spec
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h heads and 3h+1 weight matrices (W_i^Q, W_i^K, W_i^V per head, one W^O).
 
-    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model]; none has a
-    sequence axis. Self-attention unless `cross` (keys/values from the encoder output). In decode mode (Flax's wmt
-    style: the same parameters) self-attention appends the new tokens' keys/values to a cache and attends over it;
-    cross-attention caches the encoder's keys/values at the first call. Each step is a method; those declared in
+    Weights: query [d_model, heads, d_k], key/value [d_model, kv_heads, d_k], out [heads, d_k, d_model] (and the
+    output gate's gate [d_model, heads, d_k]); none has a sequence axis. Self-attention unless `cross` (keys/values
+    from the encoder output). In decode mode (Flax's wmt style: the same parameters) self-attention appends the new
+    tokens' keys/values to a cache and attends over it; cross-attention caches the encoder's keys/values at the
+    first call. Each step is a method; those declared in
     txjax/model/replaceable.py are what a decoding layout replaces (the module docstring says which run when).
     """
 
@@ -59,6 +61,7 @@ class MultiHeadAttention(nn.Module):
     chunk: int = 0  # the RoPE layers attend within blocks of this many positions (masks.chunk_mask; Llama 4), 0: none
     temperature: tuple[float, int] = (0.0, 1)  # NoPE layers' query temperature (scale, floor_scale; Llama 4), 0: off
     norm_offset: bool = False  # the q/k norms' gains as 1 + w (Gemma 3: txjax.model.norms)
+    output_gate: bool = False  # each head's output times sigmoid(x W_i^G) before W^O (Qwen3-Next's gated attention)
     sow_weights: bool = False
     cross: bool = False  # keys/values from another sequence (the encoder output)
     init_std: float = 0.02  # W^Q, W^K, W^V ~ N(0, init_std^2)
@@ -110,6 +113,8 @@ class MultiHeadAttention(nn.Module):
             causal=causal, window=window, deterministic=deterministic, relative_table=relative_table,
             bidirectional=bidirectional, chunk=chunk,
         )  # fmt: skip
+        if self.output_gate:  # W_i^G [D, heads, K] read from the queries' side, as W_i^Q is
+            out_BxLxHxK = out_BxLxHxK * jax.nn.sigmoid(self.heads_in("gate", self.num_heads, x_BxLxD))
         return self.project_out(out_BxLxHxK, x_BxLxD.shape[-1])
 
     def backend(self, mask, decode, window=0, chunk=0):
@@ -144,8 +149,8 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q_BxLxHxK, k, v, terms, deterministic)
 
     def heads_in(self, name, heads, x_BxLxD):
-        """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K or W_i^V of each head)."""
-        spec = ("embed", "heads" if name in ("query", "qkv") else "kv_heads", "kv")
+        """x W [+ b]: W [D, heads, K] ~ N(0, init_std^2) -> [B, L, heads, K] (W_i^Q, W_i^K, W_i^V or W_i^G)."""
+        spec = ("embed", "heads" if name in ("query", "qkv", "gate") else "kv_heads", "kv")
         init = roles.init(nn.initializers.normal(self.init_std), spec, roles.QKV)
         w = self.param(name, init, (x_BxLxD.shape[-1], heads, self.head_dim))
         y = precision.einsum("bld,dhk->blhk", x_BxLxD.astype(self.dtype), w.astype(self.dtype))
