@@ -189,10 +189,11 @@ def marian_lora() -> list[str]:
         t, load = r["train"], r["train"].get("load_average_1min")
         score = {pair: f"{e['bleu']:.2f} ({e['chrf']:.2f})" for pair, e in r["test"].items()}
         share = f" ({100 * r['trainable_params'] / total:.1f}%)" if total else ""
-        rss = f"{n(t['peak_rss_mb'])} (load {load:.1f})" if "peak_rss_mb" in t else ""
+        step = n(t["ms_per_step_median"] / 1000) + (f" (load {load:.1f})" if load is not None else "")
         rows.append([what[name].format(**d["settings"]), t["step"], score["es-en"], score["en-es"],
-                     f"{r['trainable_params']:,}{share}", n(t["ms_per_step_median"] / 1000), rss,
+                     f"{r['trainable_params']:,}{share}", step, n(t.get("peak_rss_mb")),
                      machine_label(d["machine"])])  # fmt: skip
-    header = ["run", "steps", "test BLEU (chrF), es -> en", "test BLEU (chrF), en -> es", "trainable parameters",
-              "seconds a step (median)", "peak RSS (MB) of its training process", "measured"]  # fmt: skip
+    header = ["run", "steps", "test BLEU (chrF), es -> en", "test BLEU (chrF), en -> es",
+              "trainable parameters", "seconds a step (median; load at start)", "peak RSS (MB), its training process",
+              "measured"]  # fmt: skip
     return table(header, rows)

@@ -1,7 +1,7 @@
 """LoRA against full fine-tuning on a Marian-shaped translation model, BLEU before and after: nothing pretrained can
 be downloaded, so the base is trained here, and the fine-tunes teach it a direction it has never translated.
 
-    python experiments/workflows/marian_lora.py      # about 15 minutes on 2 idle CPU cores
+    python experiments/workflows/marian_lora.py      # 20 + 2 + 2 minutes of training on 2 cores at load 8-12
 
 1. data: ../shared/data/bible's pairs with their columns swapped, runs/data/bible_es_en/{train,valid,test}.es-en.tsv
    (RV1909 Spanish -> WEB English; the same books in each split);
