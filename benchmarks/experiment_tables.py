@@ -174,3 +174,26 @@ def smollm2_sft_generations() -> list[str]:
     requests = d["requests"] if d else []
     rows = [[_cell(r["request"]), _cell(r["reference"]), _cell(r["before"]), _cell(r["after"])] for r in requests]
     return table(["request (held out)", "reference", "before", "after"], rows)
+
+
+def marian_lora() -> list[str]:
+    """experiments/workflows/marian_lora.py's runs (experiments/results/marian_lora/lora.json): test BLEU (chrF) of
+    the base and of its two fine-tunes in both directions, their trainable parameters, step time and peak RSS."""
+    path = RUNS / "marian_lora" / "lora.json"
+    d = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    what = {"base": "base: English -> Spanish", "lora": "LoRA r={rank} from the base: Spanish -> English",
+            "full": "full fine-tune from the base: Spanish -> English"}  # fmt: skip
+    total = d["runs"].get("full", {}).get("trainable_params")
+    rows = []
+    for name, r in d["runs"].items():
+        t, load = r["train"], r["train"].get("load_average_1min")
+        score = {pair: f"{e['bleu']:.2f} ({e['chrf']:.2f})" for pair, e in r["test"].items()}
+        share = f" ({100 * r['trainable_params'] / total:.1f}%)" if total else ""
+        step = n(t["ms_per_step_median"] / 1000) + (f" (load {load:.1f})" if load is not None else "")
+        rows.append([what[name].format(**d["settings"]), t["step"], score["es-en"], score["en-es"],
+                     f"{r['trainable_params']:,}{share}", step, n(t.get("peak_rss_mb")),
+                     machine_label(d["machine"])])  # fmt: skip
+    header = ["run", "steps", "test BLEU (chrF), es -> en", "test BLEU (chrF), en -> es",
+              "trainable parameters", "seconds a step (median; load at start)", "peak RSS (MB), its training process",
+              "measured"]  # fmt: skip
+    return table(header, rows)

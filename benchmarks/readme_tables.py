@@ -37,6 +37,7 @@ from experiment_tables import (  # noqa: E402
     bible_length_penalty,
     bible_variants,
     experiments,
+    marian_lora,
     passkey,
     smollm2_sft,
     smollm2_sft_generations,
@@ -327,7 +328,7 @@ TABLES = {
         *(prepare_memory, score_text_memory, attention_time, local_attention, families),
         *(passkey, local_global, local_global_step, rope_extension, family_comparison),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty, smollm2_sft, smollm2_sft_generations),
-        *(scale, scale_search),
+        *(marian_lora, scale, scale_search),
     )
 }
 

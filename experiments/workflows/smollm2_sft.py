@@ -19,11 +19,11 @@ import importlib.metadata
 import json
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from workflow import REPO, command, last_json  # experiments/workflows/workflow.py, beside this file
+
 sys.path.insert(0, str(REPO))
 
 RUNS = Path("runs")
@@ -31,20 +31,6 @@ BASE, RUN, DATA = RUNS / "smollm2", RUNS / "smollm2_sft", RUNS / "data/bible_cha
 BASE_HF, ADAPTER = RUNS / "smollm2_hf", RUNS / "smollm2_sft_peft"
 LM_EVAL = ["--tasks=txjax_capitals", "--include_path=experiments/lm_eval", "--num_fewshot=0"]
 RUN_FILES = ("config.json", "metrics.jsonl", "eval_valid.json", "curves.png")
-
-
-def command(*args: str) -> str:
-    """Runs `python run.py ARGS` (or a script) from the repository root; returns its stdout, echoing the command."""
-    argv = [sys.executable, *(args if args[0].endswith(".py") else ("run.py", *args))]
-    print("$", shlex.join(["python", *argv[1:]]), file=sys.stderr, flush=True)
-    done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
-    if done.returncode:
-        raise SystemExit(f"{shlex.join(argv[1:])} exited with {done.returncode}")
-    return done.stdout
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads(next(line for line in reversed(stdout.splitlines()) if line.startswith("{")))
 
 
 def heldout_requests(count: int) -> list[dict]:
