@@ -26,24 +26,25 @@ from txjax.ops.metrics_log import read_metrics  # noqa: E402
 OUT = REPO / "experiments" / "ablations" / "results"
 
 
-def setting_label(model: dict) -> str:
-    """What a run of the three sweeps is, from its config's model section."""
+def setting_label(model: dict, swept: set[str]) -> str:
+    """What a run of the three sweeps is, from its config's model section and the fields its sweep varies."""
+    if "model.mtp_depth" in swept:
+        return f"MTP depth {model['mtp_depth']}"
+    if "model.layer_types" in swept:
+        return f"{model['layer_types']} (Gated DeltaNet 3:1)" if model["layer_types"] else "all softmax"
     if model["attention"] == "mla":
         return f"MLA (latent {model['kv_lora_rank']} + RoPE key {model['qk_rope_head_dim']})"
     if model["num_kv_heads"] is not None:
         return f"GQA ({model['num_heads']} query heads, {model['num_kv_heads']} K/V)"
-    if model["layer_types"]:
-        return f"{model['layer_types']} (Gated DeltaNet 3:1)"
-    if model["mtp_depth"]:
-        return f"MTP depth {model['mtp_depth']}"
-    return f"MHA ({model['num_heads']} heads of {model['d_head']})" if model["d_head"] else "baseline"
+    return f"MHA ({model['num_heads']} heads of {model['d_head']})"
 
 
 def curves(sweep_dir: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """{x: {setting: [(x value, valid loss)]}} for x in train_minutes and step, each eval step's mean over seeds."""
     evals = defaultdict(lambda: defaultdict(list))  # setting -> step -> [(train_minutes, loss)] over seeds
+    swept = set(json.loads((sweep_dir / "sweep.json").read_text())["sweep"].get("zip", {}))
     for run in sorted(p for p in sweep_dir.iterdir() if (p / "config.json").is_file()):
-        label = setting_label(json.loads((run / "config.json").read_text())["model"])
+        label = setting_label(json.loads((run / "config.json").read_text())["model"], swept)
         for record in read_metrics(run):
             if record["split"] == "valid":
                 evals[label][record["step"]].append((record["train_minutes"], record["loss"]))
