@@ -1,7 +1,7 @@
 """Decoding speed: KV-cached generation (txjax.decode) versus recomputing the whole prefix for every new token.
 
     python benchmarks/decode.py --shape=shakespeare_char|gpt2_small [--dtype=float32|bfloat16] [--repeats=N]
-        [--lengths=64,256,1024] [--recompute_budget_s=S]
+        [--lengths=64,256,1024] [--recompute_budget_s=S] [--model.FIELD=V ...] [--out=PATH]
 
 Greedy, batch 1, a 1-token prompt, no stop token (every run generates exactly N tokens), random weights.
 - cached: `txjax.decode.generate_ids`, prefill + compiled lax.while_loops for all N tokens (no host round trip
@@ -14,6 +14,9 @@ Greedy, batch 1, a 1-token prompt, no stop token (every run generates exactly N 
   reported (marked "est").
 - per-token cost at position p: cached, one decode step with p tokens in a cache of p slots (a jitted loop of 32
   steps at positions p-32..p-1, divided by 32); recompute, one forward pass over p tokens.
+- parameters and KV-cache bytes per token: `run.py inspect`'s (txjax.ops.summary: the keys and values, or MLA's latent
+  and RoPE key, that one token adds to a row's cache, every layer; read from the cache's own shapes).
+--model.FIELD=V changes the shape's ModelConfig (e.g. --model.num_kv_heads=2, --model.attention=mla).
 The last line is JSON for N = 256: cached_tokens_per_s, recompute_tokens_per_s, cost_ratio_1024_vs_64 (cached).
 """
 
@@ -30,12 +33,15 @@ import common
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 
+from txjax import config as config_lib
 from txjax import decode
 from txjax.convert.gpt2 import GPT2_SMALL
 from txjax.decode import init_cache
 from txjax.model.config import ModelConfig
 from txjax.model.models import DecoderLM
+from txjax.ops.summary import summarize
 
 SHAPES = {
     # nanoGPT's shakespeare_char model, with a context long enough for 1024 new tokens
@@ -47,9 +53,13 @@ BUCKET = 64  # recompute pads the sequence to a multiple of this
 STEPS_TIMED = 32  # decode steps per per-token cost measurement
 
 
-def build(shape: str, dtype: str, rows: int = 1):
-    """The model in decoding's layout for `rows` rows (txjax.decode.for_decoding), random parameters in `dtype`."""
-    cfg = dataclasses.replace(SHAPES[shape], dtype=dtype, scan_layers=False)
+def build(shape: str, dtype: str, rows: int = 1, overrides: tuple[str, ...] = ()):
+    """The model in decoding's layout for `rows` rows (txjax.decode.for_decoding), random parameters in `dtype`;
+    `overrides` are --model.FIELD=V flags on the shape's config."""
+    config = ml_collections.ConfigDict({"model": dataclasses.asdict(SHAPES[shape])})
+    for flag in overrides:
+        config_lib.apply_override(config, "--config." + flag.removeprefix("--"))
+    cfg = dataclasses.replace(config_lib.model_config(config.model.to_dict()), dtype=dtype, scan_layers=False)
     model = DecoderLM(cfg)
     init = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, 1), jnp.int32))["params"]))
     params = jax.tree_util.tree_map(lambda p: p.astype(dtype), init(jax.random.key(0)))
@@ -165,10 +175,12 @@ def main():
     parser.add_argument("--lengths", default="64,256,1024")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--recompute_budget_s", type=float, default=60.0)
-    args = parser.parse_args()
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/decode_SHAPE_DTYPE_PLATFORM.json)")
+    args, overrides = parser.parse_known_args()
     common.warn_if_loaded()
     load_before = common.machine()["load_average_1min"]
-    model, params = build(args.shape, args.dtype)
+    model, params = build(args.shape, args.dtype, overrides=tuple(overrides))
+    sizes = summarize(model.cfg)
     lengths = [int(n) for n in args.lengths.split(",")]
 
     rows = []
@@ -215,11 +227,13 @@ def main():
         "recompute": result["recompute"],
         "cost_ratio_1024_vs_64": costs[1]["cached_ms_per_token"] / costs[0]["cached_ms_per_token"],
         "recompute_cost_ratio_1024_vs_64": costs[1]["recompute_ms_per_token"] / costs[0]["recompute_ms_per_token"],
+        "parameters": sizes.total_params,
+        "kv_bytes_per_token": sizes.kv_bytes_per_token,
         "repeats": args.repeats,
         "load_average_before": load_before,
         "load_average_after": common.machine()["load_average_1min"],
     }
-    common.save(f"decode_{args.shape}_{args.dtype}", {"rows": rows, "costs": costs, "summary": summary})
+    common.save(f"decode_{args.shape}_{args.dtype}", {"rows": rows, "costs": costs, "summary": summary}, args.out)
     print(json.dumps(summary))
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when a test loads this file
 import gpu_summary  # noqa: E402
 from ablation_tables import family_comparison, local_global, local_global_step, rope_extension  # noqa: E402
+from architecture_tables import kv_cache, linear_layers, mtp  # noqa: E402
 from attention_tables import attention_time, local_attention  # noqa: E402
 from convert_tables import families  # noqa: E402
 from data_tables import data, prepare_memory  # noqa: E402
@@ -326,7 +327,7 @@ TABLES = {
     for f in (
         *(ablations, mup, asha, data, smollm2, train_speed, decode, generation, peers, gpu, lm_eval, long_context),
         *(prepare_memory, score_text_memory, attention_time, local_attention, families),
-        *(passkey, local_global, local_global_step, rope_extension, family_comparison),
+        *(passkey, local_global, local_global_step, rope_extension, family_comparison, kv_cache, linear_layers, mtp),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty, smollm2_sft, smollm2_sft_generations),
         *(marian_lora, scale, scale_search),
     )

@@ -46,9 +46,10 @@ SCALINGS = {  # name -> (context, the eval's model overrides)
 }
 
 
-def evaluate(workdir: Path, context: int, overrides: list[str], bucket: int) -> tuple[dict, dict]:
-    """(the metrics of `run.py eval` at `context` with `overrides`, the machine its eval file records)."""
-    longer = [f"--config.data.seq_len={context}", f"--config.model.max_len={context}"] if context != 256 else []
+def evaluate(workdir: Path, context: int, overrides: list[str], bucket: int, trained: int = 256) -> tuple[dict, dict]:
+    """(the metrics of `run.py eval` at `context` with `overrides`, the machine its eval file records), for a run
+    trained at context `trained`."""
+    longer = [f"--config.data.seq_len={context}", f"--config.model.max_len={context}"] if context != trained else []
     command = [sys.executable, "run.py", "eval", f"--workdir={workdir}", f"--by_position={bucket}", *longer]
     done = subprocess.run([*command, *overrides], cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode:
