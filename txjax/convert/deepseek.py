@@ -346,8 +346,5 @@ def load_deepseek(folder) -> tuple[ModelConfig, dict]:
     )
 
 
-def write_deepseek(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
-    """Writes config.json + model.safetensors into `folder` (DeepseekV3ForCausalLM.from_pretrained loads them)."""
-    hf_config = config_to_hf(cfg, bos_id, eos_id)
-    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings, mtp=True)
-    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))
+_FOLDER = exportable.DecoderFolder(config_to_hf, functools.partial(config_from_hf, mtp=True), params_to_hf)
+write_deepseek = _FOLDER.write  # the MTP layer's tensors read back too

@@ -19,14 +19,17 @@ Either is one ConfigError line naming every offending field, or every leaf.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import flax.linen as nn
 import jax
 import numpy as np
 
+from txjax.convert import hf_folder
 from txjax.convert.hf_folder import check_params
 from txjax.errors import ConfigError
 from txjax.families import DECODER_LM, Family
@@ -163,6 +166,29 @@ def checked(
         leaves = f"parameter {unread[0]} has" if len(unread) == 1 else f"parameters {', '.join(unread)} have"
         raise ConfigError(f"{leaves} no place in a {target} folder (its writer does not read it): {REFUSED}")
     return tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderFolder:
+    """A decoder format's Hugging Face folder (config.json + model.safetensors, which its *ForCausalLM class's
+    from_pretrained loads), written the one way every format is: config_to_hf(cfg, bos_id, eos_id) and
+    params_to_hf's tensors, both `checked` by reading the config back with config_from_hf."""
+
+    config_to_hf: Callable[..., dict]
+    config_from_hf: Callable[..., ModelConfig]
+    params_to_hf: Callable[[Reads, ModelConfig], dict]
+    head_flag: bool = True  # config_from_hf asks whether the tensors hold lm_head (GPT-2's: always tied, never)
+
+    def write(self, folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
+        hf_config = self.config_to_hf(cfg, bos_id, eos_id)
+        read_back = self.config_from_hf
+        if self.head_flag:
+            read_back = functools.partial(read_back, has_head=not cfg.tie_embeddings)
+        hf_folder.write_folder(folder, hf_config, checked(cfg, params, hf_config, read_back, self.params_to_hf))
+
+    def save(self, folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
+        """write into a new folder, atomically: a failure (a config the format cannot hold) leaves nothing."""
+        return hf_folder.write_atomically(folder, lambda tmp: self.write(tmp, cfg, params, bos_id, eos_id))
 
 
 def _workdir_path(path: tuple, cfg: ModelConfig) -> str:

@@ -244,14 +244,5 @@ def load_gpt2_tokenizer(folder) -> ByteLevelBPETokenizer:
     return ByteLevelBPETokenizer(model["vocab"], merges)
 
 
-def write_gpt2(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
-    """Writes config.json + model.safetensors into `folder` (GPT2LMHeadModel.from_pretrained loads them)."""
-    hf_config = config_to_hf(cfg, bos_id, eos_id)
-    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, config_from_hf, params_to_hf))
-
-
-def save_gpt2(
-    folder, cfg: ModelConfig, params: Mapping, *, bos_id: int | None = None, eos_id: int | None = None
-) -> Path:
-    """write_gpt2 into a new folder, atomically: a failure (a config or shape GPT-2 lacks) leaves nothing."""
-    return hf_folder.write_atomically(folder, lambda tmp: write_gpt2(tmp, cfg, params, bos_id, eos_id))
+_FOLDER = exportable.DecoderFolder(config_to_hf, config_from_hf, params_to_hf, head_flag=False)
+write_gpt2, save_gpt2 = _FOLDER.write, _FOLDER.save

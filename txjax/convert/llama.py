@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import numpy as np
 
@@ -379,13 +378,5 @@ def load_llama(folder) -> tuple[ModelConfig, dict]:
     return hf_folder.load_decoder_folder(folder, config_from_hf, params_from_hf)
 
 
-def write_llama(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
-    """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
-    hf_config = config_to_hf(cfg, bos_id, eos_id)
-    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings)
-    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))
-
-
-def save_llama(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
-    """write_llama into a new folder, atomically: a failure (a config txjax cannot export) leaves nothing."""
-    return hf_folder.write_atomically(folder, lambda tmp: write_llama(tmp, cfg, params, bos_id, eos_id))
+_FOLDER = exportable.DecoderFolder(config_to_hf, config_from_hf, params_to_hf)
+write_llama, save_llama = _FOLDER.write, _FOLDER.save

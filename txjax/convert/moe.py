@@ -349,13 +349,5 @@ def load_moe(folder) -> tuple[ModelConfig, dict]:
     return hf_folder.load_decoder_folder(folder, config_from_hf, functools.partial(params_from_hf, kind=kind))
 
 
-def write_moe(folder: Path, cfg: ModelConfig, params: Mapping, bos_id=None, eos_id=None) -> None:
-    """Writes config.json + model.safetensors into `folder` (AutoModelForCausalLM.from_pretrained loads them)."""
-    hf_config = config_to_hf(cfg, bos_id, eos_id)
-    read_back = functools.partial(config_from_hf, has_head=not cfg.tie_embeddings)
-    hf_folder.write_folder(folder, hf_config, exportable.checked(cfg, params, hf_config, read_back, params_to_hf))
-
-
-def save_moe(folder, cfg: ModelConfig, params: Mapping, *, bos_id=None, eos_id=None) -> Path:
-    """write_moe into a new folder, atomically: a failure (a config txjax cannot export) leaves nothing."""
-    return hf_folder.write_atomically(folder, lambda tmp: write_moe(tmp, cfg, params, bos_id, eos_id))
+_FOLDER = exportable.DecoderFolder(config_to_hf, config_from_hf, params_to_hf)
+write_moe, save_moe = _FOLDER.write, _FOLDER.save
