@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # rope_extension, the same eval at another context
+import rope_extension  # noqa: E402
 from rope_extension import REPO, evaluate  # noqa: E402
 
 from txjax import config as config_lib  # noqa: E402
@@ -64,28 +64,11 @@ def main() -> None:
 
 
 def plot(path: Path, rows: list[dict], bucket: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     curves = defaultdict(lambda: defaultdict(list))  # setting -> bucket start -> losses over seeds
     for r in rows:
         curves[r["layers"]][r["from"]].append(r["loss"])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, by_start in curves.items():
-        starts = sorted(by_start)
-        ax.plot(
-            [s + bucket / 2 for s in starts], [statistics.mean(by_start[s]) for s in starts], "-o", ms=3, label=name
-        )
-        for s in starts:  # the seeds, as dots
-            ax.plot([s + bucket / 2] * len(by_start[s]), by_start[s], ".", color=ax.lines[-1].get_color(), alpha=0.4)
-    ax.axvline(TRAINED, color="grey", ls=":", lw=1)
-    ax.set(xlabel=f"position in the window (buckets of {bucket})", ylabel="valid loss (nats/char)")
-    ax.set_title(f"trained at context {TRAINED}, evaluated at {CONTEXT} (mean over seeds)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    title = f"trained at context {TRAINED}, evaluated at {CONTEXT} (mean over seeds)"
+    rope_extension.plot(path, curves, bucket, title, trained=TRAINED, dots=True)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def main() -> None:
     for r in rows:
         curves[r["scaling"]][r["from"]].append(r["loss"])
     write_markdown(args.out / "results.md", curves, rows, args.bucket, command)
-    plot(args.out / "results.png", curves, args.bucket, len(args.workdirs))
+    title = f"trained at 256, evaluated at 1,024 (mean of {len(args.workdirs)} runs)"
+    plot(args.out / "results.png", curves, args.bucket, title)
 
 
 def mean_sd(values: list[float]) -> str:
@@ -118,7 +119,9 @@ def write_markdown(path: Path, curves, rows, bucket: int, command: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot(path: Path, curves, bucket: int, runs: int) -> None:
+def plot(path: Path, curves, bucket: int, title: str, trained: int = 256, dots: bool = False) -> None:
+    """Mean loss by position bucket per setting (curves: name -> bucket start -> losses over runs), a dotted line at
+    the trained context; `dots`: each run's loss too."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,9 +132,11 @@ def plot(path: Path, curves, bucket: int, runs: int) -> None:
         starts = sorted(by_start)
         centres = [s + bucket / 2 for s in starts]
         ax.plot(centres, [statistics.mean(by_start[s]) for s in starts], marker="o", ms=3, label=name)
-    ax.axvline(256, color="grey", ls=":", lw=1)
+        for s in starts if dots else ():
+            ax.plot([s + bucket / 2] * len(by_start[s]), by_start[s], ".", color=ax.lines[-1].get_color(), alpha=0.4)
+    ax.axvline(trained, color="grey", ls=":", lw=1)
     ax.set(xlabel=f"position in the window (buckets of {bucket})", ylabel="valid loss (nats/char)")
-    ax.set_title(f"trained at 256, evaluated at 1,024 (mean of {runs} runs)")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
