@@ -255,7 +255,8 @@ def test_a_weight_the_format_fuses_is_refused_in_one_line_naming_merged(tmp_path
 
 def test_a_peft_adapter_imported_onto_the_base_is_the_run_again(runs, tmp_path, capsys):
     """run.py import --from=ADAPTER --base=WORKDIR: the exported adapter read back onto the imported base gives the
-    run's merged weights, and exported again the same tensors; a DoRA adapter is one line, nothing written."""
+    run's merged weights, and exported again the same tensors; trained biases (bias="all") are one line, nothing
+    written."""
     from safetensors.numpy import load_file
 
     _, base, tuned = runs
@@ -271,12 +272,12 @@ def test_a_peft_adapter_imported_onto_the_base_is_the_run_again(runs, tmp_path, 
     )
     assert first.keys() == twice.keys() and all(np.array_equal(first[k], twice[k]) for k in first)
     config = json.loads((adapter / "adapter_config.json").read_text())
-    (adapter / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
+    (adapter / "adapter_config.json").write_text(json.dumps(config | {"bias": "all"}))
     capsys.readouterr()
-    assert run.main(["import", f"--from={adapter}", f"--base={base}", f"--workdir={tmp_path / 'dora'}"]) == 2
+    assert run.main(["import", f"--from={adapter}", f"--base={base}", f"--workdir={tmp_path / 'biases'}"]) == 2
     err = capsys.readouterr().err
-    assert "adapter_config.json: use_dora=True is not plain LoRA, which txjax reads" in err and err.count("\n") == 1
-    assert not (tmp_path / "dora").exists()
+    assert "adapter_config.json: bias='all' is not plain LoRA, which txjax reads" in err and err.count("\n") == 1
+    assert not (tmp_path / "biases").exists()
 
 
 def test_lora_runs_differing_in_the_learning_rate_train_stacked(runs, tmp_path):

@@ -258,7 +258,7 @@ def test_the_resume_policy_is_the_one_the_runs_had():
         "data.eval_size",
     }
     train = {name for name in schema.base_values()["train"] if schema.resume_refused(f"train.{name}")}
-    lora = {"lora_rank", "lora_alpha", "lora_scaling", "lora_targets"}  # what the adapters are
+    lora = {"lora_rank", "lora_alpha", "lora_scaling", "lora_targets", "lora_variant"}  # what the adapters are
     assert train == {"seed", "batch_size", "grad_accum", "optimizer", "decay_start", "init_from"} | lora
     assert set(schema.resumable_fields("model")) == {
         "dtype",

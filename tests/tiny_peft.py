@@ -15,15 +15,16 @@ from txjax.model.models import DecoderLM
 from txjax.state import lora
 
 
-def peft_loaded(hf_model, model, params, params_to_hf, folder, targets=lora.TARGETS[:-1]):
+def peft_loaded(hf_model, model, params, params_to_hf, folder, targets=lora.TARGETS[:-1], variant="lora"):
     """(peft.PeftModel of a copy of `hf_model` with the adapter txjax's peft writer wrote into `folder`, txjax's merged
     params): rank-2 adapters on `params` of txjax's `model` at `targets`, A as training draws it and B random (not
-    0, so that they change the model); `params_to_hf` the format's converter."""
+    0, so that they change the model), DoRA's m (`variant`) ||W|| moved by noise too; `params_to_hf` the format's
+    converter."""
     import copy
 
     import peft
 
-    config = lora.LoraConfig(lora_rank=2, lora_alpha=4.0, lora_targets=tuple(targets))
+    config = lora.LoraConfig(lora_rank=2, lora_alpha=4.0, lora_targets=tuple(targets), lora_variant=variant)
     adapted = lora.adapted(params, param_roles(model), config, jax.random.key(1))
     rng = np.random.default_rng(2)
     adapted = adapted.replace(lora=jax.tree.map(lambda x: x + rng.normal(0, 0.1, x.shape), adapted.lora))

@@ -4,7 +4,9 @@ and a peft adapter folder read onto an imported base (`run.py import --from=ADAP
 adapter_config.json (peft's LoraConfig: r, lora_alpha, use_rslora, target_modules, base_model_name_or_path) and
 adapter_model.safetensors, each adapted weight's pair named as peft names it,
 `base_model.model.<the weight's module>.lora_A.weight` [r, in] and `.lora_B.weight` [out, r], so that
-peft.PeftModel.from_pretrained(the model the base was imported from, FOLDER) runs W + s B_hf A_hf.
+peft.PeftModel.from_pretrained(the model the base was imported from, FOLDER) runs W + s B_hf A_hf. A DoRA run's
+(train.lora_variant=dora) sets use_dora and adds each weight's magnitude, `.lora_magnitude_vector` [out], in the
+rows' order: peft runs m (W + s B_hf A_hf) / ||W + s B_hf A_hf||, the norm over `in` (dim 1).
 
 Which Hugging Face tensor a txjax weight becomes, and how its entries move (Q/K's RoPE pairs permuted, [in, out]
 transposed, heads flattened, layers unstacked), is the converter's params_to_hf: it is asked once, on a probe tree
@@ -32,6 +34,7 @@ from txjax.model.config import ModelConfig
 from txjax.state.lora import TARGETS, Adapted, LoraConfig, matrix_sizes, targeted, weight_name
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+_MAGNITUDE = "lora_magnitude_vector"  # peft's name of DoRA's m, a module's tensor beside lora_A and lora_B
 _TASKS = {"decoder_lm": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM"}
 
 
@@ -76,7 +79,7 @@ def _placement(name: str, index: np.ndarray, rows: int, outputs: int) -> tuple:
 def peft_tensors(adapted: Adapted, cfg: ModelConfig, params_to_hf: Callable) -> tuple[dict[str, np.ndarray], list]:
     """({peft tensor name: array} of the adapters of `adapted` (a run's saved parameters), the names of every tensor
     of the format); ValueError naming a weight that is not one Linear's weight per layer."""
-    pairs = traverse_util.flatten_dict(adapted.lora, is_leaf=lambda _, x: set(x) == {"a", "b"})
+    pairs = traverse_util.flatten_dict(adapted.lora, is_leaf=lambda _, x: "a" in x)
     sizes = {path: (ab["a"].shape[-2], ab["b"].shape[-1]) for path, ab in pairs.items()}
     placed, names = placements(traverse_util.flatten_dict(adapted.base), sizes, cfg, params_to_hf)
     out = {}
@@ -91,6 +94,9 @@ def peft_tensors(adapted: Adapted, cfg: ModelConfig, params_to_hf: Callable) -> 
         for module, k, inputs, outputs in placed[path]:
             out[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a[k][inputs].T)
             out[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(b[k][:, outputs].T)
+            if "m" in ab:
+                m = np.asarray(ab["m"], np.float32).reshape(-1, b.shape[-1])
+                out[f"base_model.model.{module}.{_MAGNITUDE}"] = np.ascontiguousarray(m[k][outputs])
     return out, names
 
 
@@ -100,7 +106,7 @@ def write_adapter(
     """adapter_config.json + adapter_model.safetensors into `folder`; `lora`: the run's LoraConfig fields, `base`:
     base_model_name_or_path."""
     tensors, names = peft_tensors(adapted, cfg, params_to_hf)
-    modules = sorted({name.removeprefix("base_model.model.").rsplit(".", 2)[0] for name in tensors})
+    modules = sorted({_module(name) for name in tensors})
     config = {
         "peft_type": "LORA",
         "task_type": _TASKS[family],
@@ -108,6 +114,7 @@ def write_adapter(
         "r": lora["lora_rank"],
         "lora_alpha": lora["lora_alpha"],
         "use_rslora": lora["lora_scaling"] == "rslora",
+        "use_dora": any(name.endswith(_MAGNITUDE) for name in tensors),
         "lora_dropout": lora["lora_dropout"],
         "bias": "none",
         "fan_in_fan_out": False,
@@ -119,6 +126,11 @@ def write_adapter(
     save_file(tensors, folder / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
+def _module(name: str) -> str:
+    """The module a peft tensor adapts: its name less the prefix and the adapter's own part (lora_A.weight, ...)."""
+    return name.removeprefix("base_model.model.").split(".lora_")[0]
+
+
 def _target_modules(adapted: list[str], all_tensors: list[str]) -> list[str]:
     """The modules' last names (q_proj, ...) where they name the adapted modules alone, else their full names."""
     short = {m.rsplit(".", 1)[-1] for m in adapted}
@@ -127,14 +139,14 @@ def _target_modules(adapted: list[str], all_tensors: list[str]) -> list[str]:
 
 
 # peft's LoraConfig fields beyond plain LoRA, with their plain values: an adapter that sets one is refused
-_PLAIN = {"use_dora": False, "bias": "none", "fan_in_fan_out": False, "modules_to_save": None}
+_PLAIN = {"bias": "none", "fan_in_fan_out": False, "modules_to_save": None}
 _PLAIN |= {"layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {}, "target_parameters": None}
 
 
 def read_adapter(folder, params, roles, cfg: ModelConfig, params_to_hf: Callable) -> tuple[Adapted, LoraConfig]:
     """A peft LoRA adapter folder (trained elsewhere) on the model `params` of `roles` (txjax.families.param_roles),
     whose format's converter is `params_to_hf`: (its adapters as txjax's, its LoraConfig); a one-line ValueError for
-    what txjax's LoRA cannot hold (DoRA, trained biases, per-layer ranks, a module that is no weight of the model, a
+    what txjax's LoRA cannot hold (trained biases, per-layer ranks, a module that is no weight of the model, a
     name adapted in some of its places only)."""
     folder = Path(folder)
     config = read_json(folder / CONFIG_FILE)
@@ -142,13 +154,14 @@ def read_adapter(folder, params, roles, cfg: ModelConfig, params_to_hf: Callable
     if config.get("peft_type") != "LORA" or odd:
         what = ", ".join(odd) or f"peft_type={config.get('peft_type')!r}"
         raise ValueError(
-            f"{folder / CONFIG_FILE}: {what} is not plain LoRA, which txjax reads (r, lora_alpha, use_rslora)"
+            f"{folder / CONFIG_FILE}: {what} is not plain LoRA, which txjax reads (r, lora_alpha, use_rslora, use_dora)"
         )
     tensors = load_file(folder / WEIGHTS_FILE)
-    modules = {name.removeprefix("base_model.model.").rsplit(".", 2)[0] for name in tensors}
+    modules = {_module(name) for name in tensors}
     rank = int(config["r"])
     lora = LoraConfig(lora_rank=rank, lora_alpha=float(config["lora_alpha"]))
     lora = dataclasses.replace(lora, lora_scaling="rslora" if config.get("use_rslora") else "lora")
+    lora = dataclasses.replace(lora, lora_variant="dora" if config.get("use_dora") else "lora")
     flat, flat_roles = traverse_util.flatten_dict(params), traverse_util.flatten_dict(roles)
     sizes = {p: matrix_sizes(np.shape(flat[p]), role) for p, role in flat_roles.items() if role.kind == "matrix"}
     placed, _ = placements(flat, sizes, cfg, params_to_hf)
@@ -168,13 +181,23 @@ def read_adapter(folder, params, roles, cfg: ModelConfig, params_to_hf: Callable
             np.zeros((math.prod(batch), inputs, rank), np.float32),
             np.zeros((math.prod(batch), rank, outputs), np.float32),
         )
+        magnitudes = None  # DoRA's m: W's norms (a weight no tensor names stays W), then peft's where it has them
+        if lora.lora_variant == "dora":
+            w = np.asarray(flat[path], np.float32).reshape(-1, inputs, outputs)
+            magnitudes = np.sqrt(np.square(w).sum(axis=-2))
         for module, k, cols, rows in [] if isinstance(placed[path], str) else placed[path]:
             if module not in modules:
                 raise ValueError(f"{folder}: {module} is not adapted while other {weight_name(path)} weights are")
             a[k][cols] = tensors[f"base_model.model.{module}.lora_A.weight"].T
             b[k][:, rows] = tensors[f"base_model.model.{module}.lora_B.weight"].T
+            if magnitudes is not None:
+                if (name := f"base_model.model.{module}.{_MAGNITUDE}") not in tensors:
+                    raise ValueError(f"{folder}: use_dora=true but {name} is not in {WEIGHTS_FILE}")
+                magnitudes[k][rows] = tensors[name]
         adapters[(*path, "a")], adapters[(*path, "b")] = (
             a.reshape(*batch, inputs, rank),
             b.reshape(*batch, rank, outputs),
         )
+        if magnitudes is not None:
+            adapters[(*path, "m")] = magnitudes.reshape(*batch, outputs)
     return Adapted(params, traverse_util.unflatten_dict(adapters), lora.scale), lora

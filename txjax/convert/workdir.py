@@ -164,6 +164,7 @@ def import_adapter(adapter, base, workdir) -> dict:
     adapted, lora = read_adapter(adapter, params, param_roles(run.model), run.model.cfg, params_to_hf)
     config = run.config
     config.train.update(lora_rank=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_scaling=lora.lora_scaling)
+    config.train.update(lora_variant=lora.lora_variant)
     config.train.lora_targets = list(lora.lora_targets)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=jax.tree.map(jnp.asarray, adapted), opt_state=None)
     path = _write_workdir(workdir, config, run.tokenizer, state)

@@ -7,9 +7,10 @@ reads its weights merged,
 
     W' = W + A (s B)  (reshaped as W),
 
-as it runs: the backward pass then holds one unit's W' and its gradient at a time. Merging the whole tree before a
-scanned stack would make the gradient of every layer's W' at once, as large as a full fine-tune's gradient. The
-model without the collection (initialization, evaluation and decoding on merged weights) runs its blocks as they are.
+as it runs (DoRA's {"a", "b", "m"}: W' = m V / ||V||, V = W + A (s B), `merge`): the backward pass then holds one
+unit's W' and its gradient at a time. Merging the whole tree before a scanned stack would make the gradient of every
+layer's W' at once, as large as a full fine-tune's gradient. The model without the collection (initialization,
+evaluation and decoding on merged weights) runs its blocks as they are.
 
 With dropout on the adapters' input (train.lora_dropout = p > 0, peft's lora_dropout, traced under `dropout(p)`)
 no weight is merged: each adapted projection adds its own low-rank term (`low_rank`),
@@ -44,18 +45,32 @@ def dropout(rate: float):
         _DROPOUT.reset(token)
 
 
-def merge(w, a, b):
-    """W + A B laid out as W, the product in float32 precision (b already scaled by s)."""
-    return w + jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST).reshape(w.shape).astype(w.dtype)
+def merge(w, a, b, m=None):
+    """W + A B laid out as W, the product in float32 precision (b already scaled by s). With DoRA's magnitude m
+    [..., O]: m V / ||V||, V = W + A B as [..., I, O] (W's input axes flattened, as A's rows; its outputs as B's
+    columns), the norm per output held out of the gradient (peft's, the paper's section 4.3: m and the direction's
+    numerator train, the norm is a constant of the step)."""
+    delta = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+    if m is None:
+        return w + delta.reshape(w.shape).astype(w.dtype)
+    v_IxO = w.reshape(delta.shape).astype(jnp.float32) + delta.astype(jnp.float32)
+    scale_O = m.astype(jnp.float32) / jax.lax.stop_gradient(norms(v_IxO))
+    return (v_IxO * scale_O[..., None, :]).reshape(w.shape).astype(w.dtype)
+
+
+def norms(w_IxO):
+    """The L2 norm of each output's column of a weight laid out [..., I, O] (float32): [..., O]."""
+    return jnp.sqrt(jnp.sum(jnp.square(w_IxO.astype(jnp.float32)), axis=-2))
 
 
 def merged(params, adapters):
-    """`params` with each weight that `adapters` ({path...: {"a", "b"}}, the same nesting) adapts merged."""
+    """`params` with each weight that `adapters` ({path...: {"a", "b"}} or DoRA's {"a", "b", "m"}, the same
+    nesting) adapts merged."""
     if not adapters:
         return params
     flat = traverse_util.flatten_dict(params)
-    for path, ab in traverse_util.flatten_dict(adapters, is_leaf=lambda _, x: set(x) == {"a", "b"}).items():
-        flat[path] = merge(flat[path], ab["a"], ab["b"])
+    for path, ab in traverse_util.flatten_dict(adapters, is_leaf=lambda _, x: "a" in x).items():
+        flat[path] = merge(flat[path], ab["a"], ab["b"], ab.get("m"))
     return traverse_util.unflatten_dict(flat)
 
 

@@ -7,14 +7,19 @@ runs on the merged weights
 
     W' = W + A (s B) (reshaped as W),  s = alpha / r  (rsLoRA, train.lora_scaling="rslora": alpha / sqrt(r))
 
-so B = 0 at step 0 gives the base's forward pass exactly. The state's parameters are then `Adapted(base, lora)`:
-the train step (txjax.training.step) differentiates the objective with respect to `lora` alone, `base` being an
-argument it does not differentiate, and the optimizer's state is built over `lora` alone (its roles: `roles`), so no
-gradient tree nor moment of the base is kept. The train step applies the model to the base and the adapters
-(`base_and_adapters`), and each block merges its own weights as it runs (txjax.model.adapters): the full-size W' and
-its gradient are one block's at a time. Everything that reads a checkpoint's parameters (evaluation, generation,
-export) reads `model_params`: the whole tree merged by the same function, so that generating from a LoRA run is
-generating from its merged export.
+so B = 0 at step 0 gives the base's forward pass exactly. DoRA (Liu et al. 2024, peft's use_dora; train.lora_variant
+= "dora") adds a trained magnitude m [..., O], one value per output feature, initialised to W's norm over its inputs:
+
+    W' = m * V / ||V||,  V = W + A (s B),  the norm ||V|| per output over the input axes, held out of the gradient,
+
+(txjax.model.adapters.merge), so step 0 is the base again (to rounding: ||W|| / ||W||). The state's parameters are
+then `Adapted(base, lora)`: the train step (txjax.training.step) differentiates the objective with respect to `lora`
+alone, `base` being an argument it does not differentiate, and the optimizer's state is built over `lora` alone (its
+roles: `trained_roles`), so no gradient tree nor moment of the base is kept. The train step applies the model to the
+base and the adapters (`base_and_adapters`), and each block merges its own weights as it runs
+(txjax.model.adapters): the full-size W' and its gradient are one block's at a time. Everything that reads a
+checkpoint's parameters (evaluation, generation, export) reads `model_params`: the whole tree merged by the same
+function, so that generating from a LoRA run is generating from its merged export.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from txjax.model.roles import Role
 TARGETS = ("query", "key", "value", "out", "wi", "wi_gate", "wo", "router")
 _ON = ReadBy("train.lora_rank", lambda r: r > 0, "LoRA is off (train.lora_rank=0)")
 _ADAPTER = Role("matrix")  # A [..., I, r] and B [..., r, O]: matrices over their last two axes (Muon, muP)
+_MAGNITUDE = Role("norm")  # DoRA's m [..., O]: a gain per output, as a norm's (not decayed, Adam under Muon, muP 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +55,9 @@ class LoraConfig:
     lora_alpha: float = setting(16.0, bounds=Range(lambda v: v > 0, "> 0"), resume=False, read_by=(_ON,))
     lora_scaling: str = setting("lora", choices=("lora", "rslora"), resume=False, read_by=(_ON,))
     lora_targets: tuple[str, ...] = setting(TARGETS[:-1], resume=False, read_by=(_ON,))
+    # "dora": each adapted weight's magnitude trained beside A and B (peft's use_dora); a choice of kinds, as
+    # lora_scaling, so that another variant is one more name
+    lora_variant: str = setting("lora", choices=("lora", "dora"), resume=False, read_by=(_ON,))
     # peft's lora_dropout: y = x W + s drop(x) A B in training (txjax.model.adapters), attention's and dense FFNs'
     lora_dropout: float = setting(0.0, bounds=Range(lambda v: 0 <= v < 1, "in [0, 1)"), read_by=(_ON,))
 
@@ -66,7 +75,7 @@ class LoraConfig:
 @flax.struct.dataclass
 class Adapted:
     """A LoRA run's parameters: the frozen `base` (the model's tree) and the trained `lora` ({path...: {"a", "b"}},
-    the base's nesting, targeted weights only), merged with `scale`."""
+    DoRA's {"a", "b", "m"}, the base's nesting, targeted weights only), merged with `scale`."""
 
     base: Any
     lora: Any
@@ -102,6 +111,11 @@ def targeted(roles, lora: LoraConfig) -> dict[tuple, Role]:
             f"config.train.lora_targets={list(lora.lora_targets)!r} names no weight matrix of this model; its "
             f"matrices: {', '.join(have)}"
         )
+    if lora.lora_dropout and lora.lora_variant == "dora":
+        raise ConfigError(
+            f"config.train.lora_dropout={lora.lora_dropout} is not implemented with train.lora_variant=dora (its "
+            "merged weight has no dropped-out term): set train.lora_dropout=0 or train.lora_variant=lora"
+        )
     if lora.lora_dropout and (odd := sorted("/".join(path) for path in found if not _drops_out(path))):
         raise ConfigError(
             f"config.train.lora_dropout={lora.lora_dropout} drops out the inputs of attention's and dense FFNs' "
@@ -119,8 +133,9 @@ def _drops_out(path: tuple) -> bool:
 
 
 def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
-    """`params` as the base of a LoRA run, each targeted weight's A drawn from `key` (folded with its index), B 0."""
-    flat, adapters = traverse_util.flatten_dict(params), {}
+    """`params` as the base of a LoRA run, each targeted weight's A drawn from `key` (folded with its index), B 0;
+    DoRA's m W's norm over its inputs for each output."""
+    flat, out = traverse_util.flatten_dict(params), {}
     for i, (path, role) in enumerate(sorted(targeted(roles, lora).items())):
         w = nn.meta.unbox(flat[path])  # a boxed tree's (state_shardings') weight: its shape
         batch, (inputs, outputs) = w.shape[: w.ndim - role.inputs - role.outputs], matrix_sizes(w.shape, role)
@@ -131,8 +146,11 @@ def adapted(params, roles, lora: LoraConfig, key) -> Adapted:
             )
         a = jax.random.normal(jax.random.fold_in(key, i), (*batch, inputs, lora.lora_rank), w.dtype)
         b = jnp.zeros((*batch, lora.lora_rank, outputs), w.dtype)
-        adapters[(*path, "a")], adapters[(*path, "b")] = boxed_like(flat[path], role, a / lora.lora_rank, b)
-    return Adapted(params, traverse_util.unflatten_dict(adapters), lora.scale)
+        out[(*path, "a")], out[(*path, "b")] = boxed_like(flat[path], role, a / lora.lora_rank, b)
+        if lora.lora_variant == "dora":
+            m = adapters.norms(w.reshape(*batch, inputs, outputs)).astype(w.dtype)
+            out[(*path, "m")] = magnitude_like(flat[path], role, m)
+    return Adapted(params, traverse_util.unflatten_dict(out), lora.scale)
 
 
 def boxed_like(w, role: Role, a, b) -> tuple:
@@ -150,6 +168,14 @@ def boxed_like(w, role: Role, a, b) -> tuple:
     )
 
 
+def magnitude_like(w, role: Role, m):
+    """DoRA's m [..., O] boxed as its weight `w` is: on W's leading axes and the first of its outputs (as B's)."""
+    if not isinstance(w, nn.LogicallyPartitioned):
+        return m
+    lead = len(w.names) - role.inputs - role.outputs
+    return w.replace(value=m, names=(*w.names[:lead], w.names[len(w.names) - role.outputs]), role=_MAGNITUDE)
+
+
 def matrix_sizes(shape: tuple, role: Role) -> tuple[int, int]:
     """(I, O): the products of a weight's input and output axes."""
     return math.prod(shape[len(shape) - role.inputs - role.outputs : len(shape) - role.outputs]), math.prod(
@@ -159,15 +185,16 @@ def matrix_sizes(shape: tuple, role: Role) -> tuple[int, int]:
 
 def base_and_adapters(params):
     """(the parameters the model is applied to, the adapters it merges block by block: {"a": A, "b": s B} at each
-    adapted weight, txjax.model.adapters); any other run's (params, None)."""
+    adapted weight, DoRA's with its "m", txjax.model.adapters); any other run's (params, None)."""
     if not isinstance(params, Adapted):
         return params, None
-    scaled = {"a": lambda a: a, "b": lambda b: params.scale * b}
-    return params.base, traverse_util.path_aware_map(lambda path, x: scaled[path[-1]](x), params.lora)
+    scaled = lambda path, x: params.scale * x if path[-1] == "b" else x
+    return params.base, traverse_util.path_aware_map(scaled, params.lora)
 
 
 def model_params(params):
-    """The parameters the model runs on: a LoRA run's merged weights W + A (s B), any other run's as they are."""
+    """The parameters the model runs on: a LoRA run's merged weights W + A (s B) (DoRA's m V / ||V||), any other
+    run's as they are."""
     return adapters.merged(*base_and_adapters(params))
 
 
@@ -183,7 +210,10 @@ def joined(trained_params, frozen, like):
 
 def trained_roles(model_roles, lora: LoraConfig):
     """The roles of what the optimizer trains (`trained(params)[0]`): a model's own (`model_roles`), or with LoRA
-    on, each adapter's, a matrix over its last two axes."""
+    on, each adapter's, a matrix over its last two axes, and DoRA's magnitude a gain (as a norm's)."""
     if not lora.lora_rank:
         return model_roles
-    return traverse_util.unflatten_dict({(*path, x): _ADAPTER for path in targeted(model_roles, lora) for x in "ab"})
+    kinds = {"a": _ADAPTER, "b": _ADAPTER} | ({"m": _MAGNITUDE} if lora.lora_variant == "dora" else {})
+    return traverse_util.unflatten_dict(
+        {(*path, x): r for path in targeted(model_roles, lora) for x, r in kinds.items()}
+    )
