@@ -43,7 +43,7 @@ from experiment_tables import (  # noqa: E402
     smollm2_sft,
     smollm2_sft_generations,
 )
-from scale_tables import scale, scale_search  # noqa: E402
+from scale_tables import scale, scale_decode, scale_search  # noqa: E402
 from table_format import BENCH, REPO, RUNS, bench, machine_label, n, table, target_tokens_per_s  # noqa: E402
 
 SWEEPS = REPO / "experiments" / "ablations" / "results"
@@ -329,7 +329,7 @@ TABLES = {
         *(prepare_memory, score_text_memory, attention_time, local_attention, families),
         *(passkey, local_global, local_global_step, rope_extension, family_comparison, kv_cache, linear_layers, mtp),
         *(experiments, bible_variants, bible_averaging, bible_length_penalty, smollm2_sft, smollm2_sft_generations),
-        *(marian_lora, scale, scale_search),
+        *(marian_lora, scale, scale_decode, scale_search),
     )
 }
 

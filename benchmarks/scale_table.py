@@ -4,10 +4,12 @@ the command printed: fits, HBM per chip, collectives, XLA's estimated step time 
 
     python benchmarks/scale_table.py --cells=llama3_8b@v6e-256[,...]   # or --cells=all
     python benchmarks/scale_table.py --search=batch --cells=llama3_8b@v5e-256  # the estimator's trials and answer
+    python benchmarks/scale_table.py --step=decode --cells=llama3_8b@v5p-128   # one cached decoding step (DECODE)
 
-Each cell's record goes into benchmarks/results/scale_table_cpu.json (search: scale_search_cpu.json) under its name,
-with the machine, day and command it ran with, so cells can be (re)run one at a time; benchmarks/readme_tables.py
-renders the table from it (scale_tables.py). The shapes are the imported families' real dimensions (config.json of
+Each cell's record goes into benchmarks/results/scale_table_cpu.json (search: scale_search_cpu.json) under its name
+(a decoding cell's `MODEL@TOPOLOGY --step=decode`, beside the training cells) with the machine, day and command it
+ran with, so cells can be (re)run one at a time; benchmarks/readme_tables.py renders the tables from it
+(scale_tables.py). The shapes are the imported families' real dimensions (config.json of
 each model on the Hugging Face hub, as txjax/convert/llama.py and moe.py map them); the data is the synthetic
 passkey task at the model's context (its digits are tokens of a vocabulary the size of the model's), since a compile
 reads only the batch's shape.
@@ -74,26 +76,32 @@ MESHES = {  # (model, topology) -> mesh; one row of the batch per data x fsdp x 
     ("llama3_8b_32k_ring", "v5p-128"): {"fsdp": 16, "sequence": 4},
     ("llama3_8b_32k_ring", "v6e-256"): {"fsdp": 64, "sequence": 4},
 }
+# (model, topology) -> mesh of the decoding cells (--step=decode): the training cell's mesh, so that the step sits
+# beside its training cell with the same layout of the weights, and one row per group of chips that splits the rows
+# (the KV cache's rows are split over the batch axes only when the rows are a multiple of their product, else every
+# chip holds all of them); more rows a chip raise tokens per second until the cache fills the HBM, a search not run
+DECODE = {(m, t): MESHES[(m, t)] for m in ("llama3_8b", "llama3_70b") for t in ("v5e-256", "v5p-128", "v6e-256")}
 PASSKEY_AROUND = 5  # BOS, '=', the 2 passkey digits, EOS around the context's digits (txjax.data.synthetic)
 
 
-def command(model: str, topology: str, search: str | None = None) -> list[str]:
+def command(model: str, topology: str, search: str | None = None, step: str = "train") -> list[str]:
     """The run.py compile command of a cell: the model's shape, its context's passkey data, the cell's mesh and one
-    row of the batch per group of chips that splits the rows."""
+    row of the batch per group of chips that splits the rows (decode: one cached step with the context's cache)."""
     fields, context = MODELS[model]
-    mesh = MESHES[(model, topology)]
+    mesh = (DECODE if step == "decode" else MESHES)[(model, topology)]
     rows = mesh.get("data", 1) * mesh.get("fsdp", 1) * mesh.get("expert", 1)
     digits = context - PASSKEY_AROUND + 1  # the LM's inputs are the sequence less its last token
     data = ["task=passkey", f"min_digits={digits}", f"max_digits={digits}", "eval_size=4"]
     args = ["run.py", "compile", f"--topology={topology}", *(["--search", search] if search else [])]
+    args += ["--step=decode"] if step == "decode" else []
     args += [f"--config.data.{d}" for d in data] + [f"--config.model.{f}" for f in [*COMMON, *fields]]
     args += [f"--config.model.max_len={context}", f"--config.train.batch_size={rows}"]
     return args + [f"--config.mesh.{axis}={size}" for axis, size in mesh.items()]
 
 
-def run_cell(model: str, topology: str, search: str | None) -> dict:
+def run_cell(model: str, topology: str, search: str | None, step: str) -> dict:
     """One cell compiled under nice -n 10 and /usr/bin/time -v: its JSON lines, wall seconds, peak RSS."""
-    args = command(model, topology, search)
+    args = command(model, topology, search, step)
     with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
         done = subprocess.run(
             ["nice", "-n", "10", "/usr/bin/time", "-v", "-o", timing.name, sys.executable, *args],
@@ -121,15 +129,20 @@ def run_cell(model: str, topology: str, search: str | None) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", required=True, help="MODEL@TOPOLOGY,... (models and topologies: MESHES) or all")
+    parser.add_argument("--cells", required=True, help="MODEL@TOPOLOGY,... (MESHES; decode: DECODE) or all")
     parser.add_argument("--search", choices=("batch", "remat"), help="run.py compile --search: the estimator")
+    parser.add_argument("--step", choices=("train", "decode"), default="train", help="run.py compile --step")
     args = parser.parse_args()
-    cells = list(MESHES) if args.cells == "all" else [tuple(c.split("@")) for c in args.cells.split(",")]
+    every = DECODE if args.step == "decode" else MESHES
+    cells = list(every) if args.cells == "all" else [tuple(c.split("@")) for c in args.cells.split(",")]
     path = RESULTS / ("scale_search_cpu.json" if args.search else "scale_table_cpu.json")
     for model, topology in cells:
-        record = run_cell(model, topology, args.search)
+        record = run_cell(model, topology, args.search, args.step)
         saved = json.loads(path.read_text()) if path.is_file() else {"cells": {}}
-        saved["cells"][f"{model}@{topology}" + (f" --search={args.search}" if args.search else "")] = record
+        suffix = (f" --search={args.search}" if args.search else "") + (
+            " --step=decode" if args.step == "decode" else ""
+        )
+        saved["cells"][f"{model}@{topology}{suffix}"] = record
         path.write_text(json.dumps(saved, indent=1) + "\n")
         result = record["result"] or {}
         print(model, topology, "fits" if result.get("fits") else "does not fit", record["wall_seconds"], "s",

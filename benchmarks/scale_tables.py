@@ -1,9 +1,10 @@
 """The scale table's generated tables (benchmarks/readme_tables.py renders them into docs/scaling.md): each cell
-benchmarks/scale_table.py compiled, and the estimator's trials and answer."""
+benchmarks/scale_table.py compiled (training steps, and decoding steps apart), and the estimator's trials and answer."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from table_format import BENCH, machine_label, n, table
 
@@ -39,10 +40,13 @@ def _mesh(mesh: dict) -> str:
     return " x ".join(f"{axis} {size}" for axis, size in mesh.items() if size > 1)
 
 
+DECODING = " --step=decode"  # the suffix of a decoding cell's name (benchmarks/scale_table.py)
+
+
 def scale() -> list[str]:
     """Per model shape and TPU pod: what run.py compile reports (XLA's figures: estimates, not measurements)."""
     rows = []
-    for name, cell in sorted(_cells("scale_table").items()):
+    for name, cell in sorted((k, v) for k, v in _cells("scale_table").items() if not k.endswith(DECODING)):
         model, topology = name.split("@")
         r = cell["result"] or {}
         memory = r.get("hbm_per_chip_bytes") or {}
@@ -66,6 +70,32 @@ def scale() -> list[str]:
         ])  # fmt: skip
     header = ["model", "pod", "mesh", "tokens a step", "fits", "HBM per chip (GiB)", "collectives a step (GB a chip)"]
     header += ["XLA's estimated step (s)", "estimated MFU", "MaxText's measured MFU", "compile (wall, RSS)", "measured"]
+    return table(header, rows)
+
+
+def scale_decode() -> list[str]:
+    """Per model shape and TPU pod: one cached decoding step over the whole context's KV cache (run.py compile
+    --step=decode; XLA's figures, its time and the tokens per second it implies estimates, not measurements)."""
+    rows = []
+    for name, cell in sorted((k, v) for k, v in _cells("scale_table").items() if k.endswith(DECODING)):
+        model, topology = name.removesuffix(DECODING).split("@")
+        r = cell["result"] or {}
+        memory = r.get("hbm_per_chip_bytes") or {}
+        fits = {True: "yes", False: "no"}.get(r.get("fits"), f"refused: {cell['error']}")
+        fits += f" ({r['xla']})" if r.get("xla") else ""  # XLA refused it for the chip's HBM
+        # one step's time: the loop XLA counts once is the decoding loop, one step a trip, and for_decoding unrolls
+        # the layers (txjax/decode/cache.py)
+        seconds, tokens = r.get("estimated_step_seconds"), r.get("tokens_per_second_estimate")
+        context = re.search(r"--config\.model\.max_len=(\d+)", cell["command"])[1]
+        rows.append([
+            f"`{model}`", topology, _mesh(r.get("mesh", {})), n(r.get("tokens_per_step")), n(int(context)), fits,
+            f"{n(memory['total'] / GiB)} of {n(r['chip_hbm_bytes'] / GiB)}" if memory else "",
+            f"{r['kv_cache_bytes_per_chip']:,}" if "kv_cache_bytes_per_chip" in r else "",  # the formula's bytes
+            n(seconds) if seconds else "none given", n(tokens) if tokens else "",
+            f"{n(cell['wall_seconds'])} s, {n(cell['peak_rss_bytes'] / 1e9)} GB", machine_label(cell["machine"]),
+        ])  # fmt: skip
+    header = ["model", "pod", "mesh", "rows", "context", "fits", "HBM per chip (GiB)", "KV cache per chip (bytes)"]
+    header += ["XLA's estimated step (s)", "estimated tokens/s", "compile (wall, RSS)", "measured"]
     return table(header, rows)
 
 
