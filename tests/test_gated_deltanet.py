@@ -73,6 +73,18 @@ def test_the_chunked_form_is_the_delta_rule_stepped_one_token_at_a_time():
     assert float(jnp.abs(got[0][1, 3] - one_run[1, 3]).max()) > 1e-2
 
 
+def test_a_long_chunk_of_strong_decays_rounds_as_float32_does():
+    """One chunk of 64 tokens whose decays sum to about -64 (Qwen3-Next's tiny model reaches -55): float32 within 2e-7
+    of the rule stepped in float64 (outputs to 0.8). Decays taken as differences of the chunk's cumulative sums
+    cancelled to 7e-7 here (1.3e-6 at twice the decay), and Qwen3-Next's logits to 2e-4 from transformers'."""
+    q, k, v, g, beta, runs = delta_inputs(0, l=64, dk=8, dv=6)
+    state = np.zeros((2, 2, 8, 6))
+    with jax.enable_x64(True):
+        exact = stepped_delta_rule(*(np.asarray(t, np.float64) for t in (q, k, v, 2 * g, beta)), runs, state)[0]
+    got = jax.jit(chunked_delta_rule, static_argnums=7)(q, k, v, 2 * g, beta, runs, jnp.float32(state), 64)[0]
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(exact), atol=2e-7, rtol=0)
+
+
 def linear_lm(**overrides):
     """2 layers, 'LF': a Gated DeltaNet layer (2 query/key heads on 4 value heads, d_k 8, d_v 4) then a full one."""
     fields = dict(layer_types="LF", linear_heads=2, linear_v_heads=4, linear_head_dim=8, linear_v_head_dim=4)
